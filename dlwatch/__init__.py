@@ -1,0 +1,26 @@
+"""dlwatch: runtime diagnostics and crash forensics for PyTorch DataLoaders.
+
+``with dlwatch.watch(loader) as batches: ...`` watches a training loop from a
+separate monitor process; ``dlwatch attach PID`` inspects a stuck process from a
+shell; ``dlwatch report`` lists and shows the incident reports.  Importing
+dlwatch never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["watch", "Watch", "__version__"]
+
+if TYPE_CHECKING:
+    from dlwatch.agent import Watch, watch
+
+
+def __getattr__(name: str) -> Any:
+    # watch is imported lazily so that `import dlwatch` in the CLI and the monitor stays light
+    if name in ("watch", "Watch"):
+        from dlwatch import agent as _w
+
+        return getattr(_w, name)
+    raise AttributeError(f"module 'dlwatch' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from dlwatch.cli import main
+
+sys.exit(main())

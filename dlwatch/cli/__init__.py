@@ -1,0 +1,66 @@
+"""The ``dlwatch`` command: parse, run one subcommand, print errors, pick exit codes.
+
+Each subcommand is a module in this package with ``add_arguments(parser)`` and
+``run(args) -> int``; its docstring's first line is its ``--help`` summary.
+This is the only place that configures logging and turns errors into exit codes.
+
+Exit codes: 0 ok; 1 internal error; 2 usage; 3 not found; 4 not an inspectable
+target; 5 permission denied; 6 damaged or too-new report; 7 malformed playbook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from dlwatch import __version__
+from dlwatch.errors import DlwatchError
+
+COMMANDS = ("report", "attach", "playbooks", "demo")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every usage error
+        self.exit(2, f"dlwatch: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dlwatch", description="Diagnose PyTorch DataLoader hangs, leaks and crashes.")
+    parser.add_argument("--version", action="version", version=f"dlwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"dlwatch.cli.{name}_cmd")
+        except ModuleNotFoundError as exc:  # a command not built yet must not break the others
+            if exc.name != f"dlwatch.cli.{name}_cmd":
+                raise
+            continue
+        doc = (module.__doc__ or "").strip()
+        summary = doc.splitlines()[0] if doc else name
+        p = sub.add_parser(name, help=summary, description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from dlwatch._log import configure_own_process
+
+    configure_own_process()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args))
+    except DlwatchError as exc:
+        print(f"dlwatch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

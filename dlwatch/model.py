@@ -1,0 +1,142 @@
+"""The data model shared by every layer: frozen dataclasses in raw units.
+
+collect/ produces these, detect/ judges them, report/ serialises them.  Nothing
+here reads the system or formats for people.  Each class has ``to_dict`` for the
+report's JSON form (see docs/report-schema.md); field names there are the same
+as here, so that a reader of report.json finds the code by grepping a key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return obj
+
+
+class _ToDict:
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+# --------------------------------------------------------------------------- collect
+
+
+@dataclass(frozen=True)
+class FdSummary(_ToDict):
+    """What a process's open fds point to (one readlink per fd, so read slowly)."""
+
+    file: int = 0  # regular files (not under /dev/shm)
+    shm: int = 0  # /dev/shm objects, including torch's unlinked "(deleted)" segments
+    socket: int = 0
+    pipe: int = 0
+    other: int = 0  # anon_inode, devices, ...
+    shm_bytes: int = 0  # bytes of the /dev/shm objects held by fd
+    top_files: tuple[tuple[str, int], ...] = ()  # most frequent regular-file paths, (path, count)
+
+
+@dataclass(frozen=True)
+class ProcSample(_ToDict):
+    """One poll of one process. None where the figure could not be read this time."""
+
+    pid: int
+    ts: float  # time.time() of the read
+    name: str | None = None  # /proc/<pid>/comm
+    state: str | None = None  # scheduler state letter: R S D T Z ...
+    cpu_s: float | None = None  # utime + stime, seconds
+    num_threads: int | None = None
+    num_fds: int | None = None
+    fd_limit: int | None = None  # soft RLIMIT_NOFILE
+    rss: int | None = None  # bytes
+    uss: int | None = None  # bytes, slow cadence
+    pss: int | None = None  # bytes, slow cadence
+    syscall: int | None = None  # first field of /proc/<pid>/syscall; -1 = running in user space
+    wchan: str | None = None
+    fds: FdSummary | None = None  # slow cadence / when num_fds moves
+    shm_maps: int | None = None  # count of /dev/shm mappings (slow cadence)
+    shm_map_bytes: int | None = None
+    gone: bool = False  # the process no longer exists
+
+
+@dataclass(frozen=True)
+class SystemSample(_ToDict):
+    ts: float
+    mem_available: int | None = None  # bytes, /proc/meminfo MemAvailable
+    mlocked: int | None = None  # bytes, /proc/meminfo Mlocked
+    shm_total: int | None = None  # bytes, statvfs(/dev/shm)
+    shm_free: int | None = None
+    shm_torch_files: int | None = None  # count of named /dev/shm/torch_* files (file_system strategy)
+    cgroup_memory_limit: int | None = None  # bytes; None = unlimited or unreadable
+    cgroup_memory_usage: int | None = None
+    cgroup_oom_kills: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample(_ToDict):
+    index: int
+    name: str | None = None
+    util_percent: int | None = None
+    memory_used: int | None = None
+    memory_total: int | None = None
+
+
+# --------------------------------------------------------------------------- stacks
+
+
+@dataclass(frozen=True)
+class Frame(_ToDict):
+    function: str
+    filename: str | None = None
+    line: int | None = None
+    native: bool = False  # a C/C++ frame (py-spy --native)
+
+
+@dataclass(frozen=True)
+class ThreadStack(_ToDict):
+    thread_id: int | None
+    name: str | None = None
+    native_tid: int | None = None  # OS tid where known
+    active: bool | None = None
+    owns_gil: bool | None = None
+    frames: tuple[Frame, ...] = ()  # innermost first, as py-spy prints them
+
+
+@dataclass(frozen=True)
+class StackDump(_ToDict):
+    """The stacks of one process, or why there are none."""
+
+    pid: int
+    source: str  # "py-spy-native", "py-spy", "py-spy-nonblocking", "faulthandler", "none"
+    threads: tuple[ThreadStack, ...] = ()
+    error: str | None = None  # why this (or a better) source failed; with the fix where known
+    duration_s: float | None = None
+
+
+# --------------------------------------------------------------------------- events and findings
+
+
+@dataclass(frozen=True)
+class ExceptionInfo(_ToDict):
+    type: str  # qualified name, e.g. "builtins.OSError"
+    message: str
+    errno: int | None = None
+    traceback: str = ""
+    from_loader: bool = False  # raised by the DataLoader's next(), not the loop body
+
+
+@dataclass(frozen=True)
+class Finding(_ToDict):
+    playbook: str  # playbook id, kebab-case, stable
+    title: str
+    confidence: float  # 0..1
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    remediation: str = ""
