@@ -1,0 +1,472 @@
+"""``dlwatch.watch``: the part of dlwatch that lives in the training process.
+
+It does three cheap things and nothing else: it times each batch into the mmap'd
+heartbeat, it chains a hook into every DataLoader worker, and it hands an
+exception escaping the block to the monitor.  Everything that reads /proc,
+dumps stacks or writes reports happens in the separate monitor process
+(``dlwatch.monitor``), which imports no torch.
+
+Contract with the user's code: the same batches, the same exceptions (the very
+same object, never wrapped or swallowed), the same worker_init_fn behaviour.
+Whatever goes wrong inside dlwatch becomes one warning, never an exception in
+the training loop.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, Iterable, Iterator
+
+from dlwatch import config, events
+from dlwatch._fs import make_private_dir, write_json
+from dlwatch._log import get_logger
+from dlwatch.heartbeat import STATE_BODY, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
+from dlwatch.report import store
+from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
+
+log = get_logger("dlwatch.agent")
+
+MONITOR_STOP_TIMEOUT_S = 10.0
+
+
+class DlwatchWarning(RuntimeWarning):
+    """dlwatch could not do something; training goes on unchanged."""
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+
+
+def _qualname(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{module}.{name}" if module else str(name)
+
+
+def _is_dataloader(obj: Any) -> bool:
+    torch_data = sys.modules.get("torch.utils.data")
+    return torch_data is not None and isinstance(obj, torch_data.DataLoader)
+
+
+def _start_method(loader: Any) -> str | None:
+    ctx = getattr(loader, "multiprocessing_context", None)
+    if isinstance(ctx, str):
+        return ctx
+    if ctx is not None:
+        try:
+            return str(ctx.get_start_method())
+        except Exception:
+            return None
+    # allow_none=True: asking without it would fix the process-wide default as a side effect
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method:
+        return method
+    if sys.platform == "linux":
+        return "forkserver" if sys.version_info >= (3, 14) else "fork"
+    return "spawn"
+
+
+def loader_config(loader: Any) -> dict[str, Any] | None:
+    """The DataLoader's configuration for the report; None for a plain iterable."""
+    if not _is_dataloader(loader):
+        return None
+    strategy = None
+    tmp = sys.modules.get("torch.multiprocessing")
+    if tmp is not None:
+        try:
+            strategy = tmp.get_sharing_strategy()
+        except Exception:
+            pass
+    dataset = getattr(loader, "dataset", None)
+    try:
+        dataset_len = len(dataset)  # type: ignore[arg-type]
+    except Exception:
+        dataset_len = None
+    user_init = loader.worker_init_fn
+    if isinstance(user_init, WorkerHook):
+        user_init = user_init.user_fn
+    return {
+        "class": _qualname(type(loader)),
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory": loader.pin_memory,
+        "drop_last": loader.drop_last,
+        "timeout": loader.timeout,
+        "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None,
+        "sharing_strategy": strategy,
+        "collate_fn": _qualname(loader.collate_fn),
+        "worker_init_fn": _qualname(user_init),
+        "sampler": _qualname(type(loader.sampler)) if getattr(loader, "sampler", None) is not None else None,
+        "dataset": _qualname(type(dataset)),
+        "dataset_len": dataset_len,
+    }
+
+
+_WATCHED_CLASSES: dict[type, type] = {}
+
+
+def _watched_class(cls: type) -> type:
+    """A subclass whose __iter__ instruments each epoch's iterator (dunder lookup is on the type)."""
+    sub = _WATCHED_CLASSES.get(cls)
+    if sub is None:
+        def __iter__(self: Any) -> Iterator[Any]:
+            it = cls.__iter__(self)
+            w = self.__dict__.get("_dlwatch_watch")
+            return it if w is None else w._instrument(it)
+
+        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__, "_dlwatch_original": cls})
+        _WATCHED_CLASSES[cls] = sub
+    return sub
+
+
+class Watch:
+    """Context manager returned by :func:`watch`; iterate it (once per epoch) or the loader itself."""
+
+    def __init__(self, loader: Any, *, report_dir: Any = None, poll_interval: Any = None,
+                 stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None) -> None:
+        if not hasattr(type(loader), "__iter__"):
+            raise TypeError(f"dlwatch.watch: expected a DataLoader or another iterable, got {type(loader).__name__}")
+        self.options = config.resolve(report_dir=report_dir, poll_interval=poll_interval,
+                                      stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks)
+        self._loader: Any = loader
+        self._active = False
+        self.run_dir: str | None = None
+        self.report_dir: str = self.options.report_dir
+        self._hb: HeartbeatWriter | None = None
+        self._events_path: str | None = None
+        self._monitor: subprocess.Popen[bytes] | None = None
+        self._monitor_warned = False
+        self._swapped = False
+        self._hook: WorkerHook | None = None
+        self._loader_error: BaseException | None = None
+        self._shape_probe: Any = None
+        self._worker_pids: tuple[int, ...] = ()
+        self._shape_reported = False
+        self._entered_at = 0.0
+        self._pending_exception: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "Watch":
+        if not self.options.enabled:
+            return self
+        try:
+            self._start()
+        except Exception as exc:  # dlwatch failing must not stop training
+            _warn(f"could not start monitoring ({type(exc).__name__}: {exc}); training continues unwatched")
+            self._teardown(clean=False)
+        return self
+
+    def _make_run_dir(self) -> str:
+        run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+        for base in (self.options.report_dir, store.fallback_dir()):
+            try:
+                path = os.path.join(base, store.RUNS_DIR, run_id)
+                make_private_dir(path)
+                make_private_dir(os.path.join(path, "dumps"))
+                probe = os.path.join(path, ".write-test")
+                with open(probe, "wb") as f:
+                    f.write(b"x")
+                os.unlink(probe)
+            except OSError as exc:
+                if base == self.options.report_dir:
+                    _warn(f"report directory {base!r} is not writable ({exc.strerror or exc}); "
+                          f"writing reports to {store.fallback_dir()!r} instead")
+                continue
+            self.report_dir = base
+            return path
+        raise OSError("no writable report directory")
+
+    def _start(self) -> None:
+        self._entered_at = time.time()
+        self.run_dir = run_dir = self._make_run_dir()
+        self._events_path = os.path.join(run_dir, "events.jsonl")
+        self._hb = HeartbeatWriter(os.path.join(run_dir, "heartbeat"))
+        loader = self._loader
+        is_dl = _is_dataloader(loader)
+        dump_path = None
+        try:
+            from dlwatch.collect import faultdump
+
+            dump_path = faultdump.install(os.path.join(run_dir, "dumps"))
+        except Exception:
+            pass
+        write_json(os.path.join(run_dir, "config.json"), {
+            "pid": os.getpid(),
+            "started_at": self._entered_at,
+            "report_dir": os.path.abspath(self.report_dir),
+            "options": self.options.to_dict(),
+            "loader": loader_config(loader),
+            "iterable": _qualname(type(loader)),
+            "main_dump_path": dump_path,
+            "argv": list(sys.argv),
+            "python": sys.executable,
+        })
+        self._monitor = self._spawn_monitor(run_dir)
+        allow_ptrace_from(self._monitor.pid)
+        if is_dl:
+            self._instrument_loader(loader)
+        elif self._can_swap(loader):
+            self._swap_class(loader)
+        self._active = True
+
+    def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
+        env = dict(os.environ)
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # No pipe ends of ours reach forked workers through this Popen except stdin's write end,
+        # which is only a wake-up: the monitor never relies on its EOF.
+        return subprocess.Popen(
+            [sys.executable, "-m", "dlwatch.monitor", run_dir],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None,
+            env=env, close_fds=True,
+        )
+
+    def _instrument_loader(self, loader: Any) -> None:
+        self._hook = WorkerHook(loader.worker_init_fn, self._events_path or "", self.run_dir or "",
+                                _start_method(loader), self._monitor.pid if self._monitor else None)
+        loader.worker_init_fn = self._hook
+        try:
+            from dlwatch.shapes import BatchShapeProbe
+
+            cfg = loader_config(loader) or {}
+            if loader.batch_size is not None:
+                self._shape_probe = BatchShapeProbe(loader.batch_size, loader.drop_last,
+                                                    cfg.get("dataset_len"), cfg.get("collate_fn") or "")
+        except Exception:
+            self._shape_probe = None
+        existing = getattr(loader, "_iterator", None)
+        if existing is not None:  # persistent workers already running: the hook won't run in them
+            self._note_workers(existing)
+        self._swap_class(loader)
+
+    @staticmethod
+    def _can_swap(obj: Any) -> bool:
+        return hasattr(obj, "__dict__") and type(obj).__flags__ & (1 << 9) != 0  # Py_TPFLAGS_HEAPTYPE
+
+    def _swap_class(self, obj: Any) -> None:
+        try:
+            obj.__dict__["_dlwatch_watch"] = self
+            obj.__class__ = _watched_class(type(obj))
+            self._swapped = True
+        except (TypeError, AttributeError):
+            obj.__dict__.pop("_dlwatch_watch", None)
+
+    def _restore_loader(self) -> None:
+        loader = self._loader
+        if loader is None:
+            return
+        if self._swapped:
+            try:
+                loader.__class__ = type(loader)._dlwatch_original
+            except Exception:
+                pass
+            loader.__dict__.pop("_dlwatch_watch", None)
+            self._swapped = False
+        if self._hook is not None and getattr(loader, "worker_init_fn", None) is self._hook:
+            try:
+                loader.worker_init_fn = self._hook.user_fn
+            except Exception:
+                pass
+        self._hook = None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if not self._active:
+            self._loader = None
+            return False
+        try:
+            if exc is not None and not isinstance(exc, GeneratorExit):
+                self._record_exception(exc)
+        except Exception:
+            pass
+        try:
+            self._teardown(clean=True, exc=exc)
+        except Exception as err:
+            _warn(f"error while stopping the monitor: {type(err).__name__}: {err}")
+        return False  # never swallow
+
+    def _record_exception(self, exc: BaseException) -> None:
+        err = getattr(exc, "errno", None)
+        info = {
+            "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": str(exc),
+            "errno": err if isinstance(err, int) else None,
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            "from_loader": exc is self._loader_error,
+        }
+        if self._events_path:
+            events.emit(self._events_path, "exception", exception=info)
+        self._pending_exception = info
+
+    def _teardown(self, *, clean: bool, exc: BaseException | None = None) -> None:
+        self._restore_loader()
+        self._loader = None  # after the block dlwatch holds no reference to the loader
+        self._loader_error = None
+        self._shape_probe = None
+        monitor, self._monitor = self._monitor, None
+        pending = self._pending_exception
+        if self._events_path:
+            events.emit(self._events_path, "stop", clean=clean)
+        if monitor is not None:
+            alive = monitor.poll() is None
+            if alive:
+                try:
+                    monitor.stdin.write(b"stop\n")  # type: ignore[union-attr]
+                    monitor.stdin.flush()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            try:
+                monitor.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            try:
+                monitor.wait(MONITOR_STOP_TIMEOUT_S if alive else 0.1)
+            except subprocess.TimeoutExpired:
+                _warn("monitor did not stop in time; killed it")
+                monitor.kill()
+                monitor.wait()
+                alive = False
+            if not alive or monitor.returncode not in (0, None):
+                self._monitor_lost(monitor.returncode, pending)
+        if self._hb is not None:
+            self._hb.close()
+            self._hb = None
+        self._active = False
+        if self.run_dir and os.path.isdir(self.run_dir):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _monitor_lost(self, code: int | None, pending: dict[str, Any] | None) -> None:
+        if not self._monitor_warned:
+            self._monitor_warned = True
+            _warn(f"the monitor process exited early (exit code {code}); this run was not fully watched")
+        if pending is not None:  # nothing is lost: write the exception incident ourselves
+            try:
+                from dlwatch.report.build import exception_report_from_run
+
+                exception_report_from_run(self.run_dir or "", self.report_dir, pending)
+            except Exception as err:
+                _warn(f"could not write the exception report: {type(err).__name__}: {err}")
+
+    def _check_monitor(self) -> None:
+        m = self._monitor
+        if m is not None and not self._monitor_warned and m.poll() is not None:
+            self._monitor_warned = True
+            _warn(f"the monitor process exited early (exit code {m.returncode}); training continues unwatched")
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self._loader
+        if loader is None:
+            raise RuntimeError("dlwatch.watch: iterate the watched object inside its `with` block")
+        if not self._active or self._swapped:
+            return iter(loader)  # the loader's own (instrumented) __iter__
+        return self._instrument(iter(loader))
+
+    def _note_workers(self, it: Any) -> None:
+        workers = getattr(it, "_workers", None)
+        if not workers:
+            return
+        pids = tuple(w.pid for w in workers if getattr(w, "pid", None))
+        if pids and pids != self._worker_pids and self._events_path:
+            self._worker_pids = pids
+            events.emit(self._events_path, "loader_workers", pids=list(pids))
+
+    def _instrument(self, it: Iterator[Any]) -> Iterator[Any]:
+        self._note_workers(it)
+        hb = self._hb
+        if hb is None:
+            return it
+        return self._timed(it, hb)
+
+    def _timed(self, it: Iterator[Any], hb: HeartbeatWriter) -> Iterator[Any]:
+        clock = time.monotonic
+        write = hb.write
+        nxt = it.__next__
+        probe = self._shape_probe
+        should_check = probe.should_check if probe is not None else None
+        hb.epochs += 1
+        hb.epoch_batches = 0
+        body_start = 0.0
+        index = 0
+        try:
+            while True:
+                t0 = clock()
+                if body_start:
+                    hb.total_step_s += t0 - body_start
+                hb.ts_wait_start = t0
+                write(STATE_WAITING)
+                try:
+                    batch = nxt()
+                except StopIteration:
+                    return
+                except BaseException as exc:
+                    self._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
+                    raise
+                t1 = clock()
+                hb.total_wait_s += t1 - t0
+                if hb.ts_last_batch:
+                    hb.last_interval_s = t1 - hb.ts_last_batch
+                hb.ts_last_batch = t1
+                hb.batches += 1
+                hb.epoch_batches += 1
+                write(STATE_BODY)
+                if should_check is not None and should_check(index):
+                    self._check_shape(batch, index)
+                index += 1
+                body_start = clock()
+                yield batch
+        finally:
+            if self._hb is hb:
+                write(STATE_OUTSIDE)
+                self._check_monitor()
+
+    def _check_shape(self, batch: Any, index: int) -> None:
+        try:
+            evidence = self._shape_probe.check(batch, index)
+        except Exception:
+            return
+        if evidence and not self._shape_reported and self._events_path:
+            self._shape_reported = True
+            events.emit(self._events_path, "batch_shape", **evidence)
+
+
+def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any = None,
+          stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None) -> Watch:
+    """Watch a DataLoader (or any iterable) for the duration of a ``with`` block.
+
+    Both forms yield the very same batches as the bare loader::
+
+        with dlwatch.watch(loader) as batches:
+            for batch in batches: ...
+
+        with dlwatch.watch(loader):
+            for batch in loader: ...
+
+    Options (each has an environment variable that replaces the default; an explicit
+    keyword wins, except DLWATCH_DISABLE=1, which always turns watch into a no-op):
+
+    - ``report_dir``: where incidents go (DLWATCH_DIR, default ./dlwatch-reports)
+    - ``poll_interval``: seconds between monitor polls (DLWATCH_POLL_INTERVAL, default 1.0)
+    - ``stall_timeout``: seconds without a batch that count as a stall
+      (DLWATCH_STALL_TIMEOUT, default adaptive: max(60 s, 10 x p99 batch interval),
+      300 s for the first batch of an epoch)
+    - ``enabled``: False makes watch a no-op (DLWATCH_ENABLED)
+    - ``playbooks``: extra playbook directories (DLWATCH_PLAYBOOKS, os.pathsep-separated)
+    """
+    return Watch(loader, report_dir=report_dir, poll_interval=poll_interval,
+                 stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks)

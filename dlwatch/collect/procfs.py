@@ -1,0 +1,255 @@
+"""Per-process probes read straight from /proc: cheap figures every poll, costly ones on request.
+
+Every poll (tens of microseconds a process): /proc/<pid>/stat (state, CPU time,
+threads), statm (RSS), the fd count, the soft RLIMIT_NOFILE, syscall, wchan.
+On request (``fd_detail``: one readlink per fd; ``mem_detail``: smaps_rollup and
+maps, about 2.4 ms a process): what the fds point to, USS/PSS, /dev/shm mappings.
+
+A process that vanishes between two reads is normal: the sample says ``gone``.
+A figure that cannot be read (permission, an old kernel) is None; one failing
+read never stops the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import resource
+import time
+
+from dlwatch.model import FdSummary, ProcSample
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+SHM_PREFIX = "/dev/shm/"
+
+
+class _Gone(Exception):
+    pass
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(8192).decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError):
+        raise _Gone from None
+
+
+def parse_stat(text: str) -> dict[str, object]:
+    """Fields of /proc/<pid>/stat we use.  comm may hold spaces and ')': split at the last ')'."""
+    rpar = text.rfind(")")
+    lpar = text.find("(")
+    if rpar < 0 or lpar < 0 or rpar < lpar:
+        raise ValueError("malformed stat")
+    rest = text[rpar + 2:].split()
+    if len(rest) < 20:
+        raise ValueError("truncated stat")
+    return {
+        "name": text[lpar + 1:rpar],
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "cpu_s": (int(rest[11]) + int(rest[12])) / CLK_TCK,
+        "num_threads": int(rest[17]),
+        "starttime": int(rest[19]),
+    }
+
+
+def parse_syscall(text: str) -> int | None:
+    """First field of /proc/<pid>/syscall: the syscall number; 'running' (user space) is -1."""
+    head = text.split(None, 1)
+    if not head:
+        return None
+    if head[0] == "running":
+        return -1
+    try:
+        return int(head[0])
+    except ValueError:
+        return None
+
+
+def parse_kv_kib(text: str, keys: tuple[str, ...]) -> dict[str, int]:
+    """'Key:   123 kB' lines (meminfo, smaps_rollup) -> bytes for the asked keys."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in keys:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def classify_fd_target(target: str) -> str:
+    if target.startswith(SHM_PREFIX):
+        return "shm"
+    if target.startswith("socket:"):
+        return "socket"
+    if target.startswith("pipe:"):
+        return "pipe"
+    if target.startswith("/") and not target.startswith(("/dev/", "/proc/", "/sys/")):
+        return "file"
+    return "other"
+
+
+def fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
+    base = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(base)
+    except (FileNotFoundError, ProcessLookupError):
+        raise _Gone from None
+    except PermissionError:
+        return None
+    counts = collections.Counter()
+    files: collections.Counter[str] = collections.Counter()
+    shm_bytes = 0
+    for name in names:
+        try:
+            target = os.readlink(f"{base}/{name}")
+        except OSError:
+            continue  # closed between listdir and readlink
+        kind = classify_fd_target(target)
+        counts[kind] += 1
+        if kind == "file":
+            files[target] += 1
+        elif kind == "shm":
+            try:
+                shm_bytes += os.stat(f"{base}/{name}").st_size
+            except OSError:
+                pass
+    return FdSummary(file=counts["file"], shm=counts["shm"], socket=counts["socket"],
+                     pipe=counts["pipe"], other=counts["other"], shm_bytes=shm_bytes,
+                     top_files=tuple(files.most_common(top)))
+
+
+def shm_mappings(maps_text: str) -> tuple[int, int]:
+    """(count of distinct /dev/shm objects mapped, bytes mapped) from /proc/<pid>/maps."""
+    paths: set[str] = set()
+    total = 0
+    for line in maps_text.splitlines():
+        idx = line.find(SHM_PREFIX)
+        if idx < 0:
+            continue
+        addr = line.split(None, 1)[0]
+        lo, _, hi = addr.partition("-")
+        try:
+            total += int(hi, 16) - int(lo, 16)
+        except ValueError:
+            continue
+        paths.add(line[idx:])
+    return len(paths), total
+
+
+def fd_limit(pid: int) -> int | None:
+    try:
+        soft, _hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        return None if soft == resource.RLIM_INFINITY else int(soft)
+    except ProcessLookupError:
+        raise _Gone from None
+    except (OSError, ValueError):
+        pass
+    try:  # prlimit needs CAP_SYS_RESOURCE for another user's process; limits is world-readable
+        for line in _read(f"/proc/{pid}/limits").splitlines():
+            if line.startswith("Max open files"):
+                soft = line.split()[3]
+                return None if soft == "unlimited" else int(soft)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) -> ProcSample:
+    """One sample of one process; never raises for a process that vanished or a refused read."""
+    ts = time.time()
+    fields: dict[str, object] = {}
+    try:
+        stat = parse_stat(_read(f"/proc/{pid}/stat"))
+        fields.update(name=stat["name"], state=stat["state"], cpu_s=stat["cpu_s"],
+                      num_threads=stat["num_threads"])
+        try:
+            fields["num_fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+        except PermissionError:
+            pass
+        fields["fd_limit"] = fd_limit(pid)
+        try:
+            fields["rss"] = int(_read(f"/proc/{pid}/statm").split()[1]) * PAGE_SIZE
+        except (ValueError, IndexError):
+            pass
+        for key, path in (("syscall", "syscall"), ("wchan", "wchan")):
+            try:
+                text = _read(f"/proc/{pid}/{path}")
+            except PermissionError:
+                continue
+            if key == "syscall":
+                fields[key] = parse_syscall(text)
+            else:
+                fields[key] = text.strip() if text.strip() not in ("", "0") else None
+        if fd_detail:
+            fields["fds"] = fd_summary(pid)
+        if mem_detail:
+            try:
+                roll = parse_kv_kib(_read(f"/proc/{pid}/smaps_rollup"),
+                                    ("Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb"))
+                if "Pss" in roll:
+                    fields["pss"] = roll["Pss"]
+                    fields["uss"] = roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
+            except PermissionError:
+                pass
+            try:
+                fields["shm_maps"], fields["shm_map_bytes"] = shm_mappings(_read(f"/proc/{pid}/maps"))
+            except PermissionError:
+                pass
+    except _Gone:
+        return ProcSample(pid=pid, ts=ts, gone=True, **fields)  # type: ignore[arg-type]
+    except (ValueError, PermissionError):
+        pass  # a garbled or refused stat: keep what was read
+    return ProcSample(pid=pid, ts=ts, **fields)  # type: ignore[arg-type]
+
+
+def children(pid: int) -> list[int]:
+    """Direct children, from /proc/<pid>/task/*/children (no scan of every process)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            text = _read(f"/proc/{pid}/task/{tid}/children")
+        except (_Gone, OSError):
+            continue
+        out.extend(int(x) for x in text.split() if x.isdigit())
+    return out
+
+
+def descendants(pid: int, *, limit: int = 4096) -> list[int]:
+    out: list[int] = []
+    stack = [pid]
+    while stack and len(out) < limit:
+        for child in children(stack.pop()):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = _read(f"/proc/{pid}/cmdline")
+    except (_Gone, OSError):
+        return None
+    return [part for part in raw.split("\0") if part] or None
+
+
+def comm(pid: int) -> str | None:
+    try:
+        return _read(f"/proc/{pid}/comm").strip()
+    except (_Gone, OSError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """Clock ticks since boot; with the pid, it names a process uniquely (pids are reused)."""
+    try:
+        return int(parse_stat(_read(f"/proc/{pid}/stat"))["starttime"])  # type: ignore[call-overload]
+    except (_Gone, OSError, ValueError):
+        return None

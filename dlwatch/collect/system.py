@@ -1,0 +1,101 @@
+"""System-wide probes: /proc/meminfo, /dev/shm, the cgroup memory controller (v1 and v2)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dlwatch.collect.procfs import parse_kv_kib
+from dlwatch.model import SystemSample
+
+SHM_DIR = "/dev/shm"
+_V1 = "/sys/fs/cgroup/memory"
+_V2 = "/sys/fs/cgroup"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if text.isdigit():
+        value = int(text)
+        return None if value >= 1 << 60 else value  # v1 "unlimited" is a huge number
+    return None
+
+
+def _cgroup_paths(pid: int) -> tuple[str | None, str | None]:
+    """(v1 memory cgroup path, v2 cgroup path) of ``pid`` from /proc/<pid>/cgroup."""
+    v1 = v2 = None
+    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        elif "memory" in parts[1].split(","):
+            v1 = parts[2]
+    return v1, v2
+
+
+def cgroup_memory(pid: int) -> tuple[int | None, int | None, int | None]:
+    """(limit, usage, oom_kill count) for the memory cgroup of ``pid``; None where unreadable."""
+    v1, v2 = _cgroup_paths(pid)
+    if v1 is not None:
+        for base in (os.path.join(_V1, v1.lstrip("/")), _V1):
+            limit = _read(os.path.join(base, "memory.limit_in_bytes"))
+            if limit is not None:
+                oom = None
+                for line in (_read(os.path.join(base, "memory.oom_control")) or "").splitlines():
+                    if line.startswith("oom_kill "):
+                        oom = _int(line.split()[1])
+                return _int(limit), _int(_read(os.path.join(base, "memory.usage_in_bytes"))), oom
+    if v2 is not None:
+        base = os.path.join(_V2, v2.lstrip("/"))
+        limit_text = _read(os.path.join(base, "memory.max"))
+        if limit_text is not None:
+            oom = None
+            for line in (_read(os.path.join(base, "memory.events")) or "").splitlines():
+                if line.startswith("oom_kill "):
+                    oom = _int(line.split()[1])
+            return _int(limit_text), _int(_read(os.path.join(base, "memory.current"))), oom
+    return None, None, None
+
+
+def shm_usage(path: str = SHM_DIR) -> tuple[int | None, int | None]:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None, None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def torch_shm_files(path: str = SHM_DIR, cap: int = 100_000) -> int | None:
+    """Named torch segments (file_system strategy); leftovers of a crash show up here too."""
+    try:
+        with os.scandir(path) as it:
+            n = 0
+            for i, entry in enumerate(it):
+                if i >= cap:
+                    break
+                if entry.name.startswith("torch_"):
+                    n += 1
+            return n
+    except OSError:
+        return None
+
+
+def read_system(pid: int) -> SystemSample:
+    mem = parse_kv_kib(_read("/proc/meminfo") or "", ("MemAvailable", "Mlocked"))
+    total, free = shm_usage()
+    limit, usage, ooms = cgroup_memory(pid)
+    return SystemSample(ts=time.time(), mem_available=mem.get("MemAvailable"), mlocked=mem.get("Mlocked"),
+                        shm_total=total, shm_free=free, shm_torch_files=torch_shm_files(),
+                        cgroup_memory_limit=limit, cgroup_memory_usage=usage, cgroup_oom_kills=ooms)

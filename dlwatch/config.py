@@ -1,0 +1,109 @@
+"""The options of ``watch`` and their environment variables, resolved and validated once.
+
+Precedence: an explicit keyword wins over the environment variable, which wins
+over the default; except ``DLWATCH_DISABLE=1``, which always turns watch into a
+no-op (an operator's kill switch that needs no code change).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+DEFAULT_REPORT_DIR = "./dlwatch-reports"
+DEFAULT_POLL_INTERVAL = 1.0
+ENV = {
+    "report_dir": "DLWATCH_DIR",
+    "poll_interval": "DLWATCH_POLL_INTERVAL",
+    "stall_timeout": "DLWATCH_STALL_TIMEOUT",
+    "enabled": "DLWATCH_ENABLED",
+    "playbooks": "DLWATCH_PLAYBOOKS",
+}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Options:
+    report_dir: str
+    poll_interval: float
+    stall_timeout: float | None  # None: adaptive (see detect/stall.py)
+    enabled: bool
+    playbooks: tuple[str, ...]  # extra playbook directories
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"report_dir": self.report_dir, "poll_interval": self.poll_interval,
+                "stall_timeout": self.stall_timeout, "enabled": self.enabled,
+                "playbooks": list(self.playbooks)}
+
+
+def _seconds(name: str, value: Any, *, source: str, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"dlwatch.watch: {name} must be a number of seconds, got {type(value).__name__} ({source})")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"dlwatch.watch: {name} must be a number of seconds, got {value!r} ({source})") from None
+    if not math.isfinite(seconds) or seconds < minimum:
+        raise ValueError(f"dlwatch.watch: {name} must be a finite number >= {minimum} seconds, got {value!r} ({source})")
+    return seconds
+
+
+def _flag(name: str, value: Any, *, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise TypeError(f"dlwatch.watch: {name} must be True or False, got {value!r} ({source})")
+
+
+def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: Any = None,
+            enabled: Any = None, playbooks: Any = None,
+            environ: Mapping[str, str] | None = None) -> Options:
+    """Validate every option before anything starts; raise ValueError/TypeError naming it."""
+    env = os.environ if environ is None else environ
+
+    def pick(name: str, explicit: Any) -> tuple[Any, str]:
+        if explicit is not None:
+            return explicit, "keyword argument"
+        var = ENV[name]
+        if env.get(var) not in (None, ""):
+            return env[var], f"environment variable {var}"
+        return None, "default"
+
+    value, src = pick("report_dir", report_dir)
+    if value is None:
+        value = DEFAULT_REPORT_DIR
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"dlwatch.watch: report_dir must be a path, got {type(value).__name__} ({src})")
+    rdir = os.fspath(value)
+    if not rdir or "\0" in rdir:
+        raise ValueError(f"dlwatch.watch: report_dir must be a non-empty path ({src})")
+
+    value, src = pick("poll_interval", poll_interval)
+    interval = DEFAULT_POLL_INTERVAL if value is None else _seconds("poll_interval", value, source=src, minimum=0.01)
+
+    value, src = pick("stall_timeout", stall_timeout)
+    stall = None if value is None else _seconds("stall_timeout", value, source=src, minimum=0.1)
+
+    value, src = pick("enabled", enabled)
+    on = True if value is None else _flag("enabled", value, source=src)
+    if env.get("DLWATCH_DISABLE", "").strip().lower() in _TRUE:
+        on = False
+
+    value, src = pick("playbooks", playbooks)
+    dirs: tuple[str, ...] = ()
+    if isinstance(value, str):
+        dirs = tuple(d for d in value.split(os.pathsep) if d)
+    elif isinstance(value, os.PathLike):
+        dirs = (os.fspath(value),)
+    elif isinstance(value, Sequence):
+        dirs = tuple(os.fspath(d) for d in value)
+    elif value is not None:
+        raise TypeError(f"dlwatch.watch: playbooks must be a directory or a list of them ({src})")
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise ValueError(f"dlwatch.watch: playbook directory {d!r} does not exist ({src}); create it or drop the option")
+    return Options(report_dir=rdir, poll_interval=interval, stall_timeout=stall, enabled=on, playbooks=dirs)

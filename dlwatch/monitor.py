@@ -1,0 +1,486 @@
+"""The monitor process: ``python -m dlwatch.monitor RUN_DIR``.  Imports no torch.
+
+Started by ``watch`` as a child of the training process.  Every poll it reads the
+heartbeat and new events, samples the training process, its workers and the
+system, appends to the timeline, and runs the detectors.  It writes incidents
+for exceptions, stalls, crossed thresholds, and for a training process that
+vanished without leaving the watch block; it exits when the block ends, or by
+itself when the training process is gone (it is reparented then), so it is
+never left behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlwatch import heartbeat as hbmod
+from dlwatch._fs import open_private
+from dlwatch._log import configure_own_process, get_logger
+from dlwatch.collect import procfs
+from dlwatch.collect.gpu import GpuProbe
+from dlwatch.collect.system import read_system
+from dlwatch.detect.stall import StallDetector, StallEvent
+from dlwatch.events import EventReader
+from dlwatch.model import ProcSample, SystemSample
+from dlwatch.report import build, store
+
+log = get_logger("dlwatch.monitor")
+
+HISTORY = 600  # samples kept per process (10 min at the default interval)
+RING = build.TIMELINE_WINDOW
+TIMELINE_CAP_BYTES = 8 << 20  # then rotate to timeline.1.jsonl: at most twice this on disk
+FD_DETAIL_EVERY = 5  # polls between fd breakdowns when the count does not move
+MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
+MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
+WORKER_COMM = "pt_data_worker"
+
+
+@dataclass
+class Tracked:
+    pid: int
+    role: str  # main, worker, other
+    worker_id: int | None = None
+    start_method: str | None = None
+    dump_path: str | None = None  # faulthandler file, when the process installed it
+    history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    gone: bool = False
+    first_seen: float = field(default_factory=time.time)
+
+    @property
+    def last(self) -> ProcSample | None:
+        for s in reversed(self.history):
+            if not s.gone:
+                return s
+        return None
+
+
+class Timeline:
+    """timeline.jsonl with a size cap: rotate once, so disk use is bounded for any run length."""
+
+    def __init__(self, path: str, cap: int = TIMELINE_CAP_BYTES) -> None:
+        self.path = path
+        self.cap = cap
+        self.size = 0
+        self.failed: str | None = None
+        self._fd: int | None = None
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self.failed:
+            return
+        line = (json.dumps(record, default=str) + "\n").encode()
+        try:
+            if self._fd is None:
+                self._fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            if self.size + len(line) > self.cap:
+                os.close(self._fd)
+                os.replace(self.path, self.path.replace(".jsonl", ".1.jsonl"))
+                self._fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+                self.size = 0
+            os.write(self._fd, line)
+            self.size += len(line)
+        except OSError as exc:  # a full disk stops the timeline file, not the monitor
+            self.failed = f"timeline.jsonl could not be written: {exc.strerror or exc}"
+            log.warning("timeline_write_failed", error=str(exc))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+class Monitor:
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        with open(os.path.join(run_dir, "config.json"), "rb") as f:
+            self.cfg: dict[str, Any] = json.loads(f.read())
+        self.main_pid: int = int(self.cfg["pid"])
+        opts = self.cfg.get("options") or {}
+        self.poll_interval = float(opts.get("poll_interval") or 1.0)
+        self.stall_timeout = opts.get("stall_timeout")
+        self.playbook_dirs = tuple(opts.get("playbooks") or ())
+        self.report_dir: str = self.cfg.get("report_dir") or opts.get("report_dir") or "./dlwatch-reports"
+        self.loader = self.cfg.get("loader")
+        self.hb_path = os.path.join(run_dir, "heartbeat")
+        self.events = EventReader(os.path.join(run_dir, "events.jsonl"))
+        self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"))
+        self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=RING)
+        self.notable: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        self.procs: dict[int, Tracked] = {self.main_pid: Tracked(self.main_pid, "main",
+                                                                 dump_path=self.cfg.get("main_dump_path"))}
+        self.loader_pids: set[int] = set()
+        self.rng: dict[int, dict[str, str]] = {}  # worker_id -> fingerprints, current worker generation
+        self.stall = StallDetector(self.stall_timeout)
+        self.gpu: GpuProbe | None = None
+        self.notes: list[str] = []
+        self.exception: dict[str, Any] | None = None
+        self.stop_seen = False
+        self.reported_playbooks: set[str] = set()
+        self.incidents: list[str] = []
+        self.polls = 0
+        self.last_mem_detail = 0.0
+        self.last_hb: hbmod.Heartbeat | None = None
+        self.last_system: SystemSample | None = None
+        self.first_system: SystemSample | None = None
+        self.last_gpus: tuple = ()
+        self.own_pid = os.getpid()
+        self.warned: set[str] = set()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training loop; we stop with it
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_seen", True))
+        stdin_open = True
+        next_poll = time.monotonic()
+        while True:
+            timeout = max(0.0, next_poll - time.monotonic())
+            if stdin_open:
+                try:
+                    ready, _, _ = select.select([sys.stdin.buffer], [], [], min(timeout, 0.25))
+                    if ready and not os.read(sys.stdin.fileno(), 4096):
+                        stdin_open = False  # EOF: not proof of anything (forked workers hold the pipe)
+                except (OSError, ValueError):
+                    stdin_open = False
+            else:
+                time.sleep(min(timeout, 0.25))
+            self._drain_events()
+            if self.stop_seen:
+                self._finish_clean()
+                return 0
+            if os.getppid() != self.main_pid:
+                self._finish_vanished()
+                return 0
+            if time.monotonic() >= next_poll:
+                try:
+                    self.poll()
+                except Exception as exc:  # one bad poll must not end the watch, nor flood stderr
+                    self._warn_once("poll_failed", f"{type(exc).__name__}: {exc}")
+                next_poll = time.monotonic() + self.poll_interval
+
+    def _warn_once(self, event: str, error: str) -> None:
+        key = f"{event}: {error}"
+        if key not in self.warned:
+            self.warned.add(key)
+            self.notes.append(key)
+            log.warning(event, error=error)
+
+    # ------------------------------------------------------------------ events
+
+    def _drain_events(self) -> None:
+        for ev in self.events.new():
+            name = ev.get("event")
+            if name == "stop":
+                self.stop_seen = True
+            elif name == "exception":
+                self.exception = ev.get("exception")
+            elif name == "worker_registered":
+                pid = int(ev.get("pid", 0))
+                t = self.procs.get(pid) or Tracked(pid, "worker")
+                t.role, t.worker_id = "worker", ev.get("worker_id")
+                t.start_method, t.dump_path = ev.get("start_method"), ev.get("dump_path")
+                self.procs[pid] = t
+                self._note(ev)
+            elif name == "loader_workers":
+                pids = {int(p) for p in ev.get("pids") or ()}
+                if pids != self.loader_pids:
+                    self.rng = {}  # a new generation of workers fingerprints afresh
+                self.loader_pids = pids
+                for pid in pids:
+                    t = self.procs.get(pid) or Tracked(pid, "worker")
+                    t.role = "worker"
+                    self.procs[pid] = t
+                self._note(ev)
+            elif name == "rng_fingerprint":
+                if isinstance(ev.get("fingerprints"), dict) and ev.get("worker_id") is not None:
+                    self.rng[int(ev["worker_id"])] = ev["fingerprints"]
+                    self._check_rng()
+            elif name == "batch_shape":
+                self._note(ev)
+                self._threshold_incident(ev)
+
+    def _note(self, ev: dict[str, Any]) -> None:
+        self.notable.append(ev)
+        self.timeline.append({"kind": "event", **ev})
+        self.ring.append({"kind": "event", **ev})
+
+    def _check_rng(self) -> None:
+        if len(self.rng) < 2:
+            return
+        try:
+            from dlwatch.rngcheck import duplicates
+        except ImportError:
+            return
+        dups = duplicates(self.rng)
+        if dups and "rng-duplication" not in self.reported_playbooks:
+            ev = {"ts": time.time(), "event": "rng_duplicate", "duplicates": dups}
+            self._note(ev)
+            self._threshold_incident(ev)
+
+    # ------------------------------------------------------------------ sampling
+
+    def _discover(self) -> None:
+        try:
+            kids = procfs.descendants(self.main_pid)
+        except Exception:
+            kids = []
+        mine = set(procfs.descendants(self.own_pid)) | {self.own_pid}
+        others = sum(1 for t in self.procs.values() if t.role == "other" and not t.gone)
+        for pid in kids:
+            if pid in mine or pid in self.procs:
+                continue
+            if procfs.comm(pid) == WORKER_COMM:
+                self.procs[pid] = Tracked(pid, "worker")
+            elif others < MAX_OTHER:
+                self.procs[pid] = Tracked(pid, "other")
+                others += 1
+
+    def poll(self) -> None:
+        self.polls += 1
+        now = time.time()
+        hb = hbmod.read(self.hb_path)
+        self.last_hb = hb or self.last_hb
+        self._discover()
+        mem_detail = now - self.last_mem_detail >= MEM_DETAIL_EVERY_S
+        if mem_detail:
+            self.last_mem_detail = now
+        samples = []
+        for t in list(self.procs.values()):
+            if t.gone:
+                continue
+            prev = t.last
+            s = procfs.read_proc(t.pid, mem_detail=mem_detail)
+            if not s.gone and (prev is None or prev.num_fds != s.num_fds or self.polls % FD_DETAIL_EVERY == 0):
+                try:
+                    s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
+                except Exception:
+                    pass
+            if not s.gone and prev is not None and s.uss is None:
+                s = dataclasses.replace(s, uss=prev.uss, pss=prev.pss, shm_maps=prev.shm_maps,
+                                        shm_map_bytes=prev.shm_map_bytes)
+            if s.gone or s.state == "Z":
+                t.gone = s.gone or t.role != "main"
+            t.history.append(s)
+            samples.append(s)
+        try:
+            self.last_system = read_system(self.main_pid)
+            self.first_system = self.first_system or self.last_system
+        except Exception as exc:
+            self._warn_once("system_probe_failed", str(exc))
+        if self.gpu is None:
+            self.gpu = GpuProbe()
+            if self.gpu.unavailable:
+                log.debug("gpu_unavailable", reason=self.gpu.unavailable)
+        self.last_gpus = self.gpu.sample()
+        record = build.compact({
+            "kind": "sample", "ts": now,
+            "heartbeat": hb.to_dict() if hb else None,
+            "procs": [dict(s.to_dict(), role=self.procs[s.pid].role) for s in samples],
+            "system": self.last_system.to_dict() if self.last_system else None,
+            "gpus": [g.to_dict() for g in self.last_gpus],
+        })
+        self.ring.append(record)
+        self.timeline.append(record)
+        self._detect(hb)
+
+    # ------------------------------------------------------------------ detection
+
+    def _detect(self, hb: hbmod.Heartbeat | None) -> None:
+        ev = self.stall.update(hb, time.monotonic())
+        if ev is not None:
+            if ev.kind == "stall":
+                self._on_stall(ev, hb)
+            else:
+                self._note({"ts": time.time(), "event": "progress_resumed", "stall_s": round(ev.stall_s, 3),
+                            "batches": ev.batches})
+        try:
+            from dlwatch.detect import thresholds
+        except ImportError:
+            return
+        for t in self.procs.values():
+            if t.gone or len(t.history) < 2:
+                continue
+            evidence = thresholds.fd_pressure(list(t.history))
+            if evidence:
+                self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "fd_pressure",
+                                          "pid": t.pid, "role": t.role, "worker_id": t.worker_id, **evidence})
+                break
+        if self.last_system is not None:
+            evidence = thresholds.shm_pressure(self.last_system, self.loader)
+            if evidence:
+                self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "shm_pressure",
+                                          **evidence})
+
+    def _threshold_incident(self, ev: dict[str, Any]) -> None:
+        key = ev.get("signal") or ev.get("event")
+        if key in self.reported_playbooks:
+            return
+        self.reported_playbooks.add(str(key))
+        if ev not in self.notable:
+            self._note(ev)
+        report = self._report("threshold")
+        top = report["findings"][0]["playbook"] if report["findings"] else None
+        if top is None:
+            return  # a signal no playbook claims is kept in the timeline, not reported
+        if top in self.reported_playbooks:
+            return
+        self.reported_playbooks.add(top)
+        report["summary"] = f"{report['findings'][0]['title']} (seen before any error)"
+        self._write(report)
+
+    def _on_stall(self, ev: StallEvent, hb: hbmod.Heartbeat | None) -> None:
+        report = self._report("stall", findings=False)
+        report["progress"]["stall_s"] = round(ev.stall_s, 3)
+        report["progress"]["stall_timeout_s"] = ev.timeout_s
+        self._note({"ts": time.time(), "event": "stall", "stall_s": round(ev.stall_s, 3),
+                    "timeout_s": ev.timeout_s, "state": ev.state})
+        extra: dict[str, bytes] = {}
+        try:
+            from dlwatch import forensics
+
+            extra = forensics.investigate(report, self.procs, main_waiting_for_data=(ev.state == "waiting_for_data"),
+                                          expected_workers=self._expected_workers())
+        except ImportError:
+            report["notes"].append("stack forensics unavailable in this build")
+        except Exception as exc:
+            report["notes"].append(f"stack forensics failed: {type(exc).__name__}: {exc}")
+        report["events"] = list(self.notable)
+        build.add_findings(report, self.playbook_dirs)
+        self._write(report, extra)
+
+    def _expected_workers(self) -> int | None:
+        n = (self.loader or {}).get("num_workers")
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    # ------------------------------------------------------------------ reports
+
+    def _report(self, trigger: str, *, findings: bool = True) -> dict[str, Any]:
+        now = time.time()
+        report = store.skeleton(trigger=trigger, pid=self.main_pid, now=now)
+        report["loader"] = self.loader
+        report["config"] = {k: (self.cfg.get("options") or {}).get(k) for k in ("poll_interval", "stall_timeout")}
+        report["config"]["report_dir"] = self.report_dir
+        hb = self.last_hb
+        report["progress"] = self._progress(hb)
+        report["exception"] = self.exception if trigger == "exception" else None
+        report["processes"] = [self._proc_entry(t) for t in self.procs.values()]
+        report["system"] = self.last_system.to_dict() if self.last_system else None
+        report["gpus"] = [g.to_dict() for g in self.last_gpus]
+        report["events"] = list(self.notable)
+        report["timeline"] = list(self.ring)
+        report["notes"] = list(self.notes)
+        if self.gpu is not None and self.gpu.unavailable:
+            report["notes"].append(f"GPU: {self.gpu.unavailable}")
+        if self.timeline.failed:
+            report["notes"].append(self.timeline.failed)
+        if findings:
+            build.add_findings(report, self.playbook_dirs)
+        return report
+
+    def _progress(self, hb: hbmod.Heartbeat | None) -> dict[str, Any]:
+        if hb is None:
+            return {"batches": 0, "epochs": 0}
+        out: dict[str, Any] = hb.to_dict()
+        if hb.ts_last_batch:
+            out["last_batch_age_s"] = round(time.monotonic() - hb.ts_last_batch, 3)
+            out["last_batch_ts"] = round(time.time() - (time.monotonic() - hb.ts_last_batch), 3)
+        return out
+
+    def _proc_entry(self, t: Tracked) -> dict[str, Any]:
+        last = t.last
+        entry = build.process_entry(
+            t.pid, t.role, worker_id=t.worker_id, start_method=t.start_method,
+            name=last.name if last else None,
+            cmdline=procfs.cmdline(t.pid) if not t.gone else None,
+            sample=build.compact(last.to_dict()) if last else None)
+        if t.gone:
+            entry["status"] = "gone"
+            if entry["sample"] is not None:
+                entry["sample"]["gone"] = True
+        return entry
+
+    def _write(self, report: dict[str, Any], extra: dict[str, bytes] | None = None) -> str | None:
+        try:
+            path = build.write(report, self.report_dir, extra_files=extra)
+        except Exception as exc:
+            log.warning("report_write_failed", error=f"{type(exc).__name__}: {exc}")
+            print(f"dlwatch: could not write the {report['trigger']} report: {exc}", file=sys.stderr)
+            return None
+        self.incidents.append(path)
+        top = report["findings"][0]["playbook"] if report.get("findings") else "no playbook matched"
+        print(f"dlwatch: {report['trigger']} incident ({top}): {path}", file=sys.stderr, flush=True)
+        try:
+            with open(os.path.join(self.run_dir, "incidents"), "a") as f:
+                f.write(path + "\n")
+        except OSError:
+            pass
+        return path
+
+    def _finish_clean(self) -> None:
+        if self.exception is not None:
+            try:
+                self.poll()  # the state right after the exception
+            except Exception:
+                pass
+            self._write(self._report("exception"))
+        self._close()
+
+    def _finish_vanished(self) -> None:
+        self.procs[self.main_pid].gone = True
+        report = self._report("exit", findings=False)
+        first = self.first_system.cgroup_oom_kills if self.first_system else None
+        try:
+            now_sys = read_system(self.main_pid)
+        except Exception:
+            now_sys = self.last_system
+        last = now_sys.cgroup_oom_kills if now_sys else None
+        if first is not None and last is not None and last > first:
+            cause = f"killed by the OOM killer (the cgroup's oom_kill count rose from {first} to {last})"
+            report["exit_cause"] = "oom-kill"
+        else:
+            cause = ("ended without leaving the watch block: killed by a signal (e.g. SIGKILL) "
+                     "or os._exit; the monitor cannot read its exit status")
+            report["exit_cause"] = "vanished"
+        alive = [t.pid for t in self.procs.values() if t.role == "worker" and not t.gone
+                 and not procfs.read_proc(t.pid).gone]
+        report["summary"] = f"the training process (pid {self.main_pid}) {cause}"
+        if alive:
+            report["notes"].append(f"worker processes still alive after the training process ended: {alive}")
+        report["events"] = list(self.notable)
+        build.add_findings(report, self.playbook_dirs)
+        self._write(report)
+        self._close()
+
+    def _close(self) -> None:
+        self.timeline.close()
+        if self.gpu is not None:
+            self.gpu.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    configure_own_process()
+    if len(argv) != 1:
+        print("usage: python -m dlwatch.monitor RUN_DIR (started by dlwatch.watch)", file=sys.stderr)
+        return 2
+    try:
+        monitor = Monitor(argv[0])
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"dlwatch: monitor cannot start: {exc}", file=sys.stderr)
+        return 1
+    return monitor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

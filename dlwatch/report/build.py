@@ -1,0 +1,132 @@
+"""Assemble an incident report from what was collected and judged, then write it.
+
+One place builds every report (monitor, attach, and the in-process fallback when
+the monitor is gone), so report.json has the same shape whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+from dlwatch._log import get_logger
+from dlwatch.report import render, store
+
+log = get_logger("dlwatch.report")
+
+TIMELINE_WINDOW = 120  # records copied into an incident
+
+
+def summary_line(report: Mapping[str, Any]) -> str:
+    trig = report.get("trigger")
+    exc = report.get("exception") or {}
+    findings = report.get("findings") or []
+    top = f" -> {findings[0]['title']}" if findings and isinstance(findings[0], dict) and findings[0].get("title") else ""
+    if trig == "exception":
+        msg = (str(exc.get("message") or "").strip().splitlines() or [""])[-1][:160]
+        return f"{exc.get('type', 'exception')}: {msg}{top}"
+    if trig == "stall":
+        prog = report.get("progress") or {}
+        return f"no batch progress for {prog.get('stall_s', 0):.0f} s ({report.get('classification') or 'unclassified'}){top}"
+    if trig == "attach":
+        return f"attached to pid {report.get('pid')}: {report.get('classification') or 'unclassified'}{top}"
+    if trig == "exit":
+        return (report.get("summary") or "the training process ended without leaving the watch block") + top
+    return (report.get("summary") or "a threshold was crossed") + top
+
+
+def add_findings(report: dict[str, Any], playbook_dirs: Sequence[str] = ()) -> None:
+    """Match playbooks; a failure here becomes a note, never a lost report."""
+    try:
+        from dlwatch.detect.match import match
+        from dlwatch.playbooks import load_playbooks
+
+        findings = match(report, load_playbooks(tuple(playbook_dirs)))
+        report["findings"] = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings]
+    except ImportError:
+        pass
+    except Exception as exc:
+        report["notes"].append(f"playbook matching failed: {type(exc).__name__}: {exc}")
+
+
+def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, bytes] | None = None) -> str:
+    """Write the incident, falling back to a private temporary directory if report_dir fails."""
+    if not report.get("summary") or report["trigger"] in ("exception", "stall", "attach"):
+        report["summary"] = summary_line(report)
+    try:
+        return store.write_incident(report_dir, report, render_markdown=render.render_markdown,
+                                    extra_files=extra_files)
+    except OSError as exc:
+        fallback = store.fallback_dir()
+        if os.path.abspath(report_dir) == os.path.abspath(fallback):
+            raise
+        log.warning("report_dir_unwritable", report_dir=report_dir, error=str(exc), fallback=fallback)
+        report["notes"].append(f"could not write to {report_dir} ({exc.strerror or exc}); written here instead")
+        return store.write_incident(fallback, report, render_markdown=render.render_markdown,
+                                    extra_files=extra_files)
+
+
+def read_timeline(run_dir: str, limit: int = TIMELINE_WINDOW) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name in ("timeline.1.jsonl", "timeline.jsonl"):
+        try:
+            with open(os.path.join(run_dir, name), "rb") as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return out[-limit:]
+
+
+def exception_report_from_run(run_dir: str, report_dir: str, exception: Mapping[str, Any]) -> str:
+    """The training process writes an exception incident itself when the monitor is gone."""
+    cfg: dict[str, Any] = {}
+    try:
+        with open(os.path.join(run_dir, "config.json"), "rb") as f:
+            cfg = json.loads(f.read())
+    except (OSError, ValueError):
+        pass
+    now = time.time()
+    report = store.skeleton(trigger="exception", pid=os.getpid(), now=now)
+    report["loader"] = cfg.get("loader")
+    report["config"] = cfg.get("options") or {}
+    report["exception"] = dict(exception)
+    report["timeline"] = read_timeline(run_dir)
+    report["notes"].append("the monitor process was not running; this report was written by the training process "
+                           "and holds no samples taken after the monitor stopped")
+    add_findings(report, (cfg.get("options") or {}).get("playbooks") or ())
+    return write(report, report_dir)
+
+
+def compact(obj: Any) -> Any:
+    """Drop None values from sample dicts: timelines stay small and readable."""
+    if isinstance(obj, dict):
+        return {k: compact(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [compact(v) for v in obj]
+    return obj
+
+
+def process_entry(pid: int, role: str, *, worker_id: int | None = None, start_method: str | None = None,
+                  name: str | None = None, cmdline: Iterable[str] | None = None,
+                  sample: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    from dlwatch.redact import redact_argv
+
+    return {
+        "pid": pid,
+        "role": role,
+        "worker_id": worker_id,
+        "start_method": start_method,
+        "name": name,
+        "cmdline": " ".join(redact_argv(list(cmdline))) if cmdline else None,
+        "sample": dict(sample) if sample else None,
+        "status": None,
+        "waiting_in": None,
+        "cpu_progress_s": None,
+        "stack": None,
+    }

@@ -1,0 +1,219 @@
+"""Renderers: report data in, text out.  They never probe the system.
+
+``markdown_lines`` is for report.md (people on a ticket); ``terminal_lines`` is
+the shorter view of ``dlwatch report ID``; ``list_lines`` the incident table.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
+
+
+def human_bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _proc_line(p: Mapping[str, Any]) -> str:
+    s = p.get("sample") or {}
+    who = p.get("role", "?") + (f" {p['worker_id']}" if p.get("worker_id") is not None else "")
+    parts = [f"pid {p.get('pid')} ({who})"]
+    if p.get("status"):
+        parts.append(str(p["status"]) + (f" in {p['waiting_in']}" if p.get("waiting_in") else ""))
+    if s.get("gone"):
+        parts.append("gone")
+    else:
+        parts.append(f"state {_fmt(s.get('state'))}")
+        parts.append(f"fds {_fmt(s.get('num_fds'))}/{_fmt(s.get('fd_limit'))}")
+        parts.append(f"rss {human_bytes(s.get('rss'))}")
+        if s.get("uss") is not None:
+            parts.append(f"uss {human_bytes(s.get('uss'))}")
+        parts.append(f"cpu {_fmt(s.get('cpu_s'))} s")
+        if s.get("syscall") not in (None, -1):
+            parts.append(f"syscall {s.get('syscall')}")
+    return ", ".join(parts)
+
+
+def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12) -> Iterator[str]:
+    if not stack:
+        return
+    if stack.get("error") and not stack.get("threads"):
+        yield f"    (no stack: {stack['error']})"
+        return
+    for t in stack.get("threads") or ():
+        label = t.get("name") or t.get("thread_id")
+        yield f"    thread {label}" + (" [GIL]" if t.get("owns_gil") else "") + ":"
+        frames = t.get("frames") or ()
+        for f in frames[:max_frames]:
+            where = f"{f.get('filename')}:{f.get('line')}" if f.get("filename") else "native"
+            yield f"      {f.get('function')} ({where})"
+        if len(frames) > max_frames:
+            yield f"      ... {len(frames) - max_frames} more frames"
+
+
+def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
+    yield f"# dlwatch incident {r.get('id')}"
+    yield ""
+    yield f"**{r.get('summary') or r.get('trigger')}**"
+    yield ""
+    rank = r.get("rank") or {}
+    rank_txt = "" if rank.get("rank") is None else f", rank {rank.get('rank')}/{rank.get('world_size')}"
+    yield f"- trigger: `{r.get('trigger')}`; created {r.get('created_at')} on {r.get('host')}, pid {r.get('pid')}{rank_txt}"
+    if r.get("classification"):
+        yield f"- stall classification: `{r['classification']}`"
+    prog = r.get("progress") or {}
+    if prog:
+        yield (f"- progress: {prog.get('batches', 0)} batches, {prog.get('epochs', 0)} epochs; "
+               f"data wait {_fmt(prog.get('data_wait_s'))} s, step {_fmt(prog.get('step_s'))} s"
+               + (f"; no progress for {_fmt(prog.get('stall_s'))} s" if prog.get("stall_s") else ""))
+    exc = r.get("exception")
+    if exc:
+        yield ""
+        yield "## Exception"
+        yield ""
+        yield f"`{exc.get('type')}`" + (f" (errno {exc['errno']})" if exc.get("errno") is not None else "")
+        yield ""
+        yield "```"
+        yield from str(exc.get("message") or "").splitlines()[:40]
+        yield "```"
+        if exc.get("traceback"):
+            yield ""
+            yield "<details><summary>traceback</summary>"
+            yield ""
+            yield "```"
+            yield from str(exc["traceback"]).rstrip().splitlines()[-60:]
+            yield "```"
+            yield "</details>"
+    findings = r.get("findings") or []
+    yield ""
+    yield "## Findings"
+    yield ""
+    if not findings:
+        yield "No playbook matched. The evidence below is what dlwatch saw."
+    for i, f in enumerate(findings, 1):
+        yield f"### {i}. {f.get('title')} (`{f.get('playbook')}`, confidence {_fmt(f.get('confidence'))})"
+        yield ""
+        ev = f.get("evidence") or {}
+        if ev:
+            yield "Evidence:"
+            yield ""
+            for k, v in ev.items():
+                yield f"- {k}: `{v}`"
+            yield ""
+        if f.get("remediation"):
+            yield "What to do:"
+            yield ""
+            yield from str(f["remediation"]).rstrip().splitlines()
+            yield ""
+    procs = r.get("processes") or []
+    if procs:
+        yield ""
+        yield "## Processes"
+        yield ""
+        for p in procs:
+            yield f"- {_proc_line(p)}"
+            s = p.get("sample") or {}
+            fds = s.get("fds")
+            if fds:
+                yield (f"  - fds: {fds.get('file')} files, {fds.get('shm')} shm ({human_bytes(fds.get('shm_bytes'))}), "
+                       f"{fds.get('socket')} sockets, {fds.get('pipe')} pipes, {fds.get('other')} other")
+        if any(p.get("stack") for p in procs):
+            yield ""
+            yield "## Stacks"
+            for p in procs:
+                if p.get("stack"):
+                    yield ""
+                    yield f"pid {p.get('pid')} ({p.get('role')}), from {p['stack'].get('source')}:"
+                    yield ""
+                    yield "```"
+                    yield from _stack_lines(p["stack"], max_frames=40)
+                    yield "```"
+    sysd = r.get("system") or {}
+    if sysd:
+        yield ""
+        yield "## System"
+        yield ""
+        yield (f"- /dev/shm: {human_bytes(sysd.get('shm_free'))} free of {human_bytes(sysd.get('shm_total'))}; "
+               f"MemAvailable {human_bytes(sysd.get('mem_available'))}; Mlocked {human_bytes(sysd.get('mlocked'))}")
+        if sysd.get("cgroup_memory_limit") is not None or sysd.get("cgroup_oom_kills"):
+            yield (f"- cgroup memory: {human_bytes(sysd.get('cgroup_memory_usage'))} of "
+                   f"{human_bytes(sysd.get('cgroup_memory_limit'))}, OOM kills {_fmt(sysd.get('cgroup_oom_kills'))}")
+    for g in r.get("gpus") or ():
+        yield f"- GPU {g.get('index')} {g.get('name')}: util {_fmt(g.get('util_percent'))}%, memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}"
+    loader = r.get("loader")
+    if loader:
+        yield ""
+        yield "## Loader"
+        yield ""
+        for k, v in loader.items():
+            yield f"- {k}: `{v}`"
+    if r.get("notes"):
+        yield ""
+        yield "## Notes"
+        yield ""
+        for n in r["notes"]:
+            yield f"- {n}"
+    yield ""
+    yield f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl."
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    return "\n".join(markdown_lines(report)) + "\n"
+
+
+def terminal_lines(r: Mapping[str, Any]) -> Iterator[str]:
+    yield f"incident {r.get('id')}  [{r.get('trigger')}]  {r.get('created_at')}  pid {r.get('pid')}"
+    yield f"  {r.get('summary') or ''}"
+    if r.get("classification"):
+        yield f"  classification: {r['classification']}"
+    exc = r.get("exception")
+    if exc:
+        first = (str(exc.get("message") or "").splitlines() or [""])[-1]
+        yield f"  exception: {exc.get('type')}: {first[:200]}"
+    for f in r.get("findings") or ():
+        yield f"  finding: {f.get('playbook')} ({_fmt(f.get('confidence'))}) {f.get('title')}"
+        rem = str(f.get("remediation") or "").strip().splitlines()
+        if rem:
+            yield f"    -> {rem[0]}"
+    if not r.get("findings"):
+        yield "  no playbook matched"
+    for p in r.get("processes") or ():
+        yield "  " + _proc_line(p)
+        stack = p.get("stack") or {}
+        for line in list(_stack_lines(stack, max_frames=6))[:8]:
+            yield "  " + line
+    for n in r.get("notes") or ():
+        yield f"  note: {n}"
+
+
+def render_terminal(report: Mapping[str, Any], file: TextIO) -> None:
+    for line in terminal_lines(report):
+        print(line, file=file)
+
+
+def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
+    if not summaries:
+        yield "no incidents"
+        return
+    yield f"{'ID':<44} {'CREATED':<25} {'TRIGGER':<9} TOP FINDING"
+    for s in summaries:
+        yield f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}"
+
+
+def iso_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
