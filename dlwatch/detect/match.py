@@ -1,0 +1,527 @@
+"""The matcher: a draft report dict and the playbooks in, findings (most likely first) out.
+
+Pure: it reads the report (docs/report-schema.md: ``exception``,
+``classification``, ``processes``, ``system``, ``loader``, ``events``,
+``timeline``) and never the system.  Each playbook signal is a conjunction of
+conditions (see :class:`dlwatch.playbooks.Signal`); a playbook matches when any
+of its signals does, with the best signal's confidence (plus a little for each
+further signal that agrees).  The evidence of a finding is what matched plus
+what was measured for that failure; a playbook with nothing that matched makes
+no finding, so a healthy report makes none at all.
+
+Detector events it reads (emitted by the monitor, see dlwatch.detect.thresholds,
+dlwatch.shapes and dlwatch.rngcheck), matched by their ``signal`` key (or by
+``event`` for the same name):
+``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate", ...}``
+and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "fingerprints"}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+from dlwatch.detect import thresholds as th
+from dlwatch._log import get_logger
+from dlwatch.model import Finding, ProcSample
+from dlwatch.playbooks import Hint, Playbook, Signal
+from dlwatch.rngcheck import duplicates
+
+__all__ = ["match", "errnos_in"]
+
+_ERRNO_BRACKET = re.compile(r"\[Errno (\d+)\]")
+_ERRNO_TORCH = re.compile(r":\s+[A-Za-z][A-Za-z ,'-]*? \((\d+)\)")  # "...: No space left on device (28)"
+_MAX_FRAMES = 8
+_MAX_WORKERS = 8
+_MAX_EVENTS = 5
+
+log = get_logger(__name__)
+
+
+def errnos_in(exception: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """The exception's errno plus any that torch or the OS printed into its text, in order."""
+    if not exception:
+        return ()
+    found: list[int] = []
+    if isinstance(exception.get("errno"), int):
+        found.append(exception["errno"])
+    text = f"{exception.get('message') or ''}\n{exception.get('traceback') or ''}"
+    for rx in (_ERRNO_BRACKET, _ERRNO_TORCH):
+        found.extend(int(m.group(1)) for m in rx.finditer(text))
+    return tuple(dict.fromkeys(found))
+
+
+def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Finding]:
+    playbooks = tuple(playbooks)
+    ctx = _Context(report, playbooks)
+    findings: list[tuple[float, int, Finding]] = []
+    for order, pb in enumerate(playbooks):
+        try:
+            finding = _match_one(pb, ctx)
+        except Exception as exc:  # one broken user playbook must not hide the others
+            finding = None
+            log.warning("playbook_match_failed", playbook=pb.id, source=pb.source,
+                        error=f"{type(exc).__name__}: {exc}")
+        if finding is not None:
+            findings.append((finding.confidence, order, finding))
+    findings.sort(key=lambda t: (-t[0], t[1]))
+    return [f for _, _, f in findings]
+
+
+# --------------------------------------------------------------------------- context
+
+
+def _excerpt(text: str, m: re.Match[str], width: int = 200) -> str:
+    start = text.rfind("\n", 0, m.start()) + 1
+    end = text.find("\n", m.end())
+    line = text[start:end if end >= 0 else len(text)].strip()
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _frame_str(f: Mapping[str, Any]) -> str:
+    where = f.get("filename") or "?"
+    line = f.get("line")
+    return f"{f.get('function') or '?'} ({where}{':' + str(line) if line else ''})"
+
+
+def _threads(proc: Mapping[str, Any]) -> list[list[Mapping[str, Any]]]:
+    stack = proc.get("stack") or {}
+    out = []
+    for t in stack.get("threads") or ():
+        frames = [f for f in (t.get("frames") or ()) if isinstance(f, Mapping)]
+        if frames:
+            out.append(_cut_parent_frames(frames))
+    return out
+
+
+def _cut_parent_frames(frames: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    # a forked worker's stack continues below _worker_loop into the parent's frames
+    for i, f in enumerate(frames):
+        if f.get("function") == "_worker_loop":
+            return frames[: i + 1]
+    return frames
+
+
+def _frame_matches(cond: Signal | Hint, f: Mapping[str, Any]) -> bool:
+    function = str(f.get("function") or "")
+    filename = str(f.get("filename") or "")
+    if isinstance(cond, Hint) and cond.native is not None and bool(f.get("native")) != cond.native:
+        return False
+    if cond.frame is not None and not (cond.frame.search(function) or cond.frame.search(filename)):
+        return False
+    if cond.frame_function is not None and not cond.frame_function.search(function):
+        return False
+    if cond.frame_filename is not None and not cond.frame_filename.search(filename):
+        return False
+    return True
+
+
+class _Context:
+    def __init__(self, report: Mapping[str, Any], playbooks: Sequence[Playbook]) -> None:
+        self.report = report
+        self.exception: Mapping[str, Any] | None = report.get("exception") or None
+        exc = self.exception or {}
+        self.text = f"{exc.get('message') or ''}\n{exc.get('traceback') or ''}"
+        self.errnos = errnos_in(self.exception)
+        self.classification = report.get("classification")
+        self.loader: Mapping[str, Any] = report.get("loader") or {}
+        self.system: Mapping[str, Any] = report.get("system") or {}
+        self.processes = [p for p in (report.get("processes") or ()) if isinstance(p, Mapping)]
+        fd_pb = next((p for p in playbooks if p.id == "fd-exhaustion"), None)
+        self.fd_thresholds = fd_pb.thresholds if fd_pb is not None else {}
+        self.events = self._collect_events(report)
+        self.at_limit = self._at_limit()
+
+    # events: report["events"] plus event records of the timeline, deduplicated
+    def _collect_events(self, report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        seen: set[tuple[Any, ...]] = set()
+        records = list(report.get("events") or ())
+        records += [r for r in (report.get("timeline") or ()) if isinstance(r, Mapping) and r.get("kind") == "event"]
+        for ev in records:
+            if not isinstance(ev, Mapping):
+                continue
+            key = (ev.get("ts"), ev.get("event"), ev.get("signal"), ev.get("pid"), ev.get("worker_id"),
+                   ev.get("batch_index"))
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(ev)
+        if not self._signal_events(out, "rng_duplicate"):
+            out.extend(self._rng_from_fingerprints(out))
+        if not self._signal_events(out, "fd_pressure"):
+            out.extend(self._fd_from_timeline(report))
+        return out
+
+    @staticmethod
+    def _signal_events(events: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
+        return [e for e in events if e.get("signal") == name or e.get("event") == name]
+
+    def signal_events(self, name: str) -> list[Mapping[str, Any]]:
+        return self._signal_events(self.events, name)
+
+    @staticmethod
+    def _rng_from_fingerprints(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        by_worker: dict[int, Mapping[str, str]] = {}
+        for ev in events:
+            if ev.get("event") == "rng_fingerprint" and isinstance(ev.get("fingerprints"), Mapping):
+                by_worker[ev.get("worker_id", ev.get("pid"))] = ev["fingerprints"]
+        dups = duplicates(by_worker) if len(by_worker) >= 2 else []
+        if not dups:
+            return []
+        return [{"event": "threshold", "signal": "rng_duplicate", "duplicates": dups,
+                 "num_workers_checked": len(by_worker), "derived": "rng_fingerprint events"}]
+
+    def _fd_from_timeline(self, report: Mapping[str, Any]) -> list[dict[str, Any]]:
+        histories: dict[int, list[ProcSample]] = {}
+        for rec in report.get("timeline") or ():
+            if not isinstance(rec, Mapping) or rec.get("kind") != "sample":
+                continue
+            for p in rec.get("procs") or ():
+                if not isinstance(p, Mapping) or not isinstance(p.get("pid"), int):
+                    continue
+                try:
+                    histories.setdefault(p["pid"], []).append(ProcSample(
+                        pid=p["pid"], ts=float(p.get("ts", rec.get("ts", 0.0)) or 0.0),
+                        num_fds=p.get("num_fds"), fd_limit=p.get("fd_limit"), gone=bool(p.get("gone"))))
+                except (TypeError, ValueError):
+                    continue
+        out = []
+        t = self.fd_thresholds
+        for pid, hist in histories.items():
+            hist.sort(key=lambda s: s.ts)
+            ev = th.fd_pressure(hist, fd_share=t.get("fd_share", th.FD_SHARE),
+                                horizon_s=t.get("horizon_s", th.FD_HORIZON_S),
+                                min_rise=t.get("min_rise", th.FD_MIN_RISE),
+                                min_window_s=t.get("min_window_s", th.FD_MIN_WINDOW_S),
+                                trend_min_share=t.get("trend_min_share", th.FD_TREND_MIN_SHARE))
+            if ev is not None:
+                out.append({"event": "threshold", **ev, "derived": "timeline"})
+        return out
+
+    def _at_limit(self) -> list[dict[str, Any]]:
+        t = self.fd_thresholds
+        share = t.get("at_limit_share", th.FD_AT_LIMIT_SHARE)
+        margin = int(t.get("at_limit_margin", th.FD_AT_LIMIT_MARGIN))
+        out: list[dict[str, Any]] = []
+        pids: set[Any] = set()
+        for p in self.processes:
+            s = p.get("sample") or {}
+            if th.fd_near_limit(s.get("num_fds"), s.get("fd_limit"), share=share, margin=margin):
+                out.append(self._proc_fd_view(p, s))
+                pids.add(p.get("pid"))
+        for ev in self.signal_events("fd_pressure"):  # measured before the process died or was re-read
+            if ev.get("pid") not in pids and th.fd_near_limit(ev.get("num_fds"), ev.get("fd_limit"),
+                                                               share=share, margin=margin):
+                out.append({"pid": ev.get("pid"), "role": ev.get("role"), "worker_id": ev.get("worker_id"),
+                            "num_fds": ev.get("num_fds"), "fd_limit": ev.get("fd_limit"),
+                            "fds": ev.get("fds"), "from": "fd_pressure event"})
+                pids.add(ev.get("pid"))
+        return out
+
+    @staticmethod
+    def _proc_fd_view(p: Mapping[str, Any], s: Mapping[str, Any]) -> dict[str, Any]:
+        return {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
+                "num_fds": s.get("num_fds"), "fd_limit": s.get("fd_limit"), "fds": s.get("fds")}
+
+    def frames(self, role: str) -> Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+        for p in self.processes:
+            if role != "any" and p.get("role") != role:
+                continue
+            for frames in _threads(p):
+                for f in frames:
+                    yield p, f
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _eval_signal(sig: Signal, ctx: _Context) -> dict[str, Any] | None:
+    hit: dict[str, Any] = {"signal": sig.name, "confidence": sig.confidence}
+    if sig.description:
+        hit["description"] = sig.description
+    exc = ctx.exception
+    needs_exc = (sig.exception_type is not None or sig.exception_text is not None or bool(sig.errno)
+                 or sig.from_loader is not None)
+    if needs_exc and not exc:
+        return None
+    if sig.not_errno and set(sig.not_errno) & set(ctx.errnos):
+        return None
+    if exc:
+        if sig.exception_type is not None:
+            if not sig.exception_type.search(str(exc.get("type") or "")):
+                return None
+            hit["exception_type"] = exc.get("type")
+        if sig.exception_text is not None:
+            m = sig.exception_text.search(ctx.text)
+            if m is None:
+                return None
+            hit["matched_text"] = _excerpt(ctx.text, m)
+        if sig.errno:
+            hits = [e for e in ctx.errnos if e in sig.errno]
+            if not hits:
+                return None
+            hit["errno"] = hits[0]
+        if sig.from_loader is not None:
+            if bool(exc.get("from_loader")) != sig.from_loader:
+                return None
+            hit["from_loader"] = sig.from_loader
+    if sig.classification:
+        if ctx.classification not in sig.classification:
+            return None
+        hit["classification"] = ctx.classification
+    if sig.signal is not None:
+        events = ctx.signal_events(sig.signal)
+        if not events:
+            return None
+        hit["events"] = len(events)
+    if sig.fd_at_limit is not None:
+        if bool(ctx.at_limit) != sig.fd_at_limit:
+            return None
+        if ctx.at_limit:
+            hit["at_fd_limit"] = [a.get("pid") for a in ctx.at_limit]
+    if sig.has_frame_condition:
+        found = next(((p, f) for p, f in ctx.frames(sig.role) if _frame_matches(sig, f)), None)
+        if found is None:
+            return None
+        p, f = found
+        hit["frame"] = {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
+                        "frame": _frame_str(f)}
+    return hit
+
+
+def _eval_hints(pb: Playbook, ctx: _Context) -> list[tuple[Hint, dict[str, Any]]]:
+    out: list[tuple[Hint, dict[str, Any]]] = []
+    names: set[str] = set()
+    for hint in pb.hints:
+        if hint.name in names:
+            continue
+        found = _find_hint(hint, ctx)
+        if found is not None:
+            names.add(hint.name)
+            out.append((hint, found))
+    return out
+
+
+def _find_hint(hint: Hint, ctx: _Context) -> dict[str, Any] | None:
+    has_frame = hint.frame is not None or hint.frame_function is not None or hint.frame_filename is not None
+    for p in ctx.processes:
+        if hint.role != "any" and p.get("role") != hint.role:
+            continue
+        if hint.waiting_in is not None and not hint.waiting_in.search(str(p.get("waiting_in") or "")):
+            continue
+        where = {"hint": hint.name, "pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id")}
+        if not has_frame:
+            return {**where, "waiting_in": p.get("waiting_in")}
+        for frames in _threads(p):
+            for f in frames:
+                if _frame_matches(hint, f):
+                    return {**where, "frame": _frame_str(f)}
+    return None
+
+
+def _match_one(pb: Playbook, ctx: _Context) -> Finding | None:
+    hits = [h for h in (_eval_signal(s, ctx) for s in pb.signals) if h is not None]
+    if not hits:
+        return None
+    hits.sort(key=lambda h: -h["confidence"])
+    best = hits[0]["confidence"]
+    # agreeing signals add a little, never past the best signal's own certainty by much
+    confidence = min(max(best, 0.99), best + 0.02 * (len(hits) - 1))
+    evidence: dict[str, Any] = {"matched": hits}
+    if ctx.exception:
+        exc = ctx.exception
+        lines = str(exc.get("message") or "").strip().splitlines()
+        evidence["exception"] = {"type": exc.get("type"), "errno": ctx.errnos[0] if ctx.errnos else None,
+                                 "message": lines[-1][:300] if lines else "",  # torch puts the cause last
+                                 "from_loader": bool(exc.get("from_loader"))}
+    enrich = _ENRICHERS.get(pb.id)
+    variant = None
+    if enrich is not None:
+        variant = enrich(pb, ctx, evidence)
+    hints = _eval_hints(pb, ctx)
+    if hints:
+        evidence["points_at"] = [found for _, found in hints]
+    return Finding(playbook=pb.id, title=pb.title, confidence=round(confidence, 3),
+                   evidence=evidence, remediation=_remediation(pb, variant, [h for h, _ in hints]))
+
+
+def _remediation(pb: Playbook, variant: str | None, hints: Sequence[Hint]) -> str:
+    parts = [h.text for h in hints if h.text]
+    if variant is not None and variant in pb.variants:
+        parts.append(pb.variants[variant])
+    else:  # cause not measured: show every variant, the reader picks
+        parts.extend(pb.variants.values())
+    if pb.remediation:
+        parts.append(pb.remediation)
+    return "\n\n".join(p.strip() for p in parts if p.strip())
+
+
+# --------------------------------------------------------------------------- per-playbook evidence
+
+
+def _fd_cause(fds: Mapping[str, Any] | None, num_fds: int | None, min_share: float) -> str | None:
+    if not fds or not num_fds:
+        return None
+    files, shm = int(fds.get("file") or 0), int(fds.get("shm") or 0)
+    kind, count = ("regular-files", files) if files >= shm else ("shm-fds", shm)
+    return kind if count > 0 and count >= min_share * num_fds else None
+
+
+def _enrich_fd(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    def share(v: Mapping[str, Any]) -> float:
+        return (v.get("num_fds") or 0) / v["fd_limit"] if v.get("fd_limit") else 0.0
+
+    fd_share = pb.threshold("fd_share", th.FD_SHARE)
+    pressure = ctx.signal_events("fd_pressure")
+    # the processes that tell the story: at the limit, above the share, or seen climbing
+    views = list(ctx.at_limit)
+    for p in ctx.processes:
+        view = _Context._proc_fd_view(p, p.get("sample") or {})
+        if share(view) >= fd_share and all(v.get("pid") != view["pid"] for v in views):
+            views.append(view)
+    for e in reversed(pressure):
+        if all(v.get("pid") != e.get("pid") for v in views) and e.get("num_fds") is not None:
+            views.append({k: e.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit", "fds")})
+    views.sort(key=share, reverse=True)
+    cause, basis = None, None
+    if views:
+        top = views[0]
+        fds = top.get("fds") or {}
+        ev.update({"pid": top.get("pid"), "role": top.get("role"), "worker_id": top.get("worker_id"),
+                   "num_fds": top.get("num_fds"), "fd_limit": top.get("fd_limit"),
+                   "fd_share": round(share(top), 4) if top.get("fd_limit") else None})
+        if fds:
+            ev["fds"] = {k: fds.get(k) for k in ("file", "shm", "socket", "pipe", "other", "shm_bytes")}
+            ev["top_files"] = [list(x) for x in (fds.get("top_files") or ())][:5]
+        min_share = pb.threshold("cause_min_share", 0.3)
+        # the fullest process may lack an fd breakdown: take the next one (or a pressure event) that has it
+        for v in views + list(reversed(pressure)):
+            cause = _fd_cause(v.get("fds"), v.get("num_fds"), min_share)
+            if cause:
+                basis = f"fd kinds of pid {v.get('pid')}"
+                break
+    else:  # nothing near a limit now (a failed worker is gone): show the counts as context only
+        counts = [_Context._proc_fd_view(p, p.get("sample") or {}) for p in ctx.processes]
+        counts = [{k: c.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit")}
+                  for c in counts if c.get("num_fds") is not None]
+        if counts:
+            ev["fd_counts"] = counts[:_MAX_WORKERS + 1]
+    if ctx.at_limit:
+        ev["at_fd_limit"] = [{k: a.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit")}
+                             for a in ctx.at_limit]
+    strategy = ctx.loader.get("sharing_strategy")
+    if strategy:
+        ev["sharing_strategy"] = strategy
+    if cause is None and re.search(r"Communication with the workers is no longer possible|received 0 items of "
+                                   r"ancdata|unable to open shared memory object", ctx.text):
+        cause, basis = "shm-fds", "torch's error is about passing shared memory by fd"
+    if cause is None and strategy == "file_system":
+        cause, basis = "regular-files", "the file_system strategy keeps no fd per shared tensor"
+    if cause is None and ctx.exception and re.search(r"\bopen\(|Image\.open|np\.load|h5py|lmdb", ctx.text):
+        cause, basis = "regular-files", "the failing call in the traceback opens a file"
+    ev["cause"] = cause or "unknown"
+    if basis:
+        ev["cause_basis"] = basis
+    if pressure:
+        ev["pressure"] = [_strip_event(e) for e in pressure[-_MAX_EVENTS:]]
+    return cause
+
+
+def _enrich_shm(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    for key in ("shm_total", "shm_free", "shm_torch_files"):
+        if ctx.system.get(key) is not None:
+            ev[key] = ctx.system.get(key)
+    loader = {k: ctx.loader.get(k) for k in ("batch_size", "num_workers", "prefetch_factor", "sharing_strategy")
+              if ctx.loader.get(k) is not None}
+    if loader:
+        ev["loader"] = loader
+    if ctx.errnos:
+        ev["errno"] = ctx.errnos[0]
+    pressure = ctx.signal_events("shm_pressure")
+    if pressure:
+        ev["pressure"] = [_strip_event(e) for e in pressure[-_MAX_EVENTS:]]
+        need = next((e.get("need_bytes") for e in reversed(pressure) if e.get("need_bytes")), None)
+        if need:
+            ev["need_bytes"] = need
+    return None
+
+
+def _worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
+    s = p.get("sample") or {}
+    threads = _threads(p)
+    main = next((t for t in threads if any(f.get("function") == "_worker_loop" for f in t)),
+                threads[0] if threads else [])
+    view = {"pid": p.get("pid"), "worker_id": p.get("worker_id"), "status": p.get("status"),
+            "state": s.get("state"), "syscall": s.get("syscall"), "wchan": s.get("wchan"),
+            "waiting_in": p.get("waiting_in"), "cpu_progress_s": p.get("cpu_progress_s"),
+            "frames": [_frame_str(f) for f in main[:_MAX_FRAMES]]}
+    user = next((f for f in main if _is_user_frame(f)), None)
+    if user is not None:
+        view["user_frame"] = _frame_str(user)
+    return {k: v for k, v in view.items() if v not in (None, [])}
+
+
+def _is_user_frame(f: Mapping[str, Any]) -> bool:
+    name = str(f.get("filename") or "")
+    return (bool(name) and not f.get("native") and not name.startswith("<")
+            and not re.search(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\]torch[/\\]", name))
+
+
+def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    workers = [p for p in ctx.processes if p.get("role") == "worker"]
+    if workers:
+        ev["workers"] = [_worker_view(p) for p in workers[:_MAX_WORKERS]]
+        if len(workers) > _MAX_WORKERS:
+            ev["workers_not_shown"] = len(workers) - _MAX_WORKERS
+    main = next((p for p in ctx.processes if p.get("role") == "main"), None)
+    if main is not None:
+        mv = _worker_view(main)
+        mv.pop("worker_id", None)
+        ev["main"] = mv
+    if ctx.loader.get("multiprocessing_context") is not None:
+        ev["multiprocessing_context"] = ctx.loader.get("multiprocessing_context")
+    if ctx.loader.get("timeout") is not None:
+        ev["timeout"] = ctx.loader.get("timeout")
+    return None
+
+
+def _enrich_batch(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    events = ctx.signal_events("batch_shape")
+    if events:
+        first = _strip_event(events[0])
+        ev.update({k: v for k, v in first.items() if k not in ev})
+        if len(events) > 1:
+            ev["batch_shape_events"] = len(events)
+    if not ev.get("collate_fn") and ctx.loader.get("collate_fn"):
+        ev["collate_fn"] = ctx.loader.get("collate_fn")
+    for key in ("batch_size", "drop_last"):
+        if key not in ev and ctx.loader.get(key) is not None:
+            ev[key] = ctx.loader.get(key)
+    return None
+
+
+def _enrich_rng(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    dups: list[Any] = []
+    for e in ctx.signal_events("rng_duplicate"):
+        for d in e.get("duplicates") or ():
+            if d not in dups:
+                dups.append(d)
+    if dups:
+        ev["duplicates"] = dups
+    if ctx.loader.get("worker_init_fn") is not None:
+        ev["worker_init_fn"] = ctx.loader.get("worker_init_fn")
+    return None
+
+
+def _strip_event(e: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in e.items() if k not in ("event", "kind")}
+
+
+_ENRICHERS = {
+    "fd-exhaustion": _enrich_fd,
+    "shm-exhaustion": _enrich_shm,
+    "worker-deadlock": _enrich_deadlock,
+    "batch-dim-mismatch": _enrich_batch,
+    "rng-duplication": _enrich_rng,
+}

@@ -1,0 +1,157 @@
+"""Pure threshold detectors: samples in, an evidence dict (a signal) or None out.
+
+Nothing here reads the system or a playbook file: the thresholds are arguments
+with defaults, and the caller passes the playbook's values
+(``Playbook.threshold(name, default)``).  The monitor emits each returned dict as
+a timeline event ``{"event": "threshold", **evidence}``; the matcher in
+``dlwatch.detect.match`` reads those events back by their ``signal`` key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from dlwatch.model import ProcSample, SystemSample
+
+__all__ = [
+    "FD_SHARE",
+    "FD_HORIZON_S",
+    "SHM_FREE_SHARE",
+    "fd_near_limit",
+    "fd_pressure",
+    "fd_trend",
+    "inflight_shm_bytes",
+    "shm_pressure",
+]
+
+FD_SHARE = 0.9  # share of the soft RLIMIT_NOFILE above which fds are "under pressure"
+FD_HORIZON_S = 60.0  # a trend that reaches the limit sooner than this is pressure too
+FD_MIN_RISE = 4  # fds the window must have grown by before a trend is believed
+FD_MIN_POINTS = 3
+FD_MIN_WINDOW_S = 2.0  # a trend needs this much history: workers open fds quickly while they start
+FD_TREND_MIN_SHARE = 0.25  # ... and a count already this share of the limit
+FD_AT_LIMIT_SHARE = 0.95  # "at or near the limit" (a stall or a bare EOFError is then fd exhaustion)
+FD_AT_LIMIT_MARGIN = 4  # ... or within this many fds of it
+SHM_FREE_SHARE = 0.1  # /dev/shm with less than this share free is "nearly full"
+SHM_NEED_FACTOR = 1.0  # free /dev/shm below need × this is pressure
+
+
+def fd_trend(history: Sequence[ProcSample]) -> float | None:
+    """Least-squares slope of num_fds over time, fds per second; None with < 2 usable points."""
+    points = [(s.ts, s.num_fds) for s in history if s.num_fds is not None and not s.gone]
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_f = sum(f for _, f in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var <= 0:
+        return None
+    return sum((t - mean_t) * (f - mean_f) for t, f in points) / var
+
+
+def fd_pressure(history: Sequence[ProcSample], *, fd_share: float = FD_SHARE,
+                horizon_s: float = FD_HORIZON_S, min_rise: float = FD_MIN_RISE,
+                min_points: int = FD_MIN_POINTS, min_window_s: float = FD_MIN_WINDOW_S,
+                trend_min_share: float = FD_TREND_MIN_SHARE) -> dict[str, Any] | None:
+    """fds of one process above ``fd_share`` of its soft limit, or heading there within ``horizon_s``.
+
+    ``history`` is the samples of one pid, oldest first.  The latest sample with both
+    num_fds and fd_limit is judged; the trend needs ``min_points`` samples over at least
+    ``min_window_s``, a rise of ``min_rise`` fds, and a count of ``trend_min_share`` of the
+    limit, so a flat count (however high, if under the share), one-fd jitter and the
+    burst of opens while a worker starts stay quiet.
+    """
+    usable = [s for s in history if s.num_fds is not None and not s.gone]
+    latest = next((s for s in reversed(usable) if s.fd_limit), None)
+    if latest is None or latest.num_fds is None or not latest.fd_limit or latest.fd_limit <= 0:
+        return None
+    limit, count = latest.fd_limit, latest.num_fds
+    share = count / limit
+    slope = fd_trend(usable) if len(usable) >= min_points else None
+    rise = (count - min(s.num_fds for s in usable)) if usable else 0  # type: ignore[type-var]
+    eta: float | None = None
+    window_s = usable[-1].ts - usable[0].ts
+    if (slope is not None and slope > 0 and rise >= min_rise and window_s >= min_window_s
+            and share >= trend_min_share):
+        eta = max(0.0, (limit - count) / slope)
+    if share >= fd_share:
+        reason = "above_share"
+    elif eta is not None and eta <= horizon_s:
+        reason = "trend"
+    else:
+        return None
+    return {
+        "signal": "fd_pressure",
+        "reason": reason,
+        "pid": latest.pid,
+        "ts": latest.ts,
+        "num_fds": count,
+        "fd_limit": limit,
+        "fd_share": round(share, 4),
+        "threshold_share": fd_share,
+        "slope_fds_per_s": None if slope is None else round(slope, 3),
+        "limit_in_s": None if eta is None else round(eta, 1),
+        "horizon_s": horizon_s,
+        "window_s": round(window_s, 3),
+        "fds": latest.fds.to_dict() if latest.fds is not None else None,
+    }
+
+
+def fd_near_limit(num_fds: int | None, fd_limit: int | None, *, share: float = FD_AT_LIMIT_SHARE,
+                  margin: int = FD_AT_LIMIT_MARGIN) -> bool:
+    """At or near the soft limit: the state in which opens fail (EMFILE) or a feeder thread dies."""
+    if num_fds is None or not fd_limit or fd_limit <= 0:
+        return False
+    return num_fds >= fd_limit - margin or num_fds / fd_limit >= share
+
+
+def inflight_shm_bytes(batch_bytes: int | None, prefetch_factor: int | None,
+                       num_workers: int | None) -> int | None:
+    """What the loader keeps in shared memory at once: batch bytes × prefetch_factor × num_workers.
+
+    None when unknown; 0 with no workers (batches then never travel through /dev/shm).
+    """
+    if num_workers is not None and num_workers <= 0:
+        return 0
+    if not batch_bytes or not num_workers:
+        return None
+    return int(batch_bytes) * int(prefetch_factor or 2) * int(num_workers)
+
+
+def shm_pressure(system: SystemSample, need_bytes: int | Mapping[str, Any] | None = None, *,
+                 free_share: float = SHM_FREE_SHARE,
+                 need_factor: float = SHM_NEED_FACTOR) -> dict[str, Any] | None:
+    """/dev/shm nearly full, or smaller (in total or free) than the loader needs in flight.
+
+    ``need_bytes`` is the in-flight need (see :func:`inflight_shm_bytes`), or the
+    report's ``loader`` dict, from which it is computed when that has ``batch_bytes``.
+    """
+    if isinstance(need_bytes, Mapping):
+        loader = need_bytes
+        need_bytes = inflight_shm_bytes(loader.get("batch_bytes"), loader.get("prefetch_factor"),
+                                        loader.get("num_workers"))
+    total, free = system.shm_total, system.shm_free
+    if not total or total <= 0 or free is None:
+        return None
+    share = free / total
+    need = int(need_bytes * need_factor) if need_bytes else 0
+    if need and total < need:
+        reason = "smaller_than_need"
+    elif need and free < need:
+        reason = "free_below_need"
+    elif share < free_share:
+        reason = "nearly_full"
+    else:
+        return None
+    return {
+        "signal": "shm_pressure",
+        "reason": reason,
+        "ts": system.ts,
+        "shm_total": total,
+        "shm_free": free,
+        "free_share": round(share, 4),
+        "threshold_free_share": free_share,
+        "need_bytes": need_bytes,
+        "shm_torch_files": system.shm_torch_files,
+    }

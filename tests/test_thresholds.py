@@ -1,0 +1,149 @@
+"""Pure threshold detectors on hand-built samples, with their boundaries."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from dlwatch.detect.thresholds import (
+    fd_near_limit, fd_pressure, fd_trend, inflight_shm_bytes, shm_pressure,
+)
+from dlwatch.model import FdSummary, ProcSample, SystemSample
+
+MiB = 1024 * 1024
+
+
+def hist(counts: list[int], limit: int = 1024, dt: float = 1.0, pid: int = 7) -> list[ProcSample]:
+    return [ProcSample(pid=pid, ts=100.0 + i * dt, num_fds=c, fd_limit=limit) for i, c in enumerate(counts)]
+
+
+def test_just_under_the_share_is_quiet() -> None:
+    # 921/1024 = 0.8994 < 0.9, flat: no trend either
+    assert fd_pressure(hist([921, 921, 921])) is None
+
+
+def test_at_the_share_fires() -> None:
+    ev = fd_pressure(hist([922, 922, 922]))  # 922/1024 = 0.9004
+    assert ev is not None and ev["reason"] == "above_share"
+    assert ev["pid"] == 7 and ev["num_fds"] == 922 and ev["fd_limit"] == 1024 and ev["signal"] == "fd_pressure"
+
+
+def test_flat_high_but_stable_is_quiet() -> None:
+    assert fd_pressure(hist([800] * 20)) is None
+
+
+def test_single_sample_under_share_is_quiet() -> None:
+    assert fd_pressure(hist([900])) is None
+
+
+def test_trend_reaching_limit_within_horizon_fires() -> None:
+    # +20 fds/s from 500: (1024-560)/20 = 23.2 s to the limit
+    ev = fd_pressure(hist([500, 520, 540, 560]))
+    assert ev is not None and ev["reason"] == "trend"
+    assert abs(ev["slope_fds_per_s"] - 20.0) < 1e-6 and abs(ev["limit_in_s"] - 23.2) < 0.05
+
+
+def test_trend_beyond_horizon_is_quiet() -> None:
+    # +2 fds/s from 100: ~460 s away
+    assert fd_pressure(hist([100, 102, 104, 106])) is None
+    # ... unless the horizon is longer (thresholds come from the playbook)
+    assert fd_pressure(hist([300, 302, 304, 306]), horizon_s=1000)["reason"] == "trend"
+
+
+def test_worker_startup_burst_is_quiet() -> None:
+    # a worker opening 20 fds in its first half second is starting, not leaking
+    assert fd_pressure(hist([10, 20, 30], dt=0.2)) is None  # window 0.4 s < min_window_s
+    # a steady climb at a low count: not yet (trend_min_share), but the limit is a parameter
+    assert fd_pressure(hist([30, 60, 90, 120], dt=1.0)) is None
+    assert fd_pressure(hist([30, 60, 90, 120]), trend_min_share=0.0)["reason"] == "trend"
+
+
+def test_small_limit_leak_is_seen_before_the_crash() -> None:
+    # limit 128 (the fd example), +18 fds/s: seen at 36 fds, 5 s before the limit
+    ev = fd_pressure(hist([0, 9, 18, 27, 36, 45], limit=128, dt=0.5))
+    assert ev is not None and ev["reason"] == "trend" and ev["limit_in_s"] < 10
+
+
+def test_too_few_points_or_jitter_is_quiet() -> None:
+    assert fd_pressure(hist([500, 560])) is None  # 2 points < min_points
+    assert fd_pressure(hist([1000, 1001, 1002]), fd_share=0.99) is None  # rise 2 < min_rise 4
+    assert fd_pressure(hist([600, 610, 600, 610, 600])) is None  # no net trend
+
+
+def test_share_threshold_is_a_parameter() -> None:
+    assert fd_pressure(hist([512] * 3), fd_share=0.5)["reason"] == "above_share"
+    assert fd_pressure(hist([511] * 3), fd_share=0.5) is None
+
+
+def test_missing_figures_are_quiet() -> None:
+    assert fd_pressure([]) is None
+    assert fd_pressure([ProcSample(pid=1, ts=1.0, num_fds=10)]) is None  # no limit read
+    assert fd_pressure([ProcSample(pid=1, ts=1.0, num_fds=1000, fd_limit=1024, gone=True)]) is None
+
+
+def test_fds_breakdown_is_carried() -> None:
+    s = ProcSample(pid=3, ts=1.0, num_fds=1020, fd_limit=1024, fds=FdSummary(file=1000, pipe=4))
+    ev = fd_pressure([s])
+    assert ev["fds"]["file"] == 1000
+
+
+def test_trend_slope() -> None:
+    assert fd_trend(hist([1, 3, 5])) == 2.0
+    assert fd_trend(hist([1])) is None
+    assert fd_trend([ProcSample(pid=1, ts=5.0, num_fds=1), ProcSample(pid=1, ts=5.0, num_fds=9)]) is None
+
+
+def test_near_limit() -> None:
+    assert fd_near_limit(1022, 1024)  # where torch's feeder thread dies: limit minus 2
+    assert fd_near_limit(61, 64)
+    assert not fd_near_limit(900, 1024)
+    assert not fd_near_limit(None, 1024) and not fd_near_limit(10, None) and not fd_near_limit(10, 0)
+
+
+@given(st.integers(1, 100_000), st.floats(0.05, 0.99))
+def test_flat_under_share_never_fires(limit: int, share: float) -> None:
+    count = int(limit * share) - 1
+    if count < 0:
+        return
+    assert fd_pressure(hist([count] * 5, limit=limit), fd_share=share) is None
+
+
+# --------------------------------------------------------------------------- shm
+
+
+def sysample(total: int | None, free: int | None, files: int | None = None) -> SystemSample:
+    return SystemSample(ts=5.0, shm_total=total, shm_free=free, shm_torch_files=files)
+
+
+def test_inflight_need() -> None:
+    assert inflight_shm_bytes(10 * MiB, 2, 4) == 80 * MiB
+    assert inflight_shm_bytes(10 * MiB, None, 4) == 80 * MiB  # torch's default prefetch_factor is 2
+    assert inflight_shm_bytes(10 * MiB, 2, 0) == 0
+    assert inflight_shm_bytes(None, 2, 4) is None
+
+
+def test_shm_healthy_is_quiet() -> None:
+    assert shm_pressure(sysample(64 * MiB, 60 * MiB), need_bytes=8 * MiB) is None
+    assert shm_pressure(sysample(64 * MiB, 60 * MiB)) is None
+
+
+def test_shm_nearly_full_boundary() -> None:
+    assert shm_pressure(sysample(100 * MiB, 10 * MiB)) is None  # exactly 10 % free
+    ev = shm_pressure(sysample(100 * MiB, 10 * MiB - 1))
+    assert ev is not None and ev["reason"] == "nearly_full" and ev["shm_free"] == 10 * MiB - 1
+
+
+def test_shm_smaller_than_need() -> None:
+    ev = shm_pressure(sysample(64 * MiB, 64 * MiB), need_bytes=96 * MiB)
+    assert ev["reason"] == "smaller_than_need" and ev["need_bytes"] == 96 * MiB and ev["signal"] == "shm_pressure"
+    assert shm_pressure(sysample(256 * MiB, 50 * MiB), need_bytes=96 * MiB)["reason"] == "free_below_need"
+
+
+def test_shm_takes_loader_dict() -> None:
+    loader = {"batch_bytes": 16 * MiB, "prefetch_factor": 2, "num_workers": 4}
+    assert shm_pressure(sysample(64 * MiB, 64 * MiB), loader)["reason"] == "smaller_than_need"
+    assert shm_pressure(sysample(64 * MiB, 64 * MiB), {"num_workers": 4}) is None
+
+
+def test_shm_unknown_is_quiet() -> None:
+    assert shm_pressure(sysample(None, None)) is None
+    assert shm_pressure(sysample(0, 0)) is None
