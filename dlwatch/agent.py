@@ -159,6 +159,11 @@ class Watch:
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
 
+    @property
+    def monitor_pid(self) -> int | None:
+        """The monitor process's pid while the block runs (None when disabled or stopped)."""
+        return self._monitor.pid if self._monitor is not None else None
+
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> "Watch":
@@ -394,46 +399,9 @@ class Watch:
         return self._timed(it, hb)
 
     def _timed(self, it: Iterator[Any], hb: HeartbeatWriter) -> Iterator[Any]:
-        clock = time.monotonic
-        write = hb.write
-        nxt = it.__next__
-        probe = self._shape_probe
-        should_check = probe.should_check if probe is not None else None
         hb.epochs += 1
         hb.epoch_batches = 0
-        body_start = 0.0
-        index = 0
-        try:
-            while True:
-                t0 = clock()
-                if body_start:
-                    hb.total_step_s += t0 - body_start
-                hb.ts_wait_start = t0
-                write(STATE_WAITING)
-                try:
-                    batch = nxt()
-                except StopIteration:
-                    return
-                except BaseException as exc:
-                    self._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
-                    raise
-                t1 = clock()
-                hb.total_wait_s += t1 - t0
-                if hb.ts_last_batch:
-                    hb.last_interval_s = t1 - hb.ts_last_batch
-                hb.ts_last_batch = t1
-                hb.batches += 1
-                hb.epoch_batches += 1
-                write(STATE_BODY)
-                if should_check is not None and should_check(index):
-                    self._check_shape(batch, index)
-                index += 1
-                body_start = clock()
-                yield batch
-        finally:
-            if self._hb is hb:
-                write(STATE_OUTSIDE)
-                self._check_monitor()
+        return _TimedIterator(it, hb, self)
 
     def _check_shape(self, batch: Any, index: int) -> None:
         try:
@@ -443,6 +411,84 @@ class Watch:
         if evidence and not self._shape_reported and self._events_path:
             self._shape_reported = True
             events.emit(self._events_path, "batch_shape", **evidence)
+
+
+class _TimedIterator:
+    """Wraps one epoch's iterator: times each batch into the heartbeat, and is otherwise the iterator.
+
+    Attribute access falls through to the wrapped iterator (``len(it)``, ``it._workers``),
+    so code that inspects the DataLoader's iterator sees what it saw before.
+    """
+
+    __slots__ = ("_it", "_next", "_hb", "_write", "_watch", "_probe", "_body_start", "_index", "_done")
+
+    def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
+        self._it = it
+        self._next = it.__next__
+        self._hb = hb
+        self._write = hb.write
+        self._watch = watch
+        probe = watch._shape_probe
+        self._probe = probe.should_check if probe is not None else None
+        self._body_start = 0.0
+        self._index = 0
+        self._done = False
+
+    def __iter__(self) -> "_TimedIterator":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+    def __next__(self) -> Any:
+        hb = self._hb
+        t0 = _monotonic()
+        if self._body_start:
+            hb.total_step_s += t0 - self._body_start
+        hb.ts_wait_start = t0
+        self._write(STATE_WAITING)
+        try:
+            batch = self._next()
+        except StopIteration:
+            self._end()
+            raise
+        except BaseException as exc:
+            self._watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
+            self._end()
+            raise
+        t1 = _monotonic()
+        hb.total_wait_s += t1 - t0
+        if hb.ts_last_batch:
+            hb.last_interval_s = t1 - hb.ts_last_batch
+        hb.ts_last_batch = t1
+        hb.batches += 1
+        hb.epoch_batches += 1
+        self._write(STATE_BODY)
+        if self._probe is not None and self._probe(self._index):
+            self._watch._check_shape(batch, self._index)
+        self._index += 1
+        self._body_start = _monotonic()
+        return batch
+
+    def _end(self) -> None:
+        if not self._done:
+            self._done = True
+            if self._watch._hb is self._hb:
+                self._write(STATE_OUTSIDE)
+                self._watch._check_monitor()
+
+    def __del__(self) -> None:
+        # A loop left with `break` drops its iterator: the loop is no longer running
+        try:
+            self._end()
+        except Exception:
+            pass
+
+
+_monotonic = time.monotonic
 
 
 def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any = None,

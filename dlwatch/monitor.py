@@ -438,6 +438,7 @@ class Monitor:
 
     def _finish_vanished(self) -> None:
         self.procs[self.main_pid].gone = True
+        self.last_hb = hbmod.read(self.hb_path) or self.last_hb  # the file outlives the writer
         report = self._report("exit", findings=False)
         first = self.first_system.cgroup_oom_kills if self.first_system else None
         try:

@@ -1,0 +1,175 @@
+"""Shared fixtures: real subprocesses with bounded time, and cleanup that leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import psutil
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGETS = os.path.join(HERE, "targets")
+REPO = os.path.dirname(HERE)
+
+
+def kill_tree(pid: int, timeout: float = 5.0) -> None:
+    """SIGKILL a process and every descendant (a hung DataLoader worker never exits by itself)."""
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def descendants_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+class Target:
+    """A target script under tests/targets, run in its own session so that cleanup can take the group."""
+
+    def __init__(self, script: str, *args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join([REPO, TARGETS, full_env.get("PYTHONPATH", "")])
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([sys.executable, os.path.join(TARGETS, script), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                                     cwd=cwd, start_new_session=True, text=True)
+        self.pid = self.proc.pid
+        self.known: set[int] = set()
+
+    def remember(self) -> None:
+        self.known.update(p.pid for p in descendants_of(self.pid))
+
+    def wait_line(self, marker: str, timeout: float) -> str:
+        """Read stdout until a line starts with marker (targets print readiness, tests never sleep blindly)."""
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(marker):
+                    self.remember()
+                    return line.strip()
+        finally:
+            sel.close()
+        err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+        raise AssertionError(f"target never printed {marker!r} within {timeout}s; stderr: {err[-2000:]}")
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        return self.proc.communicate(timeout=timeout)
+
+    def cleanup(self) -> None:
+        self.remember()
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_tree(self.pid)
+        for pid in self.known:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def target() -> Iterator:
+    started: list[Target] = []
+
+    def start(script: str, *args: str, **kw) -> Target:
+        t = Target(script, *args, **kw)
+        started.append(t)
+        return t
+
+    try:
+        yield start
+    finally:
+        for t in started:
+            t.cleanup()
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    """Fail a test that leaves children of the test process (monitors, workers) behind."""
+    import gc
+
+    before = {p.pid for p in descendants_of(os.getpid())}
+    yield
+    gc.collect()  # iterators kept alive by tracebacks hold their workers
+    def leftovers() -> list[psutil.Process]:
+        out = []
+        for p in descendants_of(os.getpid()):
+            try:
+                if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    t0 = time.monotonic()
+    snapshot = leftovers()
+    wait_for(lambda: not leftovers(), timeout=10)
+    if os.environ.get("DLWATCH_DEBUG_LEFTOVERS"):
+        print("LEFTOVERS", [(p.pid, p.name()) for p in snapshot if p.is_running()], time.monotonic() - t0)
+    leftover = leftovers()
+    for p in leftover:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"
+
+
+def incidents(report_dir: str) -> list[str]:
+    if not os.path.isdir(report_dir):
+        return []
+    return sorted(os.path.join(report_dir, n) for n in os.listdir(report_dir)
+                  if not n.startswith(".") and os.path.exists(os.path.join(report_dir, n, "report.json")))
+
+
+def load(incident: str) -> dict:
+    import json
+
+    with open(os.path.join(incident, "report.json")) as f:
+        return json.load(f)
