@@ -1,0 +1,392 @@
+"""Redaction of secret-looking values in text, command lines and objects.
+
+Stdlib only, regexes compiled once at import, so the logging layer and the
+report writer can import it cheaply.  Nothing in here raises: text that is not
+a ``str`` is returned unchanged, and every pattern runs in linear time (no
+nested or overlapping unbounded quantifiers).
+
+Public API
+----------
+``redact(text) -> str``
+    Replace secret-looking values with ``***``.  The key / option name stays
+    visible (``--api-token=***``, ``"password": "***"``,
+    ``https://user:***@host``) so the text stays readable.
+``redact_argv(argv) -> list[str]``
+    Same for a command line given as a list of arguments.
+``redact_obj(obj)``
+    Recursively redact ``str`` values inside dicts / lists / tuples / sets;
+    a dict value whose *key* looks secret becomes ``***`` whatever its type.
+
+The rules (exactly what is implemented)
+---------------------------------------
+A *secret name* is any key / option name that contains, case-insensitively,
+one of: ``token``, ``secret``, ``password``, ``passwd``, ``api_key``,
+``apikey``, ``api-key``, ``credential``.  Name characters are letters, digits,
+``_``, ``.`` and ``-``.  The rule is applied as written, with no exceptions
+for "harmless-looking" names: ``--tokenizer-path x`` becomes
+``--tokenizer-path ***`` and ``num_tokens=5`` becomes ``num_tokens=***``.
+
+The value of a secret name is redacted in these forms:
+
+1. ``name=VALUE`` anywhere (covers ``--api-token=V``, ``password=V``,
+   ``HF_TOKEN=V``, URL queries ``?token=V&x=1``).  An unquoted VALUE runs up to
+   whitespace or one of ``& , ; ' " ) ] }`` and must not start with a bracket
+   or ``<`` (so ``TOKENIZERS_PARALLELISM=(true | false)`` and
+   ``--token=<YOUR_TOKEN>`` placeholders stay).  A quoted VALUE
+   (``'...'`` / ``"..."``, backslash escapes honoured, unterminated quote runs
+   to the end of the line) keeps its quotes: ``password="***"``.
+2. ``"name": VALUE`` / ``'name': VALUE`` (JSON, Python dict reprs), anywhere
+   the opening quote is not directly preceded by a word character, ``*`` or
+   another quote.
+3. ``name: VALUE`` (YAML, HTTP-header or env-dump style) when ``name`` starts a
+   line (after optional indentation and an optional ``- `` list marker) or
+   directly follows one of ``{ , ; ( [``.  An unquoted VALUE is the rest of the
+   line up to ``, ; } ]``.  Names that look like exception classes (ending in
+   ``Error``, ``Exception`` or ``Warning``, e.g. ``tokenize.TokenError: ...``)
+   are not treated as keys, so tracebacks stay intact.
+4. ``-name VALUE`` / ``--name VALUE`` (option and value separated by blanks,
+   option preceded by whitespace or start of text) when VALUE does not start
+   with ``-``.
+5. ``name = VALUE`` / ``name: VALUE`` with any blanks, when VALUE is exactly 40
+   base64 characters (the shape of an AWS secret access key).
+
+In all of these, values that are empty or exactly ``true``/``false``/
+``none``/``null`` (any case) are left alone (``use_auth_token=True`` stays), in
+line with ``redact_obj`` keeping ``None``/``bool``.
+
+Independently of any name, these values are replaced by ``***`` wherever they
+appear: AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
+keys (``AIza`` + 35 chars), Google OAuth tokens (``ya29.`` + 8 or more
+chars), Hugging Face tokens (``hf_`` + 30 or more alnum), GitHub tokens
+(``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_`` + 20 or more alnum,
+``github_pat_`` + 20 or more), Slack tokens (``xoxa-``/``xoxb-``/``xoxp-``/
+``xoxr-``/``xoxs-`` + 10 or more), ``Bearer <token>`` (token of 8 or more
+chars that is not a plain word: it contains a digit or one of ``-._~+/=``, or
+is at least 20 chars long), the body of private key blocks
+(``-----BEGIN ... PRIVATE KEY-----`` ... ``-----END ... PRIVATE KEY-----``; an
+unterminated block is redacted to the end of the text), and the password in
+URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``).
+
+Nothing else is changed: text without any of the above is returned
+byte-identical.  A key form only looks at (and consumes) the value after a
+secret name, so a non-secret ``x='... --password=S'`` cannot hide a secret.
+The passes are repeated (at most 4 more times; clean text takes one pass)
+until the text is stable, so ``redact(redact(x)) == redact(x)``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+__all__ = ["MASK", "SECRET_WORDS", "is_secret_name", "redact", "redact_argv", "redact_obj"]
+
+MASK = "***"
+
+SECRET_WORDS: tuple[str, ...] = (
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "api_key",
+    "apikey",
+    "api-key",
+    "credential",
+)
+
+_EXEMPT_VALUES = frozenset({"", "true", "false", "none", "null"})
+
+# --- building blocks -------------------------------------------------------
+
+_NAME = r"[\w.-]+"
+_DQ = r'"(?:[^"\\\n]|\\.)*"?'
+_SQ = r"'(?:[^'\\\n]|\\.)*'?"
+# Unquoted value after '=' (or after '"key":'): stops at blanks and separators.
+_BARE = r"""[^\s&,;'"()\[\]{}<>][^\s&,;'")\]}]*"""
+# Unquoted value after a line-start 'key:': rest of the line (trailing blanks
+# trimmed) up to a separator.
+_BARE_LINE = r"""[^\s,;'"()\[\]{}<>](?:[^\n,;}\]]*[^\s,;}\]])?"""
+
+_PRIVATE_KEY_RE = re.compile(
+    r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----)"
+    r"(.*?)"
+    r"(-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\Z)",
+    re.S,
+)
+_URL_CRED_RE = re.compile(r"(://[^\s/:@]*:)([^\s/@]+)(@)")
+# Each key form is a cheap "head" (name + separator) and a value pattern that is
+# only tried, and only consumed, when the name is a secret name.  A non-secret
+# head never swallows the text after it, so ``x='... --password=S'`` is still
+# redacted and a second pass finds nothing new (idempotence).
+_VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE)
+_LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE_LINE)
+_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|[^\s\-'"]\S*""")
+_AWS_SECRET_VALUE_RE = re.compile(r"""["']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])""")
+
+_QUOTED_KEY_HEAD_RE = re.compile(r"""(?<![\w*"'])(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)\s*:\s*""")
+_COLON_KEY_HEAD_RE = re.compile(
+    r"(?:^|(?<=[{,;(\[]))[ \t]*(?:-[ \t]+)?(?P<name>" + _NAME + r")[ \t]*:[ \t]*", re.M
+)
+_EQ_KEY_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")=")
+_SPACED_OPT_HEAD_RE = re.compile(r"(?<!\S)(?P<name>--?" + _NAME + r")[ \t]+")
+_AWS_SECRET_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")[ \t]*[=:][ \t]*")
+_EXCEPTION_NAME_RE = re.compile(r"(?:Error|Exception|Warning)\Z")
+
+_TOKEN_RES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    re.compile(r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
+    re.compile(r"(?<![A-Za-z0-9_-])ya29\.[0-9A-Za-z_.-]{8,}"),
+    re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
+    re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    re.compile(r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}"),
+)
+_BEARER_RE = re.compile(
+    r"(?<![A-Za-z0-9_])(?P<kw>[Bb]earer|BEARER)(?P<sep>[ \t]+)(?P<value>[A-Za-z0-9\-._~+/]{8,}=*)"
+)
+
+_DQ_CLOSED_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_SQ_CLOSED_RE = re.compile(r"'(?:[^'\\\n]|\\.)*'")
+_ARGV_OPT_RE = re.compile(r"-{1,2}[\w.-]+\Z")
+_ARGV_ASSIGN_RE = re.compile(r"([\w.-]+)=(.*)\Z", re.S)
+
+
+def is_secret_name(name: object) -> bool:
+    """True when ``name`` is a str containing one of :data:`SECRET_WORDS` (any case)."""
+    if not isinstance(name, str):
+        return False
+    low = name.lower()
+    return any(w in low for w in SECRET_WORDS)
+
+
+def _is_exempt(value: str) -> bool:
+    v = value
+    if v[:1] in ("'", '"'):
+        v = v[1:]
+        if v[-1:] == value[:1]:
+            v = v[:-1]
+    return v.lower() in _EXEMPT_VALUES
+
+
+def _mask_value(value: str) -> str:
+    """``***`` keeping surrounding quotes (a lone opening quote is kept too)."""
+    q = value[:1]
+    if q in ("'", '"'):
+        closed = (_DQ_CLOSED_RE if q == '"' else _SQ_CLOSED_RE).fullmatch(value) is not None
+        return q + MASK + (q if closed else "")
+    return MASK
+
+
+def _is_key_name(name: str) -> bool:
+    return is_secret_name(name)
+
+
+def _is_yaml_key_name(name: str) -> bool:
+    # "tokenize.TokenError: ..." in a traceback is an exception, not a key.
+    return is_secret_name(name) and not _EXCEPTION_NAME_RE.search(name)
+
+
+def _mask_aws(v: re.Match[str]) -> str:
+    return v.group(0)[: v.start("v") - v.start(0)] + MASK
+
+
+def _scan(text: str, head_rx: re.Pattern[str], value_rx: re.Pattern[str], name_ok: Any, masker: Any) -> str:
+    """Mask the value after every head whose name passes ``name_ok``.
+
+    Linear: heads are found left to right; a value is scanned only after a
+    secret name and is then either consumed (masked) or a short exempt literal.
+    """
+    out: list[str] = []
+    last = pos = 0
+    n = len(text)
+    while pos <= n:
+        m = head_rx.search(text, pos)
+        if m is None:
+            break
+        end = m.end()
+        pos = end if end > m.start() else end + 1
+        if not name_ok(m.group("name")):
+            continue
+        v = value_rx.match(text, end)
+        if v is None or _is_exempt(v.group(0)):
+            continue
+        out.append(text[last:end])
+        out.append(masker(v))
+        last = pos = v.end()
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _mask_match(v: re.Match[str]) -> str:
+    return _mask_value(v.group(0))
+
+
+def _sub_bearer(m: re.Match[str]) -> str:
+    value = m.group("value")
+    if value.isalpha() and len(value) < 20:  # "the bearer ofsomething" prose
+        return m.group(0)
+    return m.group("kw") + m.group("sep") + MASK
+
+
+def _sub_url(m: re.Match[str]) -> str:
+    return m.group(1) + MASK + m.group(3)
+
+
+def _redact(text: str) -> str:
+    if "PRIVATE KEY" in text:
+        text = _PRIVATE_KEY_RE.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    if "://" in text:
+        text = _URL_CRED_RE.sub(_sub_url, text)
+    if ":" in text:
+        text = _scan(text, _QUOTED_KEY_HEAD_RE, _VALUE_RE, _is_key_name, _mask_match)
+        text = _scan(text, _COLON_KEY_HEAD_RE, _LINE_VALUE_RE, _is_yaml_key_name, _mask_match)
+    if "=" in text:
+        text = _scan(text, _EQ_KEY_HEAD_RE, _VALUE_RE, _is_key_name, _mask_match)
+    if "-" in text:
+        text = _scan(text, _SPACED_OPT_HEAD_RE, _ARG_VALUE_RE, _is_key_name, _mask_match)
+    if "=" in text or ":" in text:
+        text = _scan(text, _AWS_SECRET_HEAD_RE, _AWS_SECRET_VALUE_RE, _is_key_name, _mask_aws)
+    for rx in _TOKEN_RES:
+        text = rx.sub(MASK, text)
+    text = _BEARER_RE.sub(_sub_bearer, text)
+    if "://" in text:
+        # Again: masking a value above can remove the "/" or blank that used to
+        # end a URL's userinfo; without this pass redact() would not be idempotent.
+        text = _URL_CRED_RE.sub(_sub_url, text)
+    return text
+
+
+_MAX_PASSES = 4
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with secret-looking values replaced by ``***``.
+
+    Non-``str`` input is returned unchanged; never raises.  See the module
+    docstring for the exact rules.
+    """
+    if not isinstance(text, str):
+        return text
+    try:
+        prev, cur = text, _redact(text)
+        # Masking can change what a later pass sees (quote pairing, a removed
+        # "/" ending a URL's userinfo); repeat until stable so that
+        # redact(redact(x)) == redact(x).  Clean text takes a single pass.
+        for _ in range(_MAX_PASSES):
+            if cur == prev:
+                break
+            prev, cur = cur, _redact(cur)
+        return cur
+    except Exception:  # pragma: no cover - defensive: never leak, never raise
+        return MASK
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """Redact a command line given as a list of arguments.
+
+    * ``--secret-name VALUE`` (two elements): VALUE becomes ``***`` unless it
+      starts with ``-`` (then it is the next option) or is empty / a
+      true/false/none/null literal.
+    * ``--secret-name=VALUE`` and ``SECRET_NAME=VALUE`` (one element): everything
+      after the first ``=`` becomes ``***`` (same exemptions).
+    * every other element goes through :func:`redact` (positional tokens,
+      URL credentials, ...).
+
+    A ``str`` is treated as a one-element command line; non-``str`` elements
+    are kept as they are; an argument that is not iterable gives ``[]``.
+    """
+    try:
+        items = [argv] if isinstance(argv, str) else list(argv)
+    except Exception:
+        return []
+    out: list[Any] = []
+    mask_next = False
+    for item in items:
+        try:
+            if not isinstance(item, str):
+                out.append(item)
+                mask_next = False
+                continue
+            if mask_next and not item.startswith("-"):
+                out.append(item if _is_exempt(item) else MASK)
+                mask_next = False
+                continue
+            mask_next = False
+            if _ARGV_OPT_RE.match(item):
+                mask_next = is_secret_name(item)
+                out.append(item)
+                continue
+            m = _ARGV_ASSIGN_RE.match(item)
+            if m and is_secret_name(m.group(1)) and not _is_exempt(m.group(2)):
+                out.append(m.group(1) + "=" + MASK)
+                continue
+            out.append(redact(item))
+        except Exception:  # pragma: no cover - defensive
+            out.append(MASK)
+    return out
+
+
+_MAX_DEPTH = 200
+
+
+def _redact_obj(obj: Any, depth: int, active: set[int]) -> Any:
+    if isinstance(obj, str):
+        return redact(obj)
+    if not isinstance(obj, (dict, list, tuple, set, frozenset)):
+        return obj
+    if depth > _MAX_DEPTH:
+        return MASK
+    oid = id(obj)
+    if oid in active:
+        return "<cycle>"
+    active.add(oid)
+    try:
+        if isinstance(obj, dict):
+            pairs = []
+            for k, v in obj.items():
+                keep = v is None or isinstance(v, bool) or (isinstance(v, str) and v == "")
+                if is_secret_name(k) and not keep:
+                    pairs.append((k, MASK))
+                else:
+                    pairs.append((k, _redact_obj(v, depth + 1, active)))
+            try:
+                new = obj.copy()
+                for k, v in pairs:
+                    new[k] = v
+                return new
+            except Exception:
+                return dict(pairs)
+        items = [_redact_obj(v, depth + 1, active) for v in obj]
+        if isinstance(obj, list):
+            return items
+        if isinstance(obj, tuple):
+            make = getattr(type(obj), "_make", None)
+            if make is not None:
+                try:
+                    return make(items)
+                except Exception:
+                    pass
+            return tuple(items)
+        try:
+            return type(obj)(items)
+        except Exception:
+            return frozenset(items) if isinstance(obj, frozenset) else set(items)
+    finally:
+        active.discard(oid)
+
+
+def redact_obj(obj: Any) -> Any:
+    """Recursively redact ``str`` values in dicts, lists, tuples and sets.
+
+    Returns new containers (the input is not modified).  Dict keys are kept;
+    a dict value whose key is a secret name (see :func:`is_secret_name`)
+    becomes ``***`` whatever its type, except ``None``, ``bool`` and ``""``.
+    Other objects are returned unchanged.  A reference cycle is replaced by the
+    string ``"<cycle>"``, nesting deeper than 200 levels by ``***``.  Never
+    raises.
+    """
+    try:
+        return _redact_obj(obj, 0, set())
+    except Exception:  # pragma: no cover - defensive
+        return MASK
