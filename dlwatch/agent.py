@@ -142,6 +142,16 @@ class Watch:
             raise TypeError(f"dlwatch.watch: expected a DataLoader or another iterable, got {type(loader).__name__}")
         self.options = config.resolve(report_dir=report_dir, poll_interval=poll_interval,
                                       stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks)
+        self.thresholds: dict[str, float] = {}
+        if self.options.enabled:
+            from dlwatch.playbooks import load_playbooks
+
+            for pb in load_playbooks(self.options.playbooks):  # a malformed file: PlaybookError now
+                if pb.id == "batch-dim-mismatch":
+                    self.thresholds["check_first"] = pb.threshold("check_first", 8)
+                    self.thresholds["sample_every"] = pb.threshold("sample_every", 64)
+                elif pb.id == "rng-duplication":
+                    self.thresholds["attribute_depth"] = pb.threshold("attribute_depth", 2)
         self._loader: Any = loader
         self._active = False
         self.run_dir: str | None = None
@@ -156,6 +166,7 @@ class Watch:
         self._shape_probe: Any = None
         self._worker_pids: tuple[int, ...] = ()
         self._shape_reported = False
+        self._batch_bytes_sent = False
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
 
@@ -243,15 +254,21 @@ class Watch:
 
     def _instrument_loader(self, loader: Any) -> None:
         self._hook = WorkerHook(loader.worker_init_fn, self._events_path or "", self.run_dir or "",
-                                _start_method(loader), self._monitor.pid if self._monitor else None)
+                                _start_method(loader), self._monitor.pid if self._monitor else None,
+                                rng_depth=int(self.thresholds.get("attribute_depth", 2)))
         loader.worker_init_fn = self._hook
         try:
             from dlwatch.shapes import BatchShapeProbe
 
-            cfg = loader_config(loader) or {}
+            try:  # batches per epoch follow the sampler, which may subsample the dataset
+                samples = len(loader.sampler)
+            except Exception:
+                samples = None
             if loader.batch_size is not None:
-                self._shape_probe = BatchShapeProbe(loader.batch_size, loader.drop_last,
-                                                    cfg.get("dataset_len"), cfg.get("collate_fn") or "")
+                self._shape_probe = BatchShapeProbe(
+                    loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",
+                    check_first=int(self.thresholds.get("check_first", 8)),
+                    sample_every=int(self.thresholds.get("sample_every", 64)))
         except Exception:
             self._shape_probe = None
         existing = getattr(loader, "_iterator", None)
@@ -404,6 +421,14 @@ class Watch:
         return _TimedIterator(it, hb, self)
 
     def _check_shape(self, batch: Any, index: int) -> None:
+        if not self._batch_bytes_sent and self._events_path:
+            self._batch_bytes_sent = True
+            try:
+                from dlwatch.shapes import batch_nbytes
+
+                events.emit(self._events_path, "batch_bytes", batch_bytes=batch_nbytes(batch))
+            except Exception:
+                pass
         try:
             evidence = self._shape_probe.check(batch, index)
         except Exception:

@@ -135,6 +135,21 @@ class Monitor:
         self.first_system: SystemSample | None = None
         self.last_gpus: tuple = ()
         self.own_pid = os.getpid()
+        self.fired: set[str] = set()  # threshold signals already turned into an incident attempt
+        self.fd_thresholds: dict[str, float] = {}
+        self.shm_thresholds: dict[str, float] = {}
+        try:
+            from dlwatch.playbooks import load_playbooks
+
+            for pb in load_playbooks(self.playbook_dirs):
+                if pb.id == "fd-exhaustion":
+                    self.fd_thresholds = {k: pb.threshold(k, d) for k, d in (
+                        ("fd_share", 0.9), ("horizon_s", 60.0), ("min_rise", 4), ("min_window_s", 2.0),
+                        ("trend_min_share", 0.25))}
+                elif pb.id == "shm-exhaustion":
+                    self.shm_thresholds = {k: pb.threshold(k, d) for k, d in (("free_share", 0.1), ("need_factor", 1.0))}
+        except Exception as exc:
+            self.notes.append(f"playbooks could not be loaded: {exc}")
         self.warned: set[str] = set()
 
     # ------------------------------------------------------------------ loop
@@ -209,6 +224,9 @@ class Monitor:
             elif name == "batch_shape":
                 self._note(ev)
                 self._threshold_incident(ev)
+            elif name == "batch_bytes":
+                if isinstance(self.loader, dict) and isinstance(ev.get("batch_bytes"), int):
+                    self.loader["batch_bytes"] = ev["batch_bytes"]
 
     def _note(self, ev: dict[str, Any]) -> None:
         self.notable.append(ev)
@@ -311,32 +329,32 @@ class Monitor:
         for t in self.procs.values():
             if t.gone or len(t.history) < 2:
                 continue
-            evidence = thresholds.fd_pressure(list(t.history))
+            evidence = thresholds.fd_pressure(list(t.history), **self.fd_thresholds)
             if evidence:
                 self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "fd_pressure",
                                           "pid": t.pid, "role": t.role, "worker_id": t.worker_id, **evidence})
                 break
         if self.last_system is not None:
-            evidence = thresholds.shm_pressure(self.last_system, self.loader)
+            evidence = thresholds.shm_pressure(self.last_system, self.loader, **self.shm_thresholds)
             if evidence:
                 self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "shm_pressure",
                                           **evidence})
 
     def _threshold_incident(self, ev: dict[str, Any]) -> None:
-        key = ev.get("signal") or ev.get("event")
-        if key in self.reported_playbooks:
+        """A failure that raises nothing: one incident per run and playbook, as soon as it is seen."""
+        key = str(ev.get("signal") or ev.get("event"))
+        if key in self.fired:
             return
-        self.reported_playbooks.add(str(key))
+        self.fired.add(key)
         if ev not in self.notable:
             self._note(ev)
         report = self._report("threshold")
-        top = report["findings"][0]["playbook"] if report["findings"] else None
-        if top is None:
-            return  # a signal no playbook claims is kept in the timeline, not reported
-        if top in self.reported_playbooks:
-            return
-        self.reported_playbooks.add(top)
-        report["summary"] = f"{report['findings'][0]['title']} (seen before any error)"
+        fresh = [f for f in report["findings"] if f["playbook"] not in self.reported_playbooks]
+        if not fresh:
+            return  # a signal no (new) playbook claims stays in the timeline, not in a report
+        self.reported_playbooks.add(fresh[0]["playbook"])
+        report["findings"] = fresh + [f for f in report["findings"] if f not in fresh]
+        report["summary"] = f"{fresh[0]['title']} (seen before any error)"
         self._write(report)
 
     def _on_stall(self, ev: StallEvent, hb: hbmod.Heartbeat | None) -> None:

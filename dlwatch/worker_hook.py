@@ -30,12 +30,13 @@ def allow_ptrace_from(tracer_pid: int | None) -> None:
 
 class WorkerHook:
     def __init__(self, user_fn: Callable[[int], Any] | None, events_path: str, run_dir: str,
-                 start_method: str | None, monitor_pid: int | None) -> None:
+                 start_method: str | None, monitor_pid: int | None, rng_depth: int = 2) -> None:
         self.user_fn = user_fn
         self.events_path = events_path
         self.run_dir = run_dir
         self.start_method = start_method
         self.monitor_pid = monitor_pid
+        self.rng_depth = rng_depth
 
     def __call__(self, worker_id: int) -> None:
         self._register(worker_id)
@@ -66,6 +67,6 @@ class WorkerHook:
             info = get_worker_info()
             dataset = info.dataset if info is not None else None
             events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id,
-                        fingerprints=rngcheck.fingerprint(dataset))
+                        fingerprints=rngcheck.fingerprint(dataset, depth=self.rng_depth))
         except Exception:
             pass
