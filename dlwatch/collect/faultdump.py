@@ -1,0 +1,258 @@
+"""Python stacks without ptrace: faulthandler on a real-time signal.
+
+This module owns both halves of the fallback used when py-spy is missing or
+ptrace is refused:
+
+- ``install(dump_dir)`` runs inside each watched process (the training process
+  and every DataLoader worker): it registers ``faulthandler`` on
+  ``DUMP_SIGNAL`` to write all threads' stacks to ``<dump_dir>/<pid>.txt``.
+- ``request_dumps({pid: path})`` runs in the monitor: it empties each file,
+  sends the signal, waits for the text to settle and parses it.
+
+faulthandler writes from its C signal handler without taking the GIL, so this
+works even when the target deadlocked while holding the GIL.  It shows only
+Python frames, and no thread names.
+
+The default action of a real-time signal is to terminate the process, so the
+monitor signals only pids that reported an installed handler, and it checks the
+pid's caught-signal mask (``SigCgt`` in /proc/<pid>/status) right before
+sending, so that a recycled pid or a process that never installed is not killed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Mapping
+
+from dlwatch.model import Frame, StackDump, ThreadStack
+
+__all__ = ["DUMP_SIGNAL", "install", "is_handler_installed", "request_dumps", "parse_faulthandler"]
+
+# SIGUSR1/2 are often taken by users and schedulers (SLURM, torchelastic); glibc
+# reserves the first two real-time signals for itself (SIGRTMIN already skips
+# them).  +6 is an arbitrary fixed slot, the same in every process of a run.
+DUMP_SIGNAL: int = int(signal.SIGRTMIN) + 6
+
+# (pid that registered, fd, path).  A forked child inherits this, the
+# registration and the fd; install() notices the pid changed and re-registers.
+_installed: tuple[int, int, str] | None = None
+
+
+def _caught_signals(pid: int | str) -> int | None:
+    """The SigCgt bit mask of a process (bit n-1 = signal n), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def is_handler_installed(pid: int) -> bool:
+    """Whether pid currently catches DUMP_SIGNAL (so sending it will not kill it)."""
+    mask = _caught_signals(pid)
+    return mask is not None and bool(mask & (1 << (DUMP_SIGNAL - 1)))
+
+
+def install(dump_dir: str) -> str | None:
+    """Register faulthandler on DUMP_SIGNAL, writing to ``<dump_dir>/<pid>.txt``.
+
+    Cheap (a few syscalls) and never raises: returns the dump file's path, or
+    None when the fallback cannot be installed here (an unwritable directory,
+    no real-time signals, or someone else's handler already on DUMP_SIGNAL).
+    Call it again in a forked child: it then registers a file of its own and
+    closes the copy of the parent's fd it inherited.
+    """
+    global _installed
+    try:
+        import faulthandler
+
+        pid = os.getpid()
+        path = os.path.join(dump_dir, f"{pid}.txt")
+        if _installed is not None and _installed[0] == pid and _installed[2] == path:
+            return path
+        inherited = _installed
+        if inherited is None and is_handler_installed(pid):
+            # Not ours (we have no record of installing it): replacing a handler the
+            # program relies on would break it, so fall back to nothing instead.
+            return None
+        os.makedirs(dump_dir, mode=0o700, exist_ok=True)
+        # O_APPEND: the monitor truncates this file before each request; every
+        # write then lands at the new end, not at a stale offset past it (which
+        # would leave a hole of NUL bytes in front of the dump).
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
+        except Exception:
+            os.close(fd)
+            return None
+        _installed = (pid, fd, path)
+        if inherited is not None and inherited[1] != fd:
+            try:
+                # The fd inherited from the parent (or a previous directory): no
+                # longer referenced by the handler; the parent keeps its own copy.
+                os.close(inherited[1])
+            except OSError:
+                pass
+        return path
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------------- parsing
+
+_HEADER = re.compile(
+    r"^(?:Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)"
+    r"(?: \[(?P<name>[^\]]*)\])?"  # newer Pythons may print a thread name
+    r"(?: \(most recent call first\))?:\s*$"
+)
+_STACK_HEADER = re.compile(r"^Stack \(most recent call first\):\s*$")  # all_threads=False
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\?\?\?|-?\d+) in (?P<func>.*?)\s*$')
+
+
+def parse_faulthandler(text: str | bytes) -> tuple[ThreadStack, ...]:
+    """faulthandler's dump text -> threads, innermost frame first.  Never raises.
+
+    Lines that are neither a thread header nor a frame are skipped ("<no Python
+    frame>", "...", a second dump appended to the first, garbage); a frame
+    before any header is put in a thread of unknown id.
+    """
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        text = text.replace("\x00", "")
+        threads: list[ThreadStack] = []
+        tid: int | None = None
+        name: str | None = None
+        frames: list[Frame] = []
+        started = False
+
+        def flush() -> None:
+            if started:
+                # faulthandler's "Current thread" is the one that ran the signal
+                # handler: not necessarily the GIL holder, so owns_gil stays None.
+                threads.append(ThreadStack(thread_id=tid, name=name, frames=tuple(frames),
+                                           active=None))
+
+        for line in text.splitlines():
+            m = _HEADER.match(line)
+            if m or _STACK_HEADER.match(line):
+                flush()
+                started = True
+                frames = []
+                tid = int(m.group("tid"), 16) if m else None
+                name = (m.group("name") or None) if m else None
+                continue
+            fm = _FRAME.match(line)
+            if fm:
+                if not started:
+                    started, tid, name = True, None, None
+                raw_line = fm.group("line")
+                line_no = int(raw_line) if raw_line.lstrip("-").isdigit() else None
+                func = fm.group("func") or "<unknown>"
+                frames.append(Frame(function=func, filename=fm.group("file") or None,
+                                    line=line_no if line_no and line_no > 0 else None))
+        flush()
+        return tuple(threads)
+    except Exception:
+        return ()
+
+
+# --------------------------------------------------------------------------- requesting
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4 << 20)  # a dump of hundreds of threads is well under this
+    except OSError:
+        return b""
+
+
+def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
+                  settle_s: float = 0.05) -> dict[int, StackDump]:
+    """Ask each process for a faulthandler dump and parse it; never raises.
+
+    Only pids that installed the handler (``install`` returned ``path``) may be
+    passed, and each is signalled only if /proc confirms it still catches
+    DUMP_SIGNAL.  A file counts as complete once it is non-empty and has not
+    grown for ``settle_s``; the whole call returns within about ``timeout_s``.
+    """
+    start = time.monotonic()
+    results: dict[int, StackDump] = {}
+    pending: dict[int, str] = {}
+
+    def fail(pid: int, error: str) -> None:
+        results[pid] = StackDump(pid=pid, source="none", error=error,
+                                 duration_s=round(time.monotonic() - start, 6))
+
+    for pid, path in pids_to_paths.items():
+        pid = int(pid)
+        try:
+            if not os.path.exists(f"/proc/{pid}"):
+                fail(pid, f"process {pid} no longer exists")
+                continue
+            if not is_handler_installed(pid):
+                fail(pid, f"process {pid} has no dlwatch dump handler on signal {DUMP_SIGNAL} "
+                          "(not signalled: it would kill the process)")
+                continue
+            # The writer's fd is O_APPEND, so emptying the file from here is safe:
+            # its next write goes to offset 0 of the emptied file.
+            with open(path, "r+b") as fh:
+                fh.truncate(0)
+            os.kill(pid, DUMP_SIGNAL)
+            pending[pid] = path
+        except ProcessLookupError:
+            fail(pid, f"process {pid} no longer exists")
+        except PermissionError as exc:
+            fail(pid, f"cannot signal process {pid} or write {path}: {exc.strerror}; "
+                      "run dlwatch as the same user as the training process")
+        except OSError as exc:
+            fail(pid, f"faulthandler dump file {path} unusable: {exc.strerror or exc}")
+
+    last_size = {pid: 0 for pid in pending}
+    last_change = {pid: time.monotonic() for pid in pending}
+    deadline = start + timeout_s
+    while pending:
+        now = time.monotonic()
+        for pid in list(pending):
+            size = _size(pending[pid])
+            if size != last_size[pid]:
+                last_size[pid], last_change[pid] = size, now
+            elif size > 0 and now - last_change[pid] >= settle_s:
+                path = pending.pop(pid)
+                threads = parse_faulthandler(_read(path))
+                if threads:
+                    results[pid] = StackDump(pid=pid, source="faulthandler", threads=threads,
+                                             duration_s=round(now - start, 6))
+                else:
+                    fail(pid, f"faulthandler dump of process {pid} held no stack")
+        if not pending:
+            break
+        if now >= deadline:
+            for pid, path in pending.items():
+                threads = parse_faulthandler(_read(path))
+                if threads:  # partial but useful: say so
+                    results[pid] = StackDump(
+                        pid=pid, source="faulthandler", threads=threads,
+                        error=f"dump still growing after {timeout_s:g} s; may be incomplete",
+                        duration_s=round(now - start, 6))
+                else:
+                    state = "gone" if not os.path.exists(f"/proc/{pid}") else "alive"
+                    fail(pid, f"no faulthandler dump from process {pid} within {timeout_s:g} s "
+                              f"(process {state}; a stopped process cannot run the handler)")
+            break
+        time.sleep(0.01)
+    return results
