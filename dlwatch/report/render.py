@@ -7,6 +7,7 @@ the shorter view of ``dlwatch report ID``; ``list_lines`` the incident table.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
 
 
@@ -49,19 +50,32 @@ def _proc_line(p: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12) -> Iterator[str]:
+def _threads_main_first(stack: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    threads = list(stack.get("threads") or ())
+    return sorted(threads, key=lambda t: t.get("name") != "MainThread")
+
+
+def _frame_line(f: Mapping[str, Any]) -> str:
+    if f.get("filename") and f.get("line") is not None:
+        return f"{f.get('function')} ({f.get('filename')}:{f.get('line')})"
+    if f.get("filename"):
+        return f"{f.get('function')} ({os.path.basename(str(f['filename']))})"
+    return str(f.get("function"))
+
+
+def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12, python_only: bool = False,
+                 max_threads: int = 64) -> Iterator[str]:
     if not stack:
         return
     if stack.get("error") and not stack.get("threads"):
         yield f"    (no stack: {stack['error']})"
         return
-    for t in stack.get("threads") or ():
+    for t in _threads_main_first(stack)[:max_threads]:
         label = t.get("name") or t.get("thread_id")
         yield f"    thread {label}" + (" [GIL]" if t.get("owns_gil") else "") + ":"
-        frames = t.get("frames") or ()
+        frames = [f for f in t.get("frames") or () if not (python_only and f.get("native"))]
         for f in frames[:max_frames]:
-            where = f"{f.get('filename')}:{f.get('line')}" if f.get("filename") else "native"
-            yield f"      {f.get('function')} ({where})"
+            yield f"      {_frame_line(f)}"
         if len(frames) > max_frames:
             yield f"      ... {len(frames) - max_frames} more frames"
 
@@ -194,8 +208,9 @@ def terminal_lines(r: Mapping[str, Any]) -> Iterator[str]:
         yield "  no playbook matched"
     for p in r.get("processes") or ():
         yield "  " + _proc_line(p)
-        stack = p.get("stack") or {}
-        for line in list(_stack_lines(stack, max_frames=6))[:8]:
+        if p.get("where"):
+            yield f"    at {p['where']}"
+        for line in _stack_lines(p.get("stack"), max_frames=6, python_only=True, max_threads=1):
             yield "  " + line
     for n in r.get("notes") or ():
         yield f"  note: {n}"

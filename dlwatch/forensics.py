@@ -1,0 +1,95 @@
+"""Hang forensics: sample /proc twice, dump every stack, classify, and fill the report.
+
+Shared by the monitor (a stall under watch) and ``dlwatch attach`` (a process
+that is already stuck), so a stall report and an attach report hold the same
+evidence in the same shape.  Order matters: /proc is read before py-spy
+attaches, because a ptrace attach turns a sleeping poll into restart_syscall.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Protocol
+
+from dlwatch.collect import faultdump, procfs, stacks
+from dlwatch.detect.classify import ProcessObservation, classify_stall
+from dlwatch.model import StackDump
+
+SECOND_READ_AFTER_S = 0.5  # CPU progress below 5 clock ticks over this interval is "no progress"
+DUMP_TIMEOUT_S = 5.0
+
+
+class TrackedProcess(Protocol):
+    pid: int
+    role: str
+    worker_id: int | None
+    dump_path: str | None
+    gone: bool
+
+
+def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
+                main_waiting_for_data: bool | None, expected_workers: int | None,
+                native: bool = True, interval_s: float = SECOND_READ_AFTER_S) -> dict[str, bytes]:
+    """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
+
+    Returns extra files for the incident directory (raw fallback dumps).
+    """
+    live = {pid: t for pid, t in procs.items() if not t.gone}
+    started = time.monotonic()
+    before = {pid: procfs.read_proc(pid) for pid in live}
+    dumps = stacks.dump_stacks([pid for pid, s in before.items() if not s.gone], native=native,
+                               timeout_s=DUMP_TIMEOUT_S)
+    extra: dict[str, bytes] = {}
+    failed = {pid: d for pid, d in dumps.items() if d.source == "none" or not d.threads}
+    if failed:
+        fallback = {pid: live[pid].dump_path for pid in failed if live[pid].dump_path}
+        if fallback:
+            got = faultdump.request_dumps(fallback)  # type: ignore[arg-type]
+            for pid, dump in got.items():
+                if dump.threads:
+                    why = failed[pid].error
+                    dumps[pid] = StackDump(pid=pid, source=dump.source, threads=dump.threads,
+                                           error=why, duration_s=dump.duration_s)
+                    try:
+                        with open(fallback[pid], "rb") as f:
+                            extra[f"stacks/{pid}.txt"] = f.read()
+                    except OSError:
+                        pass
+        reasons = sorted({d.error for d in failed.values() if d.error})
+        for reason in reasons[:3]:
+            report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")
+        if any(dumps[p].source == "faulthandler" for p in failed):
+            report["notes"].append("Python stacks of those processes come from faulthandler "
+                                   "(no native frames, no thread names)")
+    remaining = interval_s - (time.monotonic() - started)
+    if remaining > 0:
+        time.sleep(remaining)
+    after = {pid: procfs.read_proc(pid) for pid in live}
+    observations = [
+        ProcessObservation(pid=pid, role=t.role, before=before[pid], after=after[pid],
+                           stack=dumps.get(pid), worker_id=t.worker_id)
+        for pid, t in live.items()
+    ]
+    verdict = classify_stall(observations, main_waiting_for_data=main_waiting_for_data,
+                             expected_workers=expected_workers)
+    report["classification"] = verdict.classification
+    report["classification_reason"] = verdict.reason
+    by_pid = {v.pid: v for v in verdict.processes}
+    for entry in report["processes"]:
+        pid = entry["pid"]
+        v = by_pid.get(pid)
+        if v is not None:
+            entry["status"] = v.status
+            entry["waiting_in"] = v.waiting_in
+            entry["cpu_progress_s"] = v.cpu_progress_s
+            entry["where"] = v.where
+        if pid in before and not before[pid].gone:
+            # the read taken before py-spy attached (an attach turns a sleeping poll into
+            # restart_syscall), keeping the slow-cadence figures of the last poll
+            slow = {k: val for k, val in (entry.get("sample") or {}).items()
+                    if k in ("fds", "uss", "pss", "shm_maps", "shm_map_bytes")}
+            entry["sample"] = {k: val for k, val in before[pid].to_dict().items() if val is not None}
+            entry["sample"].update(slow)
+        if pid in dumps:
+            entry["stack"] = dumps[pid].to_dict()
+    return extra
