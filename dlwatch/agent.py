@@ -29,6 +29,7 @@ from dlwatch import config, events
 from dlwatch._fs import make_private_dir, write_json
 from dlwatch._log import get_logger
 from dlwatch.heartbeat import STATE_BODY, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
+from dlwatch.redact import redact_argv
 from dlwatch.report import store
 from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
 
@@ -229,7 +230,7 @@ class Watch:
             "loader": loader_config(loader),
             "iterable": _qualname(type(loader)),
             "main_dump_path": dump_path,
-            "argv": list(sys.argv),
+            "argv": redact_argv(list(sys.argv)),
             "python": sys.executable,
         })
         self._monitor = self._spawn_monitor(run_dir)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -35,12 +36,13 @@ from dlwatch.report import build, store
 
 log = get_logger("dlwatch.monitor")
 
-HISTORY = 600  # samples kept per process (10 min at the default interval)
+HISTORY = 120  # samples kept per process (2 min at the default interval): memory is bounded by workers x this
 RING = build.TIMELINE_WINDOW
 TIMELINE_CAP_BYTES = 8 << 20  # then rotate to timeline.1.jsonl: at most twice this on disk
 FD_DETAIL_EVERY = 5  # polls between fd breakdowns when the count does not move
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
+MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
 WORKER_COMM = "pt_data_worker"
 
 
@@ -248,6 +250,11 @@ class Monitor:
 
     # ------------------------------------------------------------------ sampling
 
+    def _forget_old(self) -> None:
+        gone = [pid for pid, t in self.procs.items() if t.gone and t.role != "main"]
+        for pid in gone[:-MAX_GONE] if len(gone) > MAX_GONE else ():
+            del self.procs[pid]
+
     def _discover(self) -> None:
         try:
             kids = procfs.descendants(self.main_pid)
@@ -270,6 +277,7 @@ class Monitor:
         hb = hbmod.read(self.hb_path)
         self.last_hb = hb or self.last_hb
         self._discover()
+        self._forget_old()
         mem_detail = now - self.last_mem_detail >= MEM_DETAIL_EVERY_S
         if mem_detail:
             self.last_mem_detail = now
@@ -480,6 +488,8 @@ class Monitor:
         build.add_findings(report, self.playbook_dirs)
         self._write(report)
         self._close()
+        # nobody else will: the training process is gone. What mattered is in the incident.
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _close(self) -> None:
         self.timeline.close()

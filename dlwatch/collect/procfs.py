@@ -92,7 +92,7 @@ def classify_fd_target(target: str) -> str:
     return "other"
 
 
-def fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
+def _fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
     base = f"/proc/{pid}/fd"
     try:
         names = os.listdir(base)
@@ -140,7 +140,7 @@ def shm_mappings(maps_text: str) -> tuple[int, int]:
     return len(paths), total
 
 
-def fd_limit(pid: int) -> int | None:
+def _fd_limit(pid: int) -> int | None:
     try:
         soft, _hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         return None if soft == resource.RLIM_INFINITY else int(soft)
@@ -158,6 +158,22 @@ def fd_limit(pid: int) -> int | None:
     return None
 
 
+def fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
+    """What the fds of ``pid`` point to; None if it is gone or refused."""
+    try:
+        return _fd_summary(pid, top=top)
+    except _Gone:
+        return None
+
+
+def fd_limit(pid: int) -> int | None:
+    """The soft RLIMIT_NOFILE of ``pid``; None if unlimited, gone or unreadable."""
+    try:
+        return _fd_limit(pid)
+    except _Gone:
+        return None
+
+
 def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) -> ProcSample:
     """One sample of one process; never raises for a process that vanished or a refused read."""
     ts = time.time()
@@ -170,7 +186,7 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
             fields["num_fds"] = len(os.listdir(f"/proc/{pid}/fd"))
         except PermissionError:
             pass
-        fields["fd_limit"] = fd_limit(pid)
+        fields["fd_limit"] = _fd_limit(pid)
         try:
             fields["rss"] = int(_read(f"/proc/{pid}/statm").split()[1]) * PAGE_SIZE
         except (ValueError, IndexError):
@@ -185,7 +201,7 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
             else:
                 fields[key] = text.strip() if text.strip() not in ("", "0") else None
         if fd_detail:
-            fields["fds"] = fd_summary(pid)
+            fields["fds"] = _fd_summary(pid)
         if mem_detail:
             try:
                 roll = parse_kv_kib(_read(f"/proc/{pid}/smaps_rollup"),
