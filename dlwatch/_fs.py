@@ -15,8 +15,26 @@ FILE_MODE = 0o600
 
 
 def make_private_dir(path: str) -> str:
-    """Create ``path`` (and missing parents) as 0700; an existing one is left as it is."""
-    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    """Create ``path`` and any missing parents, each 0700; existing directories are left as they are.
+
+    (os.makedirs gives only the leaf its mode: the parents it creates would be 0777 & ~umask.)
+    """
+    missing = []
+    head = os.path.abspath(path)
+    while head and not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+            continue
+        os.chmod(d, DIR_MODE)  # whatever the umask
     return path
 
 

@@ -468,7 +468,8 @@ class Monitor:
         report = self._report("exit", findings=False)
         first = self.first_system.cgroup_oom_kills if self.first_system else None
         try:
-            now_sys = read_system(self.main_pid)
+            # the dead process's /proc/<pid>/cgroup is gone; the monitor, its child, shares its cgroup
+            now_sys = read_system(self.own_pid)
         except Exception:
             now_sys = self.last_system
         last = now_sys.cgroup_oom_kills if now_sys else None
