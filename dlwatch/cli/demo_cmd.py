@@ -1,0 +1,303 @@
+"""Make a DataLoader failure happen for real, and show the report dlwatch wrote about it.
+
+  dlwatch demo              run the default example (deadlock: a lock held across fork)
+  dlwatch demo NAME         run one example and show its report
+  dlwatch demo --list       list the examples
+  dlwatch demo all          run every example; print expected vs found, one line each
+
+Each example is a short script (see `dlwatch demo --list` for where they are) that
+runs a real DataLoader under dlwatch.watch, ends by itself, and prints `REPORT <path>`
+for each incident. Needs torch. Exit status: 0 when every example run gave what it
+was expected to give (its playbook as the top finding, or no incident for a healthy
+one, or a skip), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence, TextIO
+
+from dlwatch.config import DEFAULT_REPORT_DIR
+from dlwatch.errors import DlwatchError, NotFoundError, UsageError
+from dlwatch.report import render, store
+
+# example -> the playbook it must yield as top finding (None: a healthy run, no incident at all)
+EXAMPLES: dict[str, str | None] = {
+    "deadlock": "worker-deadlock",
+    "cat_collate": "batch-dim-mismatch",
+    "rng_duplication": "rng-duplication",
+    "fd_exhaustion": "fd-exhaustion",
+    "shm_exhaustion": "shm-exhaustion",
+    "healthy_fast": None,
+    "healthy_slow": None,
+    "healthy_workers0": None,
+}
+DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
+TIMEOUT_S = 90.0  # each example ends itself within 60 s
+PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.toml package-dir)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", default=DEFAULT,
+                        help=f"example to run, or `all` (default: {DEFAULT})")
+    parser.add_argument("--list", action="store_true", help="list the examples and exit")
+    parser.add_argument("--report-dir", default=None,
+                        help="where the examples write incidents (default: $DLWATCH_DIR or ./dlwatch-reports)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                        help=f"seconds an example may run before it is killed (default: {TIMEOUT_S:g})")
+
+
+# --------------------------------------------------------------------------- finding the scripts
+
+
+def _has_examples(path: str) -> bool:
+    return all(os.path.isfile(os.path.join(path, f"{n}.py")) for n in (*EXAMPLES, "_common"))
+
+
+def examples_dir() -> str:
+    """The directory of example scripts: the installed package data, else examples/ of a checkout."""
+    candidates = []
+    try:
+        spec = importlib.util.find_spec(PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        candidates.extend(spec.submodule_search_locations)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    candidates.append(os.path.join(pkg_parent, "examples"))  # a source checkout: <repo>/examples
+    for path in candidates:
+        if _has_examples(path):
+            return path
+    raise NotFoundError("the example scripts are not installed (looked in: " + ", ".join(candidates) + ")",
+                        help="reinstall dlwatch (`pip install .` ships examples/ as dlwatch._examples), "
+                             "or run from a source checkout")
+
+
+def describe(script: str) -> str:
+    """The first line of a script's docstring, read without running it."""
+    try:
+        with open(script, encoding="utf-8") as f:
+            doc = ast.get_docstring(ast.parse(f.read()))
+    except (OSError, SyntaxError, ValueError):
+        doc = None
+    return (doc or "").strip().splitlines()[0] if doc else ""
+
+
+# --------------------------------------------------------------------------- running one
+
+
+@dataclass
+class Outcome:
+    name: str
+    expected: str | None
+    reports: list[str] = field(default_factory=list)
+    top_findings: list[str | None] = field(default_factory=list)  # one per report, in order
+    skipped: str | None = None
+    error: str | None = None  # exit status, timeout, unreadable report
+    seconds: float = 0.0
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def matched(self) -> bool | None:
+        """None for a skip; else whether the run gave exactly what the example is for."""
+        if self.skipped is not None:
+            return None
+        if self.error is not None:
+            return False
+        if self.expected is None:
+            return not self.reports
+        return bool(self.reports) and all(t == self.expected for t in self.top_findings)
+
+    @property
+    def top(self) -> str:
+        if self.skipped is not None:
+            return f"skipped: {self.skipped}"
+        if self.error is not None:
+            return f"error: {self.error}"
+        if not self.reports:
+            return "-"
+        return ", ".join(dict.fromkeys(t or "no playbook matched" for t in self.top_findings))
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _stop_group(proc: "subprocess.Popen[str]") -> None:
+    """SIGTERM the example's process group (its supervisor cleans up), then SIGKILL what is left."""
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
+                echo: TextIO | None = None) -> Outcome:
+    """Run one example script as a subprocess, bounded in time, and read the reports it names."""
+    out = Outcome(name, EXAMPLES[name])
+    script = os.path.join(directory, f"{name}.py")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, script, "--report-dir", report_dir], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            env=_child_env(), start_new_session=True)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.output.append(line.rstrip("\n"))
+            if echo is not None:
+                print(f"  | {line.rstrip()}", file=echo, flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        out.error = f"still running after {timeout:g} s; killed"
+    finally:
+        if proc.poll() is None:
+            _stop_group(proc)
+        reader.join(5.0)
+        out.seconds = time.monotonic() - t0
+    for line in out.output:
+        if line.startswith("REPORT "):
+            out.reports.append(line[len("REPORT "):].strip())
+        elif line.startswith("SKIP: "):
+            out.skipped = line[len("SKIP: "):].strip()
+    if out.error is None and proc.returncode != 0:
+        out.error = f"exit status {proc.returncode}"
+    for path in out.reports:
+        try:
+            findings = store.load_report(path).get("findings") or []
+        except DlwatchError as exc:
+            out.error = out.error or str(exc)
+            out.top_findings.append(None)
+            continue
+        top = findings[0] if findings and isinstance(findings[0], dict) else {}
+        out.top_findings.append(top.get("playbook"))
+    return out
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def list_lines(directory: str) -> Iterator[str]:
+    width = max(len(n) for n in EXAMPLES)
+    for name, expected in EXAMPLES.items():
+        tag = expected or "no incident"
+        default = "  (default)" if name == DEFAULT else ""
+        yield f"{name:<{width}}  {tag:<20} {describe(os.path.join(directory, name + '.py'))}{default}"
+    yield ""
+    yield f"scripts: {directory}"
+
+
+def table_lines(outcomes: Sequence[Outcome]) -> Iterator[str]:
+    """The `dlwatch demo all` table, then the two numbers the README quotes."""
+    yield f"{'EXAMPLE':<18} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
+    for o in outcomes:
+        matched = {True: "yes", False: "NO", None: "skipped"}[o.matched]
+        yield f"{o.name:<18} {o.expected or '(no incident)':<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
+    failing = [o for o in outcomes if o.expected is not None and o.matched is not None]
+    healthy = [o for o in outcomes if o.expected is None and o.matched is not None]
+    yield ""
+    yield f"failures matched right: {sum(bool(o.matched) for o in failing)}/{len(failing)}"
+    yield (f"healthy runs that raised a finding: {sum(bool(o.reports) or o.error is not None for o in healthy)}"
+           f"/{len(healthy)}")
+    skipped = [o.name for o in outcomes if o.matched is None]
+    if skipped:
+        yield f"skipped: {', '.join(skipped)}"
+
+
+def _tail(lines: Iterable[str], n: int = 15) -> list[str]:
+    return list(lines)[-n:]
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _require_torch() -> None:
+    if importlib.util.find_spec("torch") is None:
+        raise NotFoundError("the examples need torch, which is not installed in this Python",
+                            help=f"pip install torch (into {sys.prefix})")
+
+
+def run(args: argparse.Namespace) -> int:
+    directory = examples_dir()
+    if args.list:
+        for line in list_lines(directory):
+            print(line)
+        return 0
+    if args.name != "all" and args.name not in EXAMPLES:
+        raise UsageError(f"no example named {args.name!r}",
+                         help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    _require_torch()
+    report_dir = os.path.abspath(args.report_dir or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR)
+    if args.name == "all":
+        outcomes = []
+        for name in EXAMPLES:
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            o = run_example(name, directory, report_dir, timeout=args.timeout)
+            if o.matched is False:
+                print(f"  {name} did not give what it should; its last output:", file=sys.stderr)
+                for line in _tail(o.output):
+                    print(f"  | {line}", file=sys.stderr)
+            outcomes.append(o)
+        print()
+        for line in table_lines(outcomes):
+            print(line)
+        print(f"\nreports: {report_dir} (list them with `dlwatch report {report_dir}`)")
+        return 0 if all(o.matched is not False for o in outcomes) else 1
+    return _show_one(args.name, directory, report_dir, args.timeout)
+
+
+def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int:
+    script = os.path.join(directory, f"{name}.py")
+    print(f"dlwatch demo: {name}: {describe(script)}")
+    print(f"  $ {os.path.basename(sys.executable)} {script} --report-dir {report_dir}")
+    o = run_example(name, directory, report_dir, timeout=timeout, echo=sys.stdout)
+    print()
+    if o.skipped is not None:
+        print(f"skipped: {o.skipped}")
+        return 0
+    if o.error is not None:
+        print(f"the example failed: {o.error}")
+    if not o.reports:
+        print("no incident: dlwatch found nothing wrong" if o.expected is None
+              else f"no incident was written (expected {o.expected})")
+        return 0 if o.matched else 1
+    for path in o.reports[:-1]:  # earlier incidents of the same run (e.g. a threshold before the crash)
+        print(f"earlier incident: {path}")
+    last = o.reports[-1]  # the failure itself: the most complete report
+    try:
+        render.render_terminal(store.load_report(last), sys.stdout)
+    except DlwatchError as exc:
+        print(f"cannot show {last}: {exc}")
+        return 1
+    print()
+    print(f"full report: {os.path.join(last, 'report.md')}")
+    print(f"see it again: dlwatch report {last}")
+    if not o.matched:
+        print(f"expected {o.expected or 'no incident'}, found {o.top}")
+        return 1
+    return 0

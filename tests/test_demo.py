@@ -1,0 +1,130 @@
+"""`dlwatch demo`: finding the example scripts in both layouts, the table, and one real run."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, kill_tree
+from dlwatch.cli import demo_cmd, main
+from dlwatch.cli.demo_cmd import EXAMPLES, Outcome, examples_dir, table_lines
+from dlwatch.errors import NotFoundError
+
+
+def test_list_names_every_example_and_its_playbook(capsys):
+    assert main(["demo", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name, playbook in EXAMPLES.items():
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert (playbook or "no incident") in line
+    assert f"scripts: {examples_dir()}" in out
+
+
+def test_unknown_example_is_a_usage_error_naming_the_valid_ones(capsys):
+    assert main(["demo", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no example named 'nope'" in err
+    for name in EXAMPLES:
+        assert name in err
+    assert "all" in err
+
+
+def test_every_playbook_has_an_example():
+    from dlwatch.playbooks import load_playbooks
+
+    assert {pb.id for pb in load_playbooks(())} <= {p for p in EXAMPLES.values() if p}
+
+
+def test_examples_found_in_a_checkout():
+    assert os.path.samefile(examples_dir(), os.path.join(REPO, "examples"))
+
+
+def test_examples_found_as_package_data(tmp_path, monkeypatch):
+    # what a non-editable install has: the scripts inside the package as dlwatch._examples
+    shipped = tmp_path / "site-packages" / "dlwatch" / "_examples"
+    shutil.copytree(os.path.join(REPO, "examples"), shipped)
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *a, **kw):
+        if name == demo_cmd.PACKAGE:
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [str(shipped)]
+            return spec
+        return real_find_spec(name, *a, **kw)
+
+    monkeypatch.setattr(demo_cmd.importlib.util, "find_spec", find_spec)
+    assert examples_dir() == str(shipped)
+
+
+def test_no_examples_anywhere_is_not_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_cmd.importlib.util, "find_spec", lambda name, *a, **kw: None)
+    monkeypatch.setattr(demo_cmd, "__file__", str(tmp_path / "dlwatch" / "cli" / "demo_cmd.py"))
+    with pytest.raises(NotFoundError, match="example scripts are not installed"):
+        examples_dir()
+
+
+def test_table_lines():
+    outcomes = [
+        Outcome("deadlock", "worker-deadlock", reports=["/r/a"], top_findings=["worker-deadlock"], seconds=6.21),
+        Outcome("fd_exhaustion", "fd-exhaustion", reports=["/r/b", "/r/c"],
+                top_findings=["fd-exhaustion", "shm-exhaustion"], seconds=3.0),
+        Outcome("shm_exhaustion", "shm-exhaustion", skipped="no namespace", seconds=0.1),
+        Outcome("healthy_fast", None, seconds=1.5),
+        Outcome("healthy_slow", None, reports=["/r/d"], top_findings=[None], seconds=4.0),
+    ]
+    assert list(table_lines(outcomes)) == [
+        "EXAMPLE            EXPECTED             TOP FINDING                    MATCHED  TIME",
+        "deadlock           worker-deadlock      worker-deadlock                yes      6.2 s",
+        "fd_exhaustion      fd-exhaustion        fd-exhaustion, shm-exhaustion  NO       3.0 s",
+        "shm_exhaustion     shm-exhaustion       skipped: no namespace          skipped  0.1 s",
+        "healthy_fast       (no incident)        -                              yes      1.5 s",
+        "healthy_slow       (no incident)        no playbook matched            NO       4.0 s",
+        "",
+        "failures matched right: 1/2",
+        "healthy runs that raised a finding: 1/2",
+        "skipped: shm_exhaustion",
+    ]
+
+
+def test_outcome_of_an_example_that_fails_is_not_a_match():
+    assert Outcome("cat_collate", "batch-dim-mismatch", error="exit status 1").matched is False
+    assert Outcome("cat_collate", "batch-dim-mismatch").matched is False  # no incident at all
+    assert Outcome("healthy_fast", None, error="still running after 90 s; killed").matched is False
+
+
+@pytest.mark.slow
+def test_demo_runs_an_example_and_shows_its_report(tmp_path):
+    report_dir = tmp_path / "reports"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "dlwatch", "demo", "cat_collate", "--report-dir", str(report_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 0, err
+    (incident,) = [n for n in os.listdir(report_dir) if not n.startswith(".")]
+    path = os.path.join(report_dir, incident)
+    assert f"  | REPORT {path}" in out  # the example's own output, passed through
+    assert f"incident {incident}  [threshold]" in out  # the rendered report
+    assert "finding: batch-dim-mismatch" in out
+    assert f"full report: {os.path.join(path, 'report.md')}" in out
+    assert os.path.isfile(os.path.join(path, "report.md"))
+
+
+@pytest.mark.slow
+def test_demo_bounds_an_example_in_time(tmp_path, monkeypatch):
+    # a stand-in example that never ends: the demo kills it at --timeout and says so
+    fake = tmp_path / "examples"
+    shutil.copytree(os.path.join(REPO, "examples"), fake)
+    (fake / "healthy_fast.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    monkeypatch.setattr(demo_cmd, "examples_dir", lambda: str(fake))
+    o = demo_cmd.run_example("healthy_fast", str(fake), str(tmp_path / "reports"), timeout=1.0)
+    assert o.error == "still running after 1 s; killed"
+    assert o.output == ["started"] and o.matched is False and o.seconds < 10

@@ -1,0 +1,194 @@
+"""End to end: each script in examples/ makes its failure happen for real, and dlwatch names it.
+
+Every example runs as a subprocess in its own session, bounded in time; the
+test kills whatever is left in ``finally`` and fails if the example itself left
+a process behind (any process whose command line names the test's report dir:
+the training process, its workers, dlwatch's monitor).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+from conftest import REPO, kill_tree, load, wait_for
+
+EXAMPLES = os.path.join(REPO, "examples")
+EXAMPLE_TIMEOUT_S = 60  # the examples promise to end by themselves within this
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    reports: list[str]
+    seconds: float
+
+    def report(self, i: int = -1) -> dict:
+        return load(self.reports[i])
+
+    def top(self, report: dict) -> dict:
+        assert report["findings"], f"no finding in {report['id']}: {report['summary']}"
+        return report["findings"][0]
+
+
+def _ours(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(p.info["cmdline"] or ()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def run_example(name: str, report_dir: str) -> Run:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    env.pop("DLWATCH_DIR", None)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        try:
+            out, err = proc.communicate(timeout=EXAMPLE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} did not end by itself within {EXAMPLE_TIMEOUT_S} s")
+        seconds = time.monotonic() - t0
+        # nothing may outlive the example (a monitor exits within a poll or two of its training process)
+        left = wait_for(lambda: not _ours(report_dir), timeout=5) or _ours(report_dir)
+        assert left is True, f"{name} left processes behind: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_tree(proc.pid)
+        for p in _ours(report_dir):
+            kill_tree(p.pid)
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}\nstdout:\n{out}\nstderr:\n{err[-3000:]}"
+    reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
+    for path in reports:
+        assert os.path.isfile(os.path.join(path, "report.json")) and os.path.isfile(os.path.join(path, "report.md"))
+    # the script names every incident in its report dir, and nothing else
+    listed = {os.path.join(report_dir, n) for n in os.listdir(report_dir) if not n.startswith(".")} \
+        if os.path.isdir(report_dir) else set()
+    assert set(reports) == listed
+    return Run(proc.returncode, out, err, reports, seconds)
+
+
+@pytest.fixture
+def report_dir(tmp_path) -> str:
+    return str(tmp_path / "reports")
+
+
+def _only_playbook(run: Run, playbook: str) -> None:
+    assert run.reports, f"no incident\nstdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
+    for path in run.reports:
+        r = load(path)
+        assert r["findings"] and r["findings"][0]["playbook"] == playbook, (path, r["summary"], r["findings"][:1])
+
+
+def test_cat_collate(report_dir):
+    run = run_example("cat_collate", report_dir)
+    assert "loop finished" in run.stdout  # nothing raised
+    _only_playbook(run, "batch-dim-mismatch")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "threshold" and r["exception"] is None
+    ev = r["findings"][0]["evidence"]
+    assert ev["shapes"] == {"batch[0]": [12, 8, 8], "batch[1]": [4]}
+    assert ev["leading_dims"] == {"batch[0]": 12, "batch[1]": 4}
+    assert ev["reason"] == "inconsistent_leading_dims"
+    assert ev["expected_batch_size"] == 4 and ev["batch_index"] == 0
+    assert ev["collate_fn"].endswith("cat_collate")
+
+
+def test_rng_duplication(report_dir):
+    run = run_example("rng_duplication", report_dir)
+    _only_playbook(run, "rng-duplication")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "threshold"
+    dups = {d["attribute"]: d for d in r["findings"][0]["evidence"]["duplicates"]}
+    assert set(dups) == {"dataset.rng", "dataset.py_rng"}  # the globals are seeded apart by torch
+    for d in dups.values():
+        assert d["workers"] == [0, 1] and d["kind"] == "object"
+    assert "global:random" not in dups and "global:numpy" not in dups and "global:torch" not in dups
+
+
+def test_fd_exhaustion(report_dir):
+    run = run_example("fd_exhaustion", report_dir)
+    assert "training loop failed" in run.stdout
+    _only_playbook(run, "fd-exhaustion")
+    r = run.report(-1)  # the failure itself; a threshold incident may come first
+    assert r["trigger"] == "exception"
+    assert r["exception"]["from_loader"] is True
+    assert "Too many open files" in r["exception"]["message"]
+    ev = r["findings"][0]["evidence"]
+    assert ev["exception"]["errno"] == 24
+    assert ev["fd_limit"] == 128 and ev["num_fds"] >= 0.9 * 128  # the example's `ulimit -n 128`
+    assert ev["role"] == "worker"
+    assert ev["cause"] == "regular-files"
+    assert ev["sharing_strategy"] == "file_system"
+    assert ev["fds"]["file"] >= 0.5 * 128  # the leaked handles
+    assert ev["top_files"] and ev["top_files"][0][1] >= 0.5 * 128  # one path opened over and over
+    assert any(a["role"] == "worker" for a in ev["at_fd_limit"])
+    if len(run.reports) > 1:  # the climb was seen before the crash
+        first = run.report(0)
+        assert first["trigger"] == "threshold" and first["findings"][0]["playbook"] == "fd-exhaustion"
+
+
+def test_shm_exhaustion(report_dir):
+    run = run_example("shm_exhaustion", report_dir)
+    skip = [line for line in run.stdout.splitlines() if line.startswith("SKIP: ")]
+    if skip:
+        assert not run.reports
+        pytest.skip(skip[0][len("SKIP: "):])
+    _only_playbook(run, "shm-exhaustion")
+    r = run.report(-1)
+    assert r["trigger"] == "exception"
+    assert "unable to allocate shared memory" in r["exception"]["message"]
+    ev = r["findings"][0]["evidence"]
+    assert ev["errno"] == 28
+    assert ev["shm_total"] == 8 << 20  # the example's tmpfs, seen from inside its namespace
+    assert ev["loader"]["batch_size"] == 4 and ev["loader"]["num_workers"] == 2
+    assert r["system"]["shm_total"] == 8 << 20
+
+
+def test_deadlock(report_dir):
+    run = run_example("deadlock", report_dir)
+    _only_playbook(run, "worker-deadlock")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "stall" and r["classification"] == "deadlock"
+    assert r["progress"]["batches"] == 0 and r["progress"]["stall_s"] >= 3
+    ev = r["findings"][0]["evidence"]
+    workers = ev["workers"]
+    assert len(workers) == 2
+    for w in workers:
+        assert w["state"] == "S" and w["cpu_progress_s"] == 0
+        assert w["waiting_in"] == "lock acquire"
+        assert w["user_frame"].startswith("CachedSamples.__getitem__ (") and "deadlock.py" in w["user_frame"]
+        assert any("acquire_lock" in f for f in w["frames"])  # the lock wait itself
+    assert ev["multiprocessing_context"] == "fork"
+    assert run.seconds < 30
+
+
+@pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0"])
+def test_healthy_examples_raise_nothing(name, report_dir):
+    run = run_example(name, report_dir)
+    assert run.reports == []
+    assert "dlwatch:" not in run.stderr  # no incident notice, no warning
+    assert "no incident" in run.stdout
