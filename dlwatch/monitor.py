@@ -122,7 +122,8 @@ class Monitor:
         self.procs: dict[int, Tracked] = {self.main_pid: Tracked(self.main_pid, "main",
                                                                  dump_path=self.cfg.get("main_dump_path"))}
         self.loader_pids: set[int] = set()
-        self.rng: dict[int, dict[str, str]] = {}  # worker_id -> fingerprints, current worker generation
+        # worker_id -> (pid, fingerprints) of the current generation of workers
+        self.rng: dict[int, tuple[int, dict[str, str]]] = {}
         self.stall = StallDetector(self.stall_timeout)
         self.gpu: GpuProbe | None = None
         self.notes: list[str] = []
@@ -212,7 +213,9 @@ class Monitor:
             elif name == "loader_workers":
                 pids = {int(p) for p in ev.get("pids") or ()}
                 if pids != self.loader_pids:
-                    self.rng = {}  # a new generation of workers fingerprints afresh
+                    # a new generation of workers: keep only its fingerprints (which may have
+                    # arrived before this event: workers start before the iterator reports them)
+                    self.rng = {w: v for w, v in self.rng.items() if v[0] in pids}
                 self.loader_pids = pids
                 for pid in pids:
                     t = self.procs.get(pid) or Tracked(pid, "worker")
@@ -221,7 +224,7 @@ class Monitor:
                 self._note(ev)
             elif name == "rng_fingerprint":
                 if isinstance(ev.get("fingerprints"), dict) and ev.get("worker_id") is not None:
-                    self.rng[int(ev["worker_id"])] = ev["fingerprints"]
+                    self.rng[int(ev["worker_id"])] = (int(ev.get("pid") or 0), ev["fingerprints"])
                     self._check_rng()
             elif name == "batch_shape":
                 self._note(ev)
@@ -242,7 +245,7 @@ class Monitor:
             from dlwatch.rngcheck import duplicates
         except ImportError:
             return
-        dups = duplicates(self.rng)
+        dups = duplicates({w: fp for w, (_pid, fp) in self.rng.items()})
         if dups and "rng-duplication" not in self.reported_playbooks:
             ev = {"ts": time.time(), "event": "rng_duplicate", "duplicates": dups}
             self._note(ev)

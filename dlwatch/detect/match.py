@@ -447,11 +447,20 @@ def _enrich_shm(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     return None
 
 
+def _main_thread_frames(p: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The frames of the thread named MainThread (not a queue feeder thread listed first)."""
+    for t in (p.get("stack") or {}).get("threads") or ():
+        if isinstance(t, Mapping) and t.get("name") == "MainThread":
+            return _cut_parent_frames([f for f in (t.get("frames") or ()) if isinstance(f, Mapping)])
+    return []
+
+
 def _worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
     s = p.get("sample") or {}
     threads = _threads(p)
-    main = next((t for t in threads if any(f.get("function") == "_worker_loop" for f in t)),
-                threads[0] if threads else [])
+    main = next((t for t in threads if any(f.get("function") == "_worker_loop" for f in t)), None)
+    if main is None:
+        main = _main_thread_frames(p) or (threads[0] if threads else [])
     view = {"pid": p.get("pid"), "worker_id": p.get("worker_id"), "status": p.get("status"),
             "state": s.get("state"), "syscall": s.get("syscall"), "wchan": s.get("wchan"),
             "waiting_in": p.get("waiting_in"), "cpu_progress_s": p.get("cpu_progress_s"),
