@@ -161,6 +161,11 @@ def no_leftovers() -> Iterator[None]:
     assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"
 
 
+def batches_of(loader) -> list:
+    """Batches of the tests' Squares datasets as plain lists, to compare epochs exactly."""
+    return [(x.tolist(), y.tolist()) for x, y in loader]
+
+
 def incidents(report_dir: str) -> list[str]:
     if not os.path.isdir(report_dir):
         return []

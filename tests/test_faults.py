@@ -16,7 +16,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import dlwatch
-from conftest import REPO, TARGETS, incidents, load, wait_for
+from conftest import REPO, TARGETS, batches_of, incidents, load, wait_for
 from dlwatch.agent import DlwatchWarning
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
@@ -24,10 +24,6 @@ from dlwatch.monitor import Timeline
 
 sys.path.insert(0, TARGETS)
 from datasets import Squares  # noqa: E402
-
-
-def batches_of(it):
-    return [(x.tolist(), y.tolist()) for x, y in it]
 
 
 def test_monitor_killed_mid_run(tmp_path, no_leftovers):

@@ -17,14 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 
 import dlwatch
-from conftest import REPO, TARGETS, incidents, load, wait_for
+from conftest import REPO, TARGETS, batches_of, incidents, load, wait_for
 
 sys.path.insert(0, TARGETS)
 from datasets import FailingInit, FailsAt, Squares, record_init  # noqa: E402
-
-
-def batches_of(loader):
-    return [(x.tolist(), y.tolist()) for x, y in loader]
 
 
 def test_as_form_yields_same_batches_and_monitor_exits(tmp_path, no_leftovers):

@@ -97,7 +97,7 @@ def check_target(pid: int) -> None:
         with open(f"/proc/{pid}/syscall"):
             pass
     except PermissionError:
-        raise PermissionDeniedError(f"not allowed to inspect pid {pid} (another user's process?)",
+        raise PermissionDeniedError(f"permission denied: not allowed to inspect pid {pid} (another user's process?)",
                                     help=PTRACE_HELP) from None
     except FileNotFoundError:
         raise NotFoundError(f"no process with pid {pid}") from None
