@@ -13,7 +13,6 @@ with playbook rng-duplication.
 
 import random
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -21,16 +20,24 @@ import dlwatch
 from _common import incidents, parse_args, print_reports
 
 
+try:
+    import numpy as np
+except ImportError:  # torch runs without numpy; the bug is the same with random.Random alone
+    np = None
+
+
 class Augmented(Dataset):
     def __init__(self):
-        self.rng = np.random.default_rng(0)  # BUG: one state, copied into every worker
+        # BUG: one state, copied into every worker
+        self.rng = np.random.default_rng(0) if np is not None else random.Random(1)
         self.py_rng = random.Random(0)       # same problem with random.Random
 
     def __len__(self):
         return 16
 
     def __getitem__(self, i):
-        shift = self.rng.integers(0, 100)  # a "random" crop offset
+        # a "random" crop offset
+        shift = self.rng.integers(0, 100) if np is not None else self.rng.randrange(100)
         flip = self.py_rng.random() < 0.5
         return torch.tensor([i, int(shift), int(flip)])
 

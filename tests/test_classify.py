@@ -352,3 +352,19 @@ def test_verdicts_serialise() -> None:
     d = v.to_dict()
     assert d["classification"] == "deadlock"
     assert set(d["processes"][0]) >= {"pid", "status", "waiting_in", "cpu_progress_s"}
+
+
+def test_where_skips_dlwatch_own_frames_but_not_shipped_examples():
+    import os
+
+    import dlwatch
+    from dlwatch.detect.classify import _where
+
+    pkg = os.path.dirname(os.path.abspath(dlwatch.__file__))
+    thread = ThreadStack(thread_id=1, name="MainThread", frames=(
+        Frame("_TimedIterator.__next__", os.path.join(pkg, "agent.py"), 480),
+        Frame("train", "/home/me/train.py", 12)))
+    assert _where(thread) == "train (train.py:12)"
+    example = ThreadStack(thread_id=1, name="MainThread", frames=(
+        Frame("CachedSamples.__getitem__", os.path.join(pkg, "_examples", "deadlock.py"), 46),))
+    assert _where(example) == "CachedSamples.__getitem__ (deadlock.py:46)"

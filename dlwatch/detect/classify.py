@@ -13,6 +13,8 @@ state.  wchan names are not used: they differ between kernels.
 
 from __future__ import annotations
 
+import os
+
 import platform
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -290,8 +292,14 @@ def is_waiting_for_data(thread: ThreadStack | None) -> bool | None:
     return any(_is_loader_wait(f, _LOADER_WAIT_FUNCS) for f in thread.frames)
 
 
+# dlwatch's own frames (the timed iterator around next(loader)) are never "where" a program waits
+_DLWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"
+
+
 def _is_own_code(frame: Frame) -> bool:
-    return not frame.native and not _is_plumbing(frame) and _TORCH_DATA not in _path(frame)
+    return (not frame.native and not _is_plumbing(frame) and _TORCH_DATA not in _path(frame)
+            and not (_path(frame).startswith(_DLWATCH_DIR)
+                     and not _path(frame).startswith(_DLWATCH_DIR + "_examples/")))
 
 
 def _where(thread: ThreadStack | None) -> str | None:
