@@ -1,0 +1,107 @@
+"""Helpers shared by the benchmarks: statistics, starting targets, killing whole process trees."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Iterator, Sequence
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+TARGETS = os.path.join(HERE, "targets.py")
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL pid and every descendant (hung DataLoader workers never exit on their own)."""
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)  # targets run in their own session: group id == pid
+    psutil.wait_procs(procs, timeout=5)
+
+
+class Target:
+    """``python bench/targets.py MODE ARGS...`` in its own session; it prints one 'ready ...' line."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, TARGETS, *args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, env=env)
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float) -> list[str]:
+        """The words after 'ready' on the target's first stdout line."""
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([fd], [], [], 0.05)
+            if readable:
+                chunk = os.read(fd, 4096)
+                buf += chunk
+                if b"\n" in buf:
+                    words = buf.split(b"\n", 1)[0].decode().split()
+                    if words[:1] == ["ready"]:
+                        return words[1:]
+                    raise RuntimeError(f"target said {words!r}")
+                if not chunk and self.proc.poll() is not None:
+                    break
+        err = b""
+        if self.proc.poll() is not None:
+            err = self.proc.stderr.read()  # type: ignore[union-attr]
+        raise RuntimeError(f"target not ready after {timeout:g} s: {err.decode(errors='replace')[-1500:]}")
+
+    def kill(self) -> None:
+        kill_tree(self.pid)
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(Exception):
+                stream.close()  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def target(*args: str, ready_timeout: float = 60.0) -> Iterator[tuple[Target, list[str]]]:
+    t = Target(*args)
+    try:
+        yield t, t.wait_ready(ready_timeout)
+    finally:
+        t.kill()
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of pid from /proc/<pid>/stat, in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        text = f.read().decode()
+    rest = text[text.rfind(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_status_kib(pid: int, key: str) -> int | None:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return None
