@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 from dlwatch import config, events
 from dlwatch._fs import make_private_dir, write_json
 from dlwatch._log import get_logger
-from dlwatch.heartbeat import STATE_BODY, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
+from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
 from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
@@ -444,19 +444,24 @@ class _TimedIterator:
 
     Attribute access falls through to the wrapped iterator (``len(it)``, ``it._workers``),
     so code that inspects the DataLoader's iterator sees what it saw before.
+
+    Per batch: two clock reads, a one-byte store (waiting for data), one heartbeat pack
+    (batch delivered).  Everything else is kept off this path (see bench/).
     """
 
-    __slots__ = ("_it", "_next", "_hb", "_write", "_watch", "_probe", "_body_start", "_index", "_done")
+    __slots__ = ("_it", "_next", "_hb", "_write", "_mm", "_watch", "_probe", "_check_at", "_prev",
+                 "_index", "_done")
 
     def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
         self._it = it
         self._next = it.__next__
         self._hb = hb
         self._write = hb.write
+        self._mm = hb.mm
         self._watch = watch
-        probe = watch._shape_probe
-        self._probe = probe.should_check if probe is not None else None
-        self._body_start = 0.0
+        self._probe = watch._shape_probe
+        self._check_at = self._probe.next_check(0) if self._probe is not None else -1
+        self._prev = 0.0  # when the previous batch was handed out: the loop body started
         self._index = 0
         self._done = False
 
@@ -470,12 +475,12 @@ class _TimedIterator:
         return getattr(self._it, name)
 
     def __next__(self) -> Any:
-        hb = self._hb
         t0 = _monotonic()
-        if self._body_start:
-            hb.total_step_s += t0 - self._body_start
-        hb.ts_wait_start = t0
-        self._write(STATE_WAITING)
+        if self._index:
+            self._mm[_STATE_OFFSET] = STATE_WAITING
+        else:  # the first wait of an epoch has its own, longer allowance: say when it began
+            self._hb.ts_wait_start = t0
+            self._write(STATE_WAITING)
         try:
             batch = self._next()
         except StopIteration:
@@ -486,17 +491,22 @@ class _TimedIterator:
             self._end()
             raise
         t1 = _monotonic()
+        hb = self._hb
+        prev = self._prev
+        if prev:
+            hb.total_step_s += t0 - prev
+            hb.last_interval_s = t1 - prev
         hb.total_wait_s += t1 - t0
-        if hb.ts_last_batch:
-            hb.last_interval_s = t1 - hb.ts_last_batch
-        hb.ts_last_batch = t1
+        hb.ts_wait_start = t0
+        hb.ts_last_batch = self._prev = t1
         hb.batches += 1
         hb.epoch_batches += 1
         self._write(STATE_BODY)
-        if self._probe is not None and self._probe(self._index):
-            self._watch._check_shape(batch, self._index)
-        self._index += 1
-        self._body_start = _monotonic()
+        index = self._index
+        self._index = index + 1
+        if index == self._check_at:
+            self._watch._check_shape(batch, index)
+            self._check_at = self._probe.next_check(index + 1)
         return batch
 
     def _end(self) -> None:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from dlwatch._fs import open_private
 
 MAGIC = b"DLWHB001"
-# magic, seq, batches, epoch_batches, epochs, state, pid, ts_last_batch, ts_wait_start,
-# total_wait_s, total_step_s, last_interval_s, seq (again).
+# magic, state (one byte, so the wait edge is a single-byte store), seq, batches, epoch_batches,
+# epochs, pid, ts_last_batch, ts_wait_start, total_wait_s, total_step_s, last_interval_s, seq again.
 # Times are time.monotonic(): CLOCK_MONOTONIC is system-wide, so comparable across processes.
-_REC = struct.Struct("<8sQQQQIIdddddQ")
+_REC = struct.Struct("<8sB7xQQQQI4xdddddQ")
+STATE_OFFSET = 8
 SIZE = _REC.size
 
 STATE_OUTSIDE = 0  # not iterating (before the first batch, between epochs, after the block)
@@ -62,13 +63,14 @@ class Heartbeat:
 class HeartbeatWriter:
     """Owned by the training process.  Not thread-safe: one loop writes it."""
 
-    __slots__ = ("_mm", "_fd", "_pack", "seq", "batches", "epoch_batches", "epochs", "pid", "ts_last_batch",
+    __slots__ = ("_mm", "_fd", "_pack", "mm", "seq", "batches", "epoch_batches", "epochs", "pid", "ts_last_batch",
                  "ts_wait_start", "total_wait_s", "total_step_s", "last_interval_s")
 
     def __init__(self, path: str) -> None:
         self._fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         os.ftruncate(self._fd, SIZE)
         self._mm = mmap.mmap(self._fd, SIZE)
+        self.mm = self._mm  # for the hot path's one-byte state store
         self._pack = _REC.pack_into
         self.seq = 0
         self.batches = 0
@@ -84,9 +86,13 @@ class HeartbeatWriter:
 
     def write(self, state: int) -> None:
         self.seq = seq = self.seq + 1
-        self._pack(self._mm, 0, MAGIC, seq, self.batches, self.epoch_batches, self.epochs, state, self.pid,
+        self._pack(self._mm, 0, MAGIC, state, seq, self.batches, self.epoch_batches, self.epochs, self.pid,
                    self.ts_last_batch, self.ts_wait_start, self.total_wait_s,
                    self.total_step_s, self.last_interval_s, seq)
+
+    def mark(self, state: int) -> None:
+        """Only the state byte: one store, no sequence bump (a byte cannot tear)."""
+        self._mm[STATE_OFFSET] = state
 
     def close(self, state: int = STATE_ENDED) -> None:
         try:
@@ -109,7 +115,7 @@ def read(path: str) -> Heartbeat | None:
                 raw = f.read(SIZE)
                 if len(raw) != SIZE:
                     return None
-                (magic, seq, batches, epoch_batches, epochs, state, pid, ts_last, ts_wait, wait_s, step_s,
+                (magic, state, seq, batches, epoch_batches, epochs, pid, ts_last, ts_wait, wait_s, step_s,
                  interval_s, seq2) = _REC.unpack(raw)
                 if magic != MAGIC:
                     return None

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
 def _plain(obj: Any) -> Any:
+    if type(obj) in _SCALARS:  # most fields: skip the slow checks (isinstance on typing ABCs)
+        return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):

@@ -12,6 +12,7 @@ never left behind.
 from __future__ import annotations
 
 import collections
+import itertools
 import dataclasses
 import json
 import os
@@ -39,7 +40,9 @@ log = get_logger("dlwatch.monitor")
 HISTORY = 120  # samples kept per process (2 min at the default interval): memory is bounded by workers x this
 RING = build.TIMELINE_WINDOW
 TIMELINE_CAP_BYTES = 8 << 20  # then rotate to timeline.1.jsonl: at most twice this on disk
-FD_DETAIL_EVERY = 5  # polls between fd breakdowns when the count does not move
+FD_DETAIL_EVERY = 30  # polls between fd breakdowns when the count does not move (a readlink per fd)
+DISCOVER_EVERY = 5  # polls between scans for new child processes (workers also announce themselves)
+FD_TREND_WINDOW = 30  # samples the fd trend is fitted on
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
@@ -56,6 +59,9 @@ class Tracked:
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
     gone: bool = False
     first_seen: float = field(default_factory=time.time)
+    fds_at_detail: int | None = None  # num_fds when the fd breakdown was last read
+    last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
+    detail_poll: int = -(10**9)
 
     @property
     def last(self) -> ProcSample | None:
@@ -279,8 +285,9 @@ class Monitor:
         now = time.time()
         hb = hbmod.read(self.hb_path)
         self.last_hb = hb or self.last_hb
-        self._discover()
-        self._forget_old()
+        if self.polls % DISCOVER_EVERY == 1:
+            self._discover()
+            self._forget_old()
         mem_detail = now - self.last_mem_detail >= MEM_DETAIL_EVERY_S
         if mem_detail:
             self.last_mem_detail = now
@@ -290,11 +297,9 @@ class Monitor:
                 continue
             prev = t.last
             s = procfs.read_proc(t.pid, mem_detail=mem_detail)
-            if not s.gone and (prev is None or prev.num_fds != s.num_fds or self.polls % FD_DETAIL_EVERY == 0):
-                try:
-                    s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
-                except Exception:
-                    pass
+            if not s.gone and self._wants_fd_detail(t, s):
+                s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
+                t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
             if not s.gone and prev is not None and s.uss is None:
                 s = dataclasses.replace(s, uss=prev.uss, pss=prev.pss, shm_maps=prev.shm_maps,
                                         shm_map_bytes=prev.shm_map_bytes)
@@ -323,6 +328,20 @@ class Monitor:
         self.timeline.append(record)
         self._detect(hb)
 
+    def _wants_fd_detail(self, t: Tracked, s: ProcSample) -> bool:
+        """The fd breakdown costs a readlink per fd: read it when the count really moved.
+
+        Under the file_descriptor strategy the main process's count jitters with every
+        batch in flight, so a move of a few fds waits for the periodic refresh.
+        """
+        if t.fds_at_detail is None or self.polls - t.detail_poll >= FD_DETAIL_EVERY:
+            return True
+        if s.num_fds is None:
+            return False
+        moved = abs(s.num_fds - t.fds_at_detail)
+        limit = s.fd_limit or 0
+        return moved >= max(8, t.fds_at_detail // 20) or (limit and s.num_fds >= 0.8 * limit and moved > 0)
+
     # ------------------------------------------------------------------ detection
 
     def _detect(self, hb: hbmod.Heartbeat | None) -> None:
@@ -340,8 +359,11 @@ class Monitor:
         for t in self.procs.values():
             if t.gone or len(t.history) < 2:
                 continue
-            evidence = thresholds.fd_pressure(list(t.history), **self.fd_thresholds)
+            recent = list(itertools.islice(t.history, max(0, len(t.history) - FD_TREND_WINDOW), None))
+            evidence = thresholds.fd_pressure(recent, **self.fd_thresholds)
             if evidence:
+                if not evidence.get("fds") and t.last_fds is not None:
+                    evidence["fds"] = t.last_fds.to_dict()
                 self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "fd_pressure",
                                           "pid": t.pid, "role": t.role, "worker_id": t.worker_id, **evidence})
                 break
@@ -369,6 +391,7 @@ class Monitor:
         self._write(report)
 
     def _on_stall(self, ev: StallEvent, hb: hbmod.Heartbeat | None) -> None:
+        self._discover()  # every process of the tree, not only those seen at the last scan
         report = self._report("stall", findings=False)
         report["progress"]["stall_s"] = round(ev.stall_s, 3)
         report["progress"]["stall_timeout_s"] = ev.timeout_s
@@ -433,6 +456,8 @@ class Monitor:
             name=last.name if last else None,
             cmdline=procfs.cmdline(t.pid) if not t.gone else None,
             sample=build.compact(last.to_dict()) if last else None)
+        if entry["sample"] is not None and "fds" not in entry["sample"] and t.last_fds is not None:
+            entry["sample"]["fds"] = t.last_fds.to_dict()
         if t.gone:
             entry["status"] = "gone"
             if entry["sample"] is not None:

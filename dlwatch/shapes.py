@@ -174,6 +174,22 @@ class BatchShapeProbe:
             return True  # the batch after a small one decides whether it was the last
         return self.num_batches is not None and index == self.num_batches - 1
 
+    def next_check(self, index: int) -> int:
+        """The first batch index >= ``index`` that ``should_check`` accepts; -1 for none.
+
+        The hot path asks this once per checked batch instead of calling should_check on
+        every batch (a Python call costs as much as the rest of the per-batch work).
+        """
+        if self.batch_size is None or self.found:
+            return -1
+        if index < self.check_first or self._pending is not None:
+            return index
+        every = self.sample_every
+        nxt = -(-index // every) * every
+        if self.num_batches is not None and index <= self.num_batches - 1 < nxt:
+            nxt = self.num_batches - 1
+        return nxt
+
     def expected(self, index: int) -> int | None:
         """The leading dimension batch ``index`` must have; None when only the epoch's end can tell."""
         if self.batch_size is None:

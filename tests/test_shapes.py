@@ -227,3 +227,16 @@ def test_real_dataloader_cat_vs_stack() -> None:
                 assert found["collate_fn"].endswith("cat_collate")
                 break
             assert found is None
+
+
+@pytest.mark.parametrize("check_first,every,n,drop_last", [(8, 64, 1000, False), (0, 1, 10, True), (3, 5, 37, False), (2, 7, None, False)])
+def test_next_check_agrees_with_should_check(check_first, every, n, drop_last):
+    from dlwatch.shapes import BatchShapeProbe
+
+    probe = BatchShapeProbe(4, drop_last, n, check_first=check_first, sample_every=every)
+    want = [i for i in range(300) if probe.should_check(i)]
+    got, i = [], probe.next_check(0)
+    while 0 <= i < 300:
+        got.append(i)
+        i = probe.next_check(i + 1)
+    assert got == want
