@@ -29,7 +29,7 @@ from dlwatch._fs import open_private
 from dlwatch._log import configure_own_process, get_logger
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
-from dlwatch.collect.system import read_system
+from dlwatch.collect.system import cgroup_paths, read_system
 from dlwatch.detect.stall import StallDetector, StallEvent
 from dlwatch.events import EventReader
 from dlwatch.model import ProcSample, SystemSample
@@ -160,6 +160,7 @@ class Monitor:
         except Exception as exc:
             self.notes.append(f"playbooks could not be loaded: {exc}")
         self.warned: set[str] = set()
+        self.cgroup_paths: tuple[str | None, str | None] | None = None
 
     # ------------------------------------------------------------------ loop
 
@@ -308,7 +309,9 @@ class Monitor:
             t.history.append(s)
             samples.append(s)
         try:
-            self.last_system = read_system(self.main_pid)
+            if self.cgroup_paths is None:  # a process's cgroup rarely changes: read it once
+                self.cgroup_paths = cgroup_paths(self.main_pid)
+            self.last_system = read_system(self.main_pid, self.cgroup_paths)
             self.first_system = self.first_system or self.last_system
         except Exception as exc:
             self._warn_once("system_probe_failed", str(exc))
@@ -356,9 +359,13 @@ class Monitor:
             from dlwatch.detect import thresholds
         except ImportError:
             return
+        floor = min(self.fd_thresholds.get("fd_share", 0.9), self.fd_thresholds.get("trend_min_share", 0.25))
         for t in self.procs.values():
             if t.gone or len(t.history) < 2:
                 continue
+            last = t.history[-1]
+            if last.num_fds is not None and last.fd_limit and last.num_fds < floor * last.fd_limit:
+                continue  # below both of fd_pressure's bars: it would say None; skip the fit
             recent = list(itertools.islice(t.history, max(0, len(t.history) - FD_TREND_WINDOW), None))
             evidence = thresholds.fd_pressure(recent, **self.fd_thresholds)
             if evidence:

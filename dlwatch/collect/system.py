@@ -31,7 +31,7 @@ def _int(text: str | None) -> int | None:
     return None
 
 
-def _cgroup_paths(pid: int) -> tuple[str | None, str | None]:
+def cgroup_paths(pid: int) -> tuple[str | None, str | None]:
     """(v1 memory cgroup path, v2 cgroup path) of ``pid`` from /proc/<pid>/cgroup."""
     v1 = v2 = None
     for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
@@ -45,9 +45,13 @@ def _cgroup_paths(pid: int) -> tuple[str | None, str | None]:
     return v1, v2
 
 
-def cgroup_memory(pid: int) -> tuple[int | None, int | None, int | None]:
-    """(limit, usage, oom_kill count) for the memory cgroup of ``pid``; None where unreadable."""
-    v1, v2 = _cgroup_paths(pid)
+def cgroup_memory(pid: int, paths: tuple[str | None, str | None] | None = None
+                  ) -> tuple[int | None, int | None, int | None]:
+    """(limit, usage, oom_kill count) for the memory cgroup of ``pid``; None where unreadable.
+
+    ``paths`` (from ``cgroup_paths``) may be passed to skip re-reading /proc/<pid>/cgroup.
+    """
+    v1, v2 = paths if paths is not None else cgroup_paths(pid)
     if v1 is not None:
         for base in (os.path.join(_V1, v1.lstrip("/")), _V1):
             limit = _read(os.path.join(base, "memory.limit_in_bytes"))
@@ -92,10 +96,10 @@ def torch_shm_files(path: str = SHM_DIR, cap: int = 100_000) -> int | None:
         return None
 
 
-def read_system(pid: int) -> SystemSample:
+def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = None) -> SystemSample:
     mem = parse_kv_kib(_read("/proc/meminfo") or "", ("MemAvailable", "Mlocked"))
     total, free = shm_usage()
-    limit, usage, ooms = cgroup_memory(pid)
+    limit, usage, ooms = cgroup_memory(pid, cgroup_paths)
     return SystemSample(ts=time.time(), mem_available=mem.get("MemAvailable"), mlocked=mem.get("Mlocked"),
                         shm_total=total, shm_free=free, shm_torch_files=torch_shm_files(),
                         cgroup_memory_limit=limit, cgroup_memory_usage=usage, cgroup_oom_kills=ooms)
