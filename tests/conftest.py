@@ -32,6 +32,33 @@ def kill_tree(pid: int, timeout: float = 5.0) -> None:
     psutil.wait_procs(procs, timeout=timeout)
 
 
+def kill_session(pid: int, known: set[int], timeout: float = 5.0) -> list[int]:
+    """SIGKILL a target's process group and every pid seen under it; return those still alive.
+
+    Targets run in their own session, so the group takes workers and monitor at once; the
+    known pids catch any that left the group.  psutil.wait_procs backs off to ~1 s polls for
+    non-children, so this polls briefly itself.
+    """
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in known | {pid}:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def alive(p: int) -> bool:
+        try:
+            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    wait_for(lambda: not any(alive(p) for p in known), timeout=timeout, interval=0.01)
+    return [p for p in known if alive(p)]
+
+
 def descendants_of(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -92,16 +119,7 @@ class Target:
 
     def cleanup(self) -> None:
         self.remember()
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        kill_tree(self.pid)
-        for pid in self.known:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_session(self.pid, self.known)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -38,6 +38,8 @@ from dlwatch.detect.classify import ProcessObservation, classify_stall, syscall_
 from dlwatch.errors import PTRACE_HELP
 from dlwatch.model import Frame, ProcSample
 
+from conftest import kill_session  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = os.path.join(HERE, "stack_targets")
 PY_SPY = find_py_spy()
@@ -88,22 +90,11 @@ class Started:
 
     def cleanup(self) -> None:
         self.remember()
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in self.known:
-            try:
-                os.kill(pid, signal.SIGKILL)  # also those that left the group
-            except (ProcessLookupError, PermissionError):
-                pass
+        leftover = kill_session(self.pid, self.known)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        # psutil.wait_procs backs off to ~1 s polls for non-children; poll briefly instead
-        wait_until(lambda: not any(alive(pid) for pid in self.known), timeout=5, interval=0.01)
-        leftover = [pid for pid in self.known if alive(pid)]
         assert not leftover, f"processes left behind: {leftover}"
         os.close(self.read_fd)
         self.proc.stderr.close()
