@@ -199,8 +199,13 @@ def terminal_lines(r: Mapping[str, Any]) -> Iterator[str]:
     if exc:
         first = (str(exc.get("message") or "").splitlines() or [""])[-1]
         yield f"  exception: {exc.get('type')}: {first[:200]}"
-    for f in r.get("findings") or ():
+    for i, f in enumerate(r.get("findings") or ()):
         yield f"  finding: {f.get('playbook')} ({_fmt(f.get('confidence'))}) {f.get('title')}"
+        if i == 0:  # the evidence of the most likely finding, briefly; report.md has all of it
+            shown = [(k, v) for k, v in (f.get("evidence") or {}).items() if k not in _PLUMBING_KEYS][:6]
+            for k, v in shown:
+                text = str(v)
+                yield f"    {k}: {text[:117] + '...' if len(text) > 120 else text}"
         rem = str(f.get("remediation") or "").strip().splitlines()
         if rem:
             yield f"    -> {rem[0]}"
@@ -214,6 +219,9 @@ def terminal_lines(r: Mapping[str, Any]) -> Iterator[str]:
             yield "  " + line
     for n in r.get("notes") or ():
         yield f"  note: {n}"
+
+
+_PLUMBING_KEYS = {"matched", "ts", "pid", "signal", "event"}
 
 
 def render_terminal(report: Mapping[str, Any], file: TextIO) -> None:
