@@ -39,7 +39,8 @@ def test_list_newest_first_and_show(tmp_path, capsys):
     assert main(["report", "--json", new]) == 0
     assert json.loads(capsys.readouterr().out)["findings"][0]["playbook"] == "fd-exhaustion"
     assert main(["report", "--dir", str(tmp_path), os.path.basename(new)]) == 0
-    assert "fd-exhaustion" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "fd-exhaustion" in shown and "num_fds: 1021" in shown  # the evidence, not only the title
 
 
 def test_default_dir_from_env(tmp_path, monkeypatch, capsys):
