@@ -36,6 +36,7 @@ from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
 log = get_logger("dlwatch.agent")
 
 MONITOR_STOP_TIMEOUT_S = 10.0
+FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared
 
 
 class DlwatchWarning(RuntimeWarning):
@@ -124,8 +125,10 @@ def _watched_class(cls: type) -> type:
     sub = _WATCHED_CLASSES.get(cls)
     if sub is None:
         def __iter__(self: Any) -> Iterator[Any]:
-            it = cls.__iter__(self)
             w = self.__dict__.get("_dlwatch_watch")
+            if w is not None:
+                w._before_iter()
+            it = cls.__iter__(self)
             return it if w is None else w._instrument(it)
 
         sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
@@ -168,6 +171,7 @@ class Watch:
         self._worker_pids: tuple[int, ...] = ()
         self._shape_reported = False
         self._batch_bytes_sent = False
+        self._generations = 0  # sets of worker processes seen (a new one per epoch unless persistent)
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
 
@@ -400,6 +404,10 @@ class Watch:
             return iter(loader)  # the loader's own (instrumented) __iter__
         return self._instrument(iter(loader))
 
+    def _before_iter(self) -> None:
+        if self._hook is not None and self._generations >= FINGERPRINT_GENERATIONS:
+            self._hook.fingerprint = False
+
     def _note_workers(self, it: Any) -> None:
         workers = getattr(it, "_workers", None)
         if not workers:
@@ -407,6 +415,7 @@ class Watch:
         pids = tuple(w.pid for w in workers if getattr(w, "pid", None))
         if pids and pids != self._worker_pids and self._events_path:
             self._worker_pids = pids
+            self._generations += 1
             events.emit(self._events_path, "loader_workers", pids=list(pids))
 
     def _instrument(self, it: Iterator[Any]) -> Iterator[Any]:

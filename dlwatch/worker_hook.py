@@ -37,12 +37,17 @@ class WorkerHook:
         self.start_method = start_method
         self.monitor_pid = monitor_pid
         self.rng_depth = rng_depth
+        # RNG states are compared across the workers of one generation; two generations are
+        # enough to see a duplicate, and after that the ~1 ms per worker start is saved
+        # (set in the parent before each new iterator forks or pickles its workers).
+        self.fingerprint = True
 
     def __call__(self, worker_id: int) -> None:
         self._register(worker_id)
         if self.user_fn is not None:
             self.user_fn(worker_id)
-        self._fingerprint(worker_id)
+        if self.fingerprint:
+            self._fingerprint(worker_id)
 
     def _register(self, worker_id: int) -> None:
         try:

@@ -256,3 +256,16 @@ def test_disable_switch_and_options(tmp_path, monkeypatch, no_leftovers):
     monkeypatch.setenv("DLWATCH_STALL_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="DLWATCH_STALL_TIMEOUT"):
         dlwatch.watch(dl)
+
+
+def test_rng_fingerprints_only_for_the_first_worker_generations(tmp_path, no_leftovers):
+    dl = DataLoader(Squares(8), batch_size=4, num_workers=2)
+    with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as batches:
+        for _ in range(4):  # four epochs, four generations of workers
+            batches_of(batches)
+        events = [json.loads(line) for line in open(os.path.join(batches.run_dir, "events.jsonl"))]
+    registered = [e for e in events if e["event"] == "worker_registered"]
+    fingerprinted = [e for e in events if e["event"] == "rng_fingerprint"]
+    assert len(registered) == 8  # every worker still registers
+    assert len(fingerprinted) == 4  # two generations of two workers: enough to compare
+    assert dl.worker_init_fn is None
