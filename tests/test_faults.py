@@ -50,7 +50,7 @@ def test_exception_after_monitor_died_is_still_reported(tmp_path, no_leftovers):
                 os.kill(batches.monitor_pid, signal.SIGKILL)
                 wait_for(lambda: batches._monitor.poll() is not None, 5)
                 for _ in batches:
-                    1 / 0
+                    _ = 1 / 0
     report = load(incidents(str(tmp_path))[0])
     assert report["exception"]["type"] == "builtins.ZeroDivisionError"
     assert any("monitor process was not running" in n for n in report["notes"])

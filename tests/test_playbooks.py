@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 import textwrap
@@ -160,7 +162,7 @@ def test_duplicate_id_in_one_dir(tmp_path: Path) -> None:
 
 def test_playbook_is_frozen_and_read_only() -> None:
     pb = parse_playbook(MINIMAL + "\n[thresholds]\nx = 1\n", "mem.toml")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         pb.id = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
         pb.thresholds["x"] = 2  # type: ignore[index]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dlwatch.redact import MASK, is_secret_name, redact, redact_argv, redact_obj
+from dlwatch.redact import is_secret_name, redact, redact_argv, redact_obj
 
 # Fake but well-shaped secrets (built by concatenation so no scanner flags this file).
 AWS_ID = "AKIA" + "IOSFODNN7EXAMPLE"

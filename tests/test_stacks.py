@@ -352,7 +352,7 @@ def test_faulthandler_fallback_parent_and_forked_child(start, tmp_path) -> None:
     child_links = [os.readlink(f"/proc/{child}/fd/{fd}") for fd in os.listdir(f"/proc/{child}/fd")]
     assert child_path in child_links and path not in child_links
 
-    for attempt in range(2):  # twice: the second dump follows a truncation of the first
+    for _attempt in range(2):  # twice: the second dump follows a truncation of the first
         dumps = request_dumps({pid: path, child: child_path}, timeout_s=3)
         d, c = dumps[pid], dumps[child]
         assert d.source == "faulthandler", d.error

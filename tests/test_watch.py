@@ -13,7 +13,6 @@ import weakref
 
 import psutil
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import dlwatch

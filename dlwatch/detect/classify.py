@@ -472,7 +472,6 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
     running = [w for w in live if w.status == "running"]
     blocked = [w for w in live if w.status == "blocked"]
     hard = [w for w in blocked if w.waiting_in not in _TRANSIENT_WAITS]
-    idle = [w for w in live if w.status == "idle"]
     waits = "waits for data" if waiting else "state unknown"
     if waiting and how != "heartbeat":
         waits += f" (from its {how})"

@@ -188,7 +188,7 @@ class _Context:
                     continue
         out = []
         t = self.fd_thresholds
-        for pid, hist in histories.items():
+        for hist in histories.values():
             hist.sort(key=lambda s: s.ts)
             ev = th.fd_pressure(hist, fd_share=t.get("fd_share", th.FD_SHARE),
                                 horizon_s=t.get("horizon_s", th.FD_HORIZON_S),
