@@ -316,7 +316,8 @@ class Watch:
             self._loader = None
             return False
         try:
-            if exc is not None and not isinstance(exc, GeneratorExit):
+            clean_exit = isinstance(exc, GeneratorExit) or (isinstance(exc, SystemExit) and exc.code in (0, None))
+            if exc is not None and not clean_exit:
                 self._record_exception(exc)
         except Exception:
             pass

@@ -268,3 +268,17 @@ def test_rng_fingerprints_only_for_the_first_worker_generations(tmp_path, no_lef
     assert len(registered) == 8  # every worker still registers
     assert len(fingerprinted) == 4  # two generations of two workers: enough to compare
     assert dl.worker_init_fn is None
+
+
+def test_sys_exit_zero_is_not_an_incident(tmp_path, no_leftovers):
+    dl = DataLoader(Squares(8), batch_size=4)
+    with pytest.raises(SystemExit):
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as batches:
+            for _ in batches:
+                sys.exit(0)  # a script that ends itself from the loop is not a failure
+    with pytest.raises(SystemExit):
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as batches:
+            for _ in batches:
+                sys.exit(3)
+    found = incidents(str(tmp_path))
+    assert len(found) == 1 and load(found[0])["exception"]["type"] == "builtins.SystemExit"
