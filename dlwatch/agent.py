@@ -373,6 +373,12 @@ class Watch:
         if self._hb is not None:
             self._hb.close()
             self._hb = None
+        try:  # the process is as it was before the block: no handler left on the dump signal
+            from dlwatch.collect import faultdump
+
+            faultdump.uninstall()
+        except Exception:
+            pass
         self._active = False
         if self.run_dir and os.path.isdir(self.run_dir):
             shutil.rmtree(self.run_dir, ignore_errors=True)

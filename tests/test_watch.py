@@ -282,3 +282,16 @@ def test_sys_exit_zero_is_not_an_incident(tmp_path, no_leftovers):
                 sys.exit(3)
     found = incidents(str(tmp_path))
     assert len(found) == 1 and load(found[0])["exception"]["type"] == "builtins.SystemExit"
+
+
+def test_block_leaves_no_dump_handler_behind(tmp_path, no_leftovers):
+    from dlwatch.collect import faultdump
+
+    with dlwatch.watch([1, 2], report_dir=tmp_path, poll_interval=0.1) as items:
+        assert faultdump.is_handler_installed(os.getpid())
+        list(items)
+    assert not faultdump.is_handler_installed(os.getpid())
+    from dlwatch.collect.procfs import fd_summary
+
+    summary = fd_summary(os.getpid(), top=1000)
+    assert not [path for path, _ in summary.top_files if str(tmp_path) in path]

@@ -104,6 +104,20 @@ def install(dump_dir: str) -> str | None:
         return None
 
 
+def uninstall() -> None:
+    """Undo ``install`` in this process (the watch block ended); never raises."""
+    global _installed
+    try:
+        import faulthandler
+
+        if _installed is not None and _installed[0] == os.getpid():
+            faulthandler.unregister(DUMP_SIGNAL)
+            os.close(_installed[1])
+            _installed = None
+    except Exception:
+        pass
+
+
 # --------------------------------------------------------------------------- parsing
 
 _HEADER = re.compile(
