@@ -22,6 +22,7 @@ MAGIC = b"DLWHB001"
 # Times are time.monotonic(): CLOCK_MONOTONIC is system-wide, so comparable across processes.
 _REC = struct.Struct("<8sB7xQQQQI4xdddddQ")
 STATE_OFFSET = 8
+
 SIZE = _REC.size
 
 STATE_OUTSIDE = 0  # not iterating (before the first batch, between epochs, after the block)
@@ -95,9 +96,10 @@ class HeartbeatWriter:
         self._mm[STATE_OFFSET] = state
 
     def close(self, state: int = STATE_ENDED) -> None:
+        # The mapping itself is not closed: an epoch iterator the user still holds after the
+        # block may write to it, and must not fail for it.  It goes with its last reference.
         try:
             self.write(state)
-            self._mm.close()
         except (ValueError, OSError):
             pass
         try:

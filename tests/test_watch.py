@@ -295,3 +295,12 @@ def test_block_leaves_no_dump_handler_behind(tmp_path, no_leftovers):
 
     summary = fd_summary(os.getpid(), top=1000)
     assert not [path for path, _ in summary.top_files if str(tmp_path) in path]
+
+
+def test_an_iterator_kept_past_the_block_still_works(tmp_path, no_leftovers):
+    dl = DataLoader(Squares(12), batch_size=4, num_workers=0)
+    with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1):
+        it = iter(dl)
+        first = next(it)
+    rest = list(it)  # the user's own business after the block: dlwatch must not break it
+    assert [first[1].tolist()] + [b[1].tolist() for b in rest] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
