@@ -43,7 +43,7 @@ QUEUE_GET = [
 ]
 WORKER_IDLE = QUEUE_GET + [py("_worker_loop", WORKER, 334)]
 WORKER_LOCKED = [
-    py("LockedDataset.__getitem__", "/work/train/data.py", 21),
+    py("LockedDataset.__getitem__", "/home/user/train/data.py", 21),
     py("_MapDatasetFetcher.fetch.<locals>.<listcomp>", FETCH, 54),
     py("_MapDatasetFetcher.fetch", FETCH, 54),
     py("_worker_loop", WORKER, 374),
@@ -58,18 +58,18 @@ MAIN_WAITING = QUEUE_GET + [
     py("_MultiProcessingDataLoaderIter._get_data", DL, 1464),
     py("_MultiProcessingDataLoaderIter._next_data", DL, 1505),
     py("_BaseDataLoaderIter.__next__", DL, 725),
-    py("<module>", "/work/train/train.py", 18),
+    py("<module>", "/home/user/train/train.py", 18),
 ]
 MAIN_IN_BODY = [
-    py("train_step", "/work/train/train.py", 40),
-    py("<module>", "/work/train/train.py", 50),
+    py("train_step", "/home/user/train/train.py", 40),
+    py("<module>", "/home/user/train/train.py", 50),
 ]
 MAIN_SINGLE_LOCKED = [  # num_workers=0: the dataset runs in the main process
-    py("LockedDataset.__getitem__", "/work/train/data.py", 21),
+    py("LockedDataset.__getitem__", "/home/user/train/data.py", 21),
     py("_MapDatasetFetcher.fetch", FETCH, 54),
     py("_SingleProcessDataLoaderIter._next_data", DL, 790),
     py("_BaseDataLoaderIter.__next__", DL, 725),
-    py("<module>", "/work/train/train.py", 18),
+    py("<module>", "/home/user/train/train.py", 18),
 ]
 
 

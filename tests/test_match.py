@@ -21,7 +21,7 @@ WORKER_EMFILE = textwrap.dedent("""\
     Original Traceback (most recent call last):
       File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 349, in _worker_loop
         data = fetcher.fetch(index)
-      File "/work/examples/fd_leak.py", line 21, in __getitem__
+      File "/home/user/examples/fd_leak.py", line 21, in __getitem__
         f = open(self.paths[i], "rb")
     OSError: [Errno 24] Too many open files: '/tmp/data/17.bin'
     """)
@@ -313,12 +313,12 @@ def deadlocked_worker(pid: int, wid: int, frames: list) -> dict[str, Any]:
 
 
 def test_fork_held_lock_deadlock(playbooks: tuple) -> None:
-    frames = [fr("__getitem__", "/work/examples/deadlock.py", 30),
+    frames = [fr("__getitem__", "/home/user/examples/deadlock.py", 30),
               fr("fetch", "/v/site-packages/torch/utils/data/_utils/fetch.py", 52),
               fr("_worker_loop", "/v/site-packages/torch/utils/data/_utils/worker.py", 349),
               fr("run", "/usr/lib/python3.11/multiprocessing/process.py", 108),
               fr("_launch", "/usr/lib/python3.11/multiprocessing/popen_fork.py", 71),
-              fr("<module>", "/work/examples/deadlock.py", 60)]
+              fr("<module>", "/home/user/examples/deadlock.py", 60)]
     main = proc(100, "main", frames=[fr("_try_get_data", "/v/site-packages/torch/utils/data/dataloader.py", 1251)],
                 waiting_in="poll", syscall=7)
     r = report(trigger="stall", classification="deadlock",
@@ -329,7 +329,7 @@ def test_fork_held_lock_deadlock(playbooks: tuple) -> None:
     ev = f[0].evidence
     w0 = ev["workers"][0]
     assert w0["pid"] == 101 and w0["waiting_in"] == "lock acquire" and w0["syscall"] == 202
-    assert w0["user_frame"] == "__getitem__ (/work/examples/deadlock.py:30)"
+    assert w0["user_frame"] == "__getitem__ (/home/user/examples/deadlock.py:30)"
     assert w0["frames"][-1].startswith("_worker_loop")  # the parent's frames are cut
     assert ev["main"]["frames"][0].startswith("_try_get_data")
     assert ev["points_at"][0]["hint"] == "lock held across fork"
@@ -341,7 +341,7 @@ def test_deadlock_pointing_at_opencv(playbooks: tuple) -> None:
     frames = [fr("futex_wait", "libc.so.6", native=True),
               fr("cv::parallel_for_", "/usr/lib/libopencv_core.so.4.5", native=True),
               fr("resize", "/v/site-packages/cv2/__init__.py"),
-              fr("__getitem__", "/work/ds.py", 12), fr("_worker_loop", "worker.py")]
+              fr("__getitem__", "/home/user/ds.py", 12), fr("_worker_loop", "worker.py")]
     r = report(trigger="stall", classification="deadlock",
                processes=[proc(100, "main"), proc(101, frames=frames, status="blocked")])
     f = match(r, playbooks)
