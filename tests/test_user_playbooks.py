@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import dlwatch
-from conftest import TARGETS, incidents, load
+from conftest import TARGETS, drop_traceback, incidents, load
 
 sys.path.insert(0, TARGETS)
 from datasets import FailsAt  # noqa: E402
@@ -45,10 +45,11 @@ def test_user_playbook_matches_a_real_worker_exception(tmp_path, monkeypatch, vi
     else:
         monkeypatch.setenv("DLWATCH_PLAYBOOKS", str(pb_dir))
     dl = DataLoader(FailsAt(5), batch_size=2, num_workers=2)
-    with pytest.raises(ValueError, match="bad sample 5"):
+    with pytest.raises(ValueError, match="bad sample 5") as info:
         with dlwatch.watch(dl, report_dir=tmp_path / "r", poll_interval=0.1, **kw):
             for _ in dl:
                 pass
+    drop_traceback(info)
     report = load(incidents(str(tmp_path / "r"))[0])
     top = report["findings"][0]
     assert top["playbook"] == "corrupt-sample"

@@ -103,8 +103,10 @@ def test_worker_exception_reaches_user_unchanged_and_is_recorded(tmp_path, no_le
                 for _ in dl:
                     pass
         except BaseException as exc:  # noqa: BLE001 - we compare exactly what escaped
-            # keep no traceback: it would keep the iterator and its workers alive
-            return type(exc), str(exc), exc.__cause__ is None and exc.__context__ is None
+            # keep no traceback: it would keep the iterator and its workers alive (see drop_traceback)
+            result = type(exc), str(exc), exc.__cause__ is None and exc.__context__ is None
+            exc.__traceback__ = None
+            return result
         raise AssertionError("no exception")
 
     bare, watched = run(False), run(True)
@@ -153,6 +155,7 @@ def test_worker_init_fn_runs_once_per_worker_and_errors_surface(tmp_path, no_lef
             else:
                 batches_of(loader)
         except BaseException as exc:  # noqa: BLE001
+            exc.__traceback__ = None  # free the iterator now (see conftest.drop_traceback)
             return type(exc), str(exc)
         raise AssertionError("the failing worker_init_fn raised nothing")
 
