@@ -52,24 +52,21 @@ def cgroup_memory(pid: int, paths: tuple[str | None, str | None] | None = None
     ``paths`` (from ``cgroup_paths``) may be passed to skip re-reading /proc/<pid>/cgroup.
     """
     v1, v2 = paths if paths is not None else cgroup_paths(pid)
+    candidates = []  # (directory, limit file, usage file, file with the oom_kill line)
     if v1 is not None:
         for base in (os.path.join(_V1, v1.lstrip("/")), _V1):
-            limit = _read(os.path.join(base, "memory.limit_in_bytes"))
-            if limit is not None:
-                oom = None
-                for line in (_read(os.path.join(base, "memory.oom_control")) or "").splitlines():
-                    if line.startswith("oom_kill "):
-                        oom = _int(line.split()[1])
-                return _int(limit), _int(_read(os.path.join(base, "memory.usage_in_bytes"))), oom
+            candidates.append((base, "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control"))
     if v2 is not None:
-        base = os.path.join(_V2, v2.lstrip("/"))
-        limit_text = _read(os.path.join(base, "memory.max"))
-        if limit_text is not None:
-            oom = None
-            for line in (_read(os.path.join(base, "memory.events")) or "").splitlines():
-                if line.startswith("oom_kill "):
-                    oom = _int(line.split()[1])
-            return _int(limit_text), _int(_read(os.path.join(base, "memory.current"))), oom
+        candidates.append((os.path.join(_V2, v2.lstrip("/")), "memory.max", "memory.current", "memory.events"))
+    for base, limit_file, usage_file, events_file in candidates:
+        limit = _read(os.path.join(base, limit_file))
+        if limit is None:
+            continue
+        oom = None
+        for line in (_read(os.path.join(base, events_file)) or "").splitlines():
+            if line.startswith("oom_kill "):
+                oom = _int(line.split()[1])
+        return _int(limit), _int(_read(os.path.join(base, usage_file))), oom
     return None, None, None
 
 
