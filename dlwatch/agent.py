@@ -27,13 +27,11 @@ from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
 from dlwatch._fs import make_private_dir, write_json
-from dlwatch._log import get_logger
 from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
 from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
 
-log = get_logger("dlwatch.agent")
 
 MONITOR_STOP_TIMEOUT_S = 10.0
 FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared

@@ -58,7 +58,6 @@ class Tracked:
     dump_path: str | None = None  # faulthandler file, when the process installed it
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
     gone: bool = False
-    first_seen: float = field(default_factory=time.time)
     fds_at_detail: int | None = None  # num_fds when the fd breakdown was last read
     last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
     detail_poll: int = -(10**9)

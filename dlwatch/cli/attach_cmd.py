@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dlwatch import forensics, heartbeat
@@ -53,7 +53,6 @@ class _Proc:
     dump_path: str | None = None
     start_method: str | None = None
     gone: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _is_python(pid: int) -> bool:

@@ -6,7 +6,6 @@ the shorter view of ``dlwatch report ID``; ``list_lines`` the incident table.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
 
@@ -236,7 +235,3 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
     yield f"{'ID':<44} {'CREATED':<25} {'TRIGGER':<9} TOP FINDING"
     for s in summaries:
         yield f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}"
-
-
-def iso_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
 from dlwatch._fs import make_private_dir, write_json, write_jsonl, write_private
@@ -185,11 +185,3 @@ def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
         return "show", candidate
     raise NotFoundError(f"no incident or report directory named {target!r} (looked in {default_dir})",
                         help="run `dlwatch report` to list incident ids")
-
-
-def run_dirs(report_dir: str) -> Sequence[str]:
-    base = os.path.join(report_dir, RUNS_DIR)
-    try:
-        return [os.path.join(base, n) for n in os.listdir(base)]
-    except OSError:
-        return []
