@@ -32,6 +32,14 @@ def kill_tree(pid: int, timeout: float = 5.0) -> None:
     psutil.wait_procs(procs, timeout=timeout)
 
 
+def alive(pid: int) -> bool:
+    """Exists and is not a zombie (an orphaned zombie is reaped by pid 1 soon)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def kill_session(pid: int, known: set[int], timeout: float = 5.0) -> list[int]:
     """SIGKILL a target's process group and every pid seen under it; return those still alive.
 
@@ -48,12 +56,6 @@ def kill_session(pid: int, known: set[int], timeout: float = 5.0) -> list[int]:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-    def alive(p: int) -> bool:
-        try:
-            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
 
     wait_for(lambda: not any(alive(p) for p in known), timeout=timeout, interval=0.01)
     return [p for p in known if alive(p)]

@@ -38,7 +38,7 @@ from dlwatch.detect.classify import ProcessObservation, classify_stall, syscall_
 from dlwatch.errors import PTRACE_HELP
 from dlwatch.model import Frame, ProcSample
 
-from conftest import kill_session  # noqa: E402
+from conftest import alive, kill_session, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = os.path.join(HERE, "stack_targets")
@@ -131,23 +131,6 @@ def read_sample(pid: int) -> ProcSample:
         return ProcSample(pid=pid, ts=time.time(), gone=True)
 
 
-def alive(pid: int) -> bool:
-    """Exists and is not a zombie (an orphaned zombie is reaped by pid 1 soon)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
-
 def funcs(thread) -> list[str]:
     return [f.function for f in thread.frames]
 
@@ -166,7 +149,7 @@ def test_fork_held_lock_loader_stacks_and_verdict(start) -> None:
     def syscall(pid: int) -> int | None:
         return read_sample(pid).syscall
 
-    assert wait_until(lambda: all(syscall(w) == 202 for w in workers), timeout=15), \
+    assert wait_for(lambda: all(syscall(w) == 202 for w in workers), timeout=15), \
         "workers never blocked in futex"
     # /proc first: a ptrace attach turns the main's sleeping poll into restart_syscall
     before = {pid: read_sample(pid) for pid in [main, *workers]}
@@ -232,7 +215,7 @@ def test_dead_pid_and_non_python_give_one_line_errors(start) -> None:
 def test_zombie_gives_one_line_error() -> None:
     child = subprocess.Popen(["true"])
     try:
-        assert wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout=5)
+        assert wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout=5)
         d = dump_stacks([child.pid], py_spy=PY_SPY or "/bin/false")[child.pid]
         assert d.source == "none" and "zombie" in d.error
     finally:
@@ -288,7 +271,7 @@ def test_hanging_py_spy_is_killed_with_its_group(tmp_path) -> None:
     assert d.source == "none" and "timed out" in d.error and "\n" not in d.error
     pids = [int(p) for p in marker.read_text().split()] if marker.exists() else []
     assert pids
-    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=3, interval=0.01)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), timeout=3, interval=0.01)
     # our own state must not have been touched (we were never stopped)
     assert psutil.Process().status() != psutil.STATUS_STOPPED
 
@@ -325,9 +308,9 @@ def test_stopped_target_falls_back_to_nonblocking(start) -> None:
     target = start(sys.executable, os.path.join(TARGETS, "sleeper.py"), "{fifo}")
     target.wait_ready(timeout=15)
     # "ready" is written just before sleep_here(): stop it only once it sleeps there
-    assert wait_until(lambda: syscall_category(read_sample(target.pid).syscall) == "sleep", timeout=10)
+    assert wait_for(lambda: syscall_category(read_sample(target.pid).syscall) == "sleep", timeout=10)
     os.kill(target.pid, signal.SIGSTOP)
-    assert wait_until(lambda: psutil.Process(target.pid).status() == psutil.STATUS_STOPPED, timeout=5)
+    assert wait_for(lambda: psutil.Process(target.pid).status() == psutil.STATUS_STOPPED, timeout=5)
     d = dump_stacks([target.pid], native=True, timeout_s=5)[target.pid]
     assert d.source == "py-spy-nonblocking", d.error
     assert "--native dump failed" in d.error and "\n" not in d.error
