@@ -139,16 +139,24 @@ class Watch:
     """Context manager returned by :func:`watch`; iterate it (once per epoch) or the loader itself."""
 
     def __init__(self, loader: Any, *, report_dir: Any = None, poll_interval: Any = None,
-                 stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None) -> None:
+                 stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None,
+                 body_timeout: Any = None, ignore: Any = None) -> None:
         if not hasattr(type(loader), "__iter__"):
             raise TypeError(f"dlwatch.watch: expected a DataLoader or another iterable, got {type(loader).__name__}")
         self.options = config.resolve(report_dir=report_dir, poll_interval=poll_interval,
-                                      stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks)
+                                      stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks,
+                                      body_timeout=body_timeout, ignore=ignore)
         self.thresholds: dict[str, float] = {}
+        self._ignored = frozenset(self.options.ignored_playbooks)
         if self.options.enabled:
             from dlwatch.playbooks import load_playbooks
 
-            for pb in load_playbooks(self.options.playbooks):  # a malformed file: PlaybookError now
+            loaded = load_playbooks(self.options.playbooks)  # a malformed file: PlaybookError now
+            unknown = sorted(self._ignored - {pb.id for pb in loaded})
+            if unknown:
+                raise ValueError(f"dlwatch.watch: ignore names no known playbook: {', '.join(unknown)} "
+                                 f"(see `dlwatch playbooks` for the ids)")
+            for pb in loaded:
                 if pb.id == "batch-dim-mismatch":
                     self.thresholds["check_first"] = pb.threshold("check_first", 8)
                     self.thresholds["sample_every"] = pb.threshold("sample_every", 64)
@@ -259,6 +267,7 @@ class Watch:
         self._hook = WorkerHook(loader.worker_init_fn, self._events_path or "", self.run_dir or "",
                                 _start_method(loader), self._monitor.pid if self._monitor else None,
                                 rng_depth=int(self.thresholds.get("attribute_depth", 2)))
+        self._hook.fingerprint = "rng-duplication" not in self._ignored
         loader.worker_init_fn = self._hook
         try:
             from dlwatch.shapes import BatchShapeProbe
@@ -267,7 +276,7 @@ class Watch:
                 samples = len(loader.sampler)
             except Exception:
                 samples = None
-            if loader.batch_size is not None:
+            if loader.batch_size is not None and "batch-dim-mismatch" not in self._ignored:
                 self._shape_probe = BatchShapeProbe(
                     loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",
                     check_first=int(self.thresholds.get("check_first", 8)),
@@ -542,7 +551,8 @@ _monotonic = time.monotonic
 
 
 def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any = None,
-          stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None) -> Watch:
+          stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None,
+          body_timeout: Any = None, ignore: Any = None) -> Watch:
     """Watch a DataLoader (or any iterable) for the duration of a ``with`` block.
 
     Both forms yield the very same batches as the bare loader::
@@ -563,6 +573,11 @@ def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any =
       300 s for the first batch of an epoch)
     - ``enabled``: False makes watch a no-op (DLWATCH_ENABLED)
     - ``playbooks``: extra playbook directories (DLWATCH_PLAYBOOKS, os.pathsep-separated)
+    - ``body_timeout``: seconds the loop body may run between two batches before it counts
+      as a stall (DLWATCH_BODY_TIMEOUT, default adaptive: see the README)
+    - ``ignore``: playbook ids to silence for this run, and ``"batch-dim-mismatch:KEY"`` to
+      leave one key of the batch out of the shape check (DLWATCH_IGNORE, comma-separated)
     """
     return Watch(loader, report_dir=report_dir, poll_interval=poll_interval,
-                 stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks)
+                 stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks,
+                 body_timeout=body_timeout, ignore=ignore)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -18,9 +19,13 @@ ENV = {
     "report_dir": "DLWATCH_DIR",
     "poll_interval": "DLWATCH_POLL_INTERVAL",
     "stall_timeout": "DLWATCH_STALL_TIMEOUT",
+    "body_timeout": "DLWATCH_BODY_TIMEOUT",
     "enabled": "DLWATCH_ENABLED",
     "playbooks": "DLWATCH_PLAYBOOKS",
+    "ignore": "DLWATCH_IGNORE",
 }
+# a playbook id, or "batch-dim-mismatch:KEY" to leave one key of the batch out of the shape check
+_IGNORE_ITEM = re.compile(r"[a-z0-9][a-z0-9-]*(:[^\x00-\x1f]+)?")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -32,11 +37,23 @@ class Options:
     stall_timeout: float | None  # None: adaptive (see detect/stall.py)
     enabled: bool
     playbooks: tuple[str, ...]  # extra playbook directories
+    body_timeout: float | None = None  # None: adaptive (see detect/stall.py)
+    ignore: tuple[str, ...] = ()  # playbook ids, and "batch-dim-mismatch:KEY" entries
+
+    @property
+    def ignored_playbooks(self) -> tuple[str, ...]:
+        return tuple(i for i in self.ignore if ":" not in i)
+
+    @property
+    def ignored_batch_keys(self) -> tuple[str, ...]:
+        prefix = "batch-dim-mismatch:"
+        return tuple(i[len(prefix):] for i in self.ignore if i.startswith(prefix))
 
     def to_dict(self) -> dict[str, Any]:
         return {"report_dir": self.report_dir, "poll_interval": self.poll_interval,
-                "stall_timeout": self.stall_timeout, "enabled": self.enabled,
-                "playbooks": list(self.playbooks)}
+                "stall_timeout": self.stall_timeout, "body_timeout": self.body_timeout,
+                "enabled": self.enabled, "playbooks": list(self.playbooks),
+                "ignore": list(self.ignored_playbooks), "ignore_batch_keys": list(self.ignored_batch_keys)}
 
 
 def _seconds(name: str, value: Any, *, source: str, minimum: float) -> float:
@@ -59,8 +76,28 @@ def _flag(name: str, value: Any, *, source: str) -> bool:
     raise TypeError(f"dlwatch.watch: {name} must be True or False, got {value!r} ({source})")
 
 
+def _ignore_list(value: Any, *, source: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items = [i.strip() for i in re.split(r"[,\s]+", value) if i.strip()]
+    elif isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(i, str) for i in value):
+        items = [i.strip() for i in value]
+    else:
+        raise TypeError(f"dlwatch.watch: ignore must be a list of playbook ids, e.g. "
+                        f"['batch-dim-mismatch'] ({source})")
+    for item in items:
+        if not _IGNORE_ITEM.fullmatch(item):
+            raise ValueError(f"dlwatch.watch: ignore entry {item!r} is not a playbook id (e.g. 'rng-duplication') "
+                             f"or 'batch-dim-mismatch:KEY' ({source})")
+        if ":" in item and not item.startswith("batch-dim-mismatch:"):
+            raise ValueError(f"dlwatch.watch: ignore entry {item!r}: only batch-dim-mismatch takes a key "
+                             f"('batch-dim-mismatch:KEY') ({source})")
+    return tuple(dict.fromkeys(items))
+
+
 def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: Any = None,
-            enabled: Any = None, playbooks: Any = None,
+            enabled: Any = None, playbooks: Any = None, body_timeout: Any = None, ignore: Any = None,
             environ: Mapping[str, str] | None = None) -> Options:
     """Validate every option before anything starts; raise ValueError/TypeError naming it."""
     env = os.environ if environ is None else environ
@@ -88,6 +125,12 @@ def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: An
     value, src = pick("stall_timeout", stall_timeout)
     stall = None if value is None else _seconds("stall_timeout", value, source=src, minimum=0.1)
 
+    value, src = pick("body_timeout", body_timeout)
+    body = None if value is None else _seconds("body_timeout", value, source=src, minimum=0.1)
+
+    value, src = pick("ignore", ignore)
+    ignored = _ignore_list(value, source=src)
+
     value, src = pick("enabled", enabled)
     on = True if value is None else _flag("enabled", value, source=src)
     if env.get("DLWATCH_DISABLE", "").strip().lower() in _TRUE:
@@ -106,4 +149,5 @@ def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: An
     for d in dirs:
         if not os.path.isdir(d):
             raise ValueError(f"dlwatch.watch: playbook directory {d!r} does not exist ({src}); create it or drop the option")
-    return Options(report_dir=rdir, poll_interval=interval, stall_timeout=stall, enabled=on, playbooks=dirs)
+    return Options(report_dir=rdir, poll_interval=interval, stall_timeout=stall, enabled=on, playbooks=dirs,
+                   body_timeout=body, ignore=ignored)

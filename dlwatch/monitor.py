@@ -12,7 +12,6 @@ never left behind.
 from __future__ import annotations
 
 import collections
-import itertools
 import dataclasses
 import json
 import os
@@ -30,6 +29,7 @@ from dlwatch._log import configure_own_process, get_logger
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
+from dlwatch.detect.base import Detector, View
 from dlwatch.detect.stall import StallDetector, StallEvent
 from dlwatch.events import EventReader
 from dlwatch.model import ProcSample, SystemSample
@@ -42,7 +42,6 @@ RING = build.TIMELINE_WINDOW
 TIMELINE_CAP_BYTES = 8 << 20  # then rotate to timeline.1.jsonl: at most twice this on disk
 FD_DETAIL_EVERY = 30  # polls between fd breakdowns when the count does not move (a readlink per fd)
 DISCOVER_EVERY = 5  # polls between scans for new child processes (workers also announce themselves)
-FD_TREND_WINDOW = 30  # samples the fd trend is fitted on
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
@@ -127,8 +126,6 @@ class Monitor:
         self.procs: dict[int, Tracked] = {self.main_pid: Tracked(self.main_pid, "main",
                                                                  dump_path=self.cfg.get("main_dump_path"))}
         self.loader_pids: set[int] = set()
-        # worker_id -> (pid, fingerprints) of the current generation of workers
-        self.rng: dict[int, tuple[int, dict[str, str]]] = {}
         self.stall = StallDetector(self.stall_timeout)
         self.gpu: GpuProbe | None = None
         self.notes: list[str] = []
@@ -144,20 +141,18 @@ class Monitor:
         self.last_gpus: tuple = ()
         self.own_pid = os.getpid()
         self.fired: set[str] = set()  # threshold signals already turned into an incident attempt
-        self.fd_thresholds: dict[str, float] = {}
-        self.shm_thresholds: dict[str, float] = {}
+        self.ignore: tuple[str, ...] = tuple(str(i) for i in opts.get("ignore") or () if isinstance(i, str))
+        self.playbooks: tuple[Any, ...] | None = None  # loaded once; None: reports load them
         try:
             from dlwatch.playbooks import load_playbooks
 
-            for pb in load_playbooks(self.playbook_dirs):
-                if pb.id == "fd-exhaustion":
-                    self.fd_thresholds = {k: pb.threshold(k, d) for k, d in (
-                        ("fd_share", 0.9), ("horizon_s", 60.0), ("min_rise", 4), ("min_window_s", 2.0),
-                        ("trend_min_share", 0.25))}
-                elif pb.id == "shm-exhaustion":
-                    self.shm_thresholds = {k: pb.threshold(k, d) for k, d in (("free_share", 0.1), ("need_factor", 1.0))}
+            self.playbooks = load_playbooks(self.playbook_dirs)
         except Exception as exc:
             self.notes.append(f"playbooks could not be loaded: {exc}")
+        from dlwatch import detect
+
+        self.detectors: list[Detector] = detect.build(
+            {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=self.ignore)
         self.warned: set[str] = set()
         self.cgroup_paths: tuple[str | None, str | None] | None = None
 
@@ -218,44 +213,37 @@ class Monitor:
                 self._note(ev)
             elif name == "loader_workers":
                 pids = {int(p) for p in ev.get("pids") or ()}
-                if pids != self.loader_pids:
-                    # a new generation of workers: keep only its fingerprints (which may have
-                    # arrived before this event: workers start before the iterator reports them)
-                    self.rng = {w: v for w, v in self.rng.items() if v[0] in pids}
                 self.loader_pids = pids
                 for pid in pids:
                     t = self.procs.get(pid) or Tracked(pid, "worker")
                     t.role = "worker"
                     self.procs[pid] = t
                 self._note(ev)
-            elif name == "rng_fingerprint":
-                if isinstance(ev.get("fingerprints"), dict) and ev.get("worker_id") is not None:
-                    self.rng[int(ev["worker_id"])] = (int(ev.get("pid") or 0), ev["fingerprints"])
-                    self._check_rng()
-            elif name == "batch_shape":
-                self._note(ev)
-                self._threshold_incident(ev)
             elif name == "batch_bytes":
                 if isinstance(self.loader, dict) and isinstance(ev.get("batch_bytes"), int):
                     self.loader["batch_bytes"] = ev["batch_bytes"]
+            self._run_detectors("on_event", ev)
 
     def _note(self, ev: dict[str, Any]) -> None:
         self.notable.append(ev)
         self.timeline.append({"kind": "event", **ev})
         self.ring.append({"kind": "event", **ev})
 
-    def _check_rng(self) -> None:
-        if len(self.rng) < 2:
-            return
-        try:
-            from dlwatch.rngcheck import duplicates
-        except ImportError:
-            return
-        dups = duplicates({w: fp for w, (_pid, fp) in self.rng.items()})
-        if dups and "rng-duplication" not in self.reported_playbooks:
-            ev = {"ts": time.time(), "event": "rng_duplicate", "duplicates": dups}
-            self._note(ev)
-            self._threshold_incident(ev)
+    def _view(self) -> View:
+        return View(now=time.time(), procs=self.procs, loader=self.loader,
+                    loader_pids=frozenset(self.loader_pids), system=self.last_system, heartbeat=self.last_hb)
+
+    def _run_detectors(self, method: str, *args: Any) -> None:
+        """Feed every detector; each signal it hands back becomes a threshold incident."""
+        view = self._view()
+        for det in self.detectors:
+            try:
+                signals = list(getattr(det, method)(*args, view))
+            except Exception as exc:  # one broken detector must not stop the others or the monitor
+                self._warn_once("detector_failed", f"{type(det).__name__}.{method}: {type(exc).__name__}: {exc}")
+                continue
+            for sig in signals:
+                self._threshold_incident(sig)
 
     # ------------------------------------------------------------------ sampling
 
@@ -354,30 +342,7 @@ class Monitor:
             else:
                 self._note({"ts": time.time(), "event": "progress_resumed", "stall_s": round(ev.stall_s, 3),
                             "batches": ev.batches})
-        try:
-            from dlwatch.detect import thresholds
-        except ImportError:
-            return
-        floor = min(self.fd_thresholds.get("fd_share", 0.9), self.fd_thresholds.get("trend_min_share", 0.25))
-        for t in self.procs.values():
-            if t.gone or len(t.history) < 2:
-                continue
-            last = t.history[-1]
-            if last.num_fds is not None and last.fd_limit and last.num_fds < floor * last.fd_limit:
-                continue  # below both of fd_pressure's bars: it would say None; skip the fit
-            recent = list(itertools.islice(t.history, max(0, len(t.history) - FD_TREND_WINDOW), None))
-            evidence = thresholds.fd_pressure(recent, **self.fd_thresholds)
-            if evidence:
-                if not evidence.get("fds") and t.last_fds is not None:
-                    evidence["fds"] = t.last_fds.to_dict()
-                self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "fd_pressure",
-                                          "pid": t.pid, "role": t.role, "worker_id": t.worker_id, **evidence})
-                break
-        if self.last_system is not None:
-            evidence = thresholds.shm_pressure(self.last_system, self.loader, **self.shm_thresholds)
-            if evidence:
-                self._threshold_incident({"ts": time.time(), "event": "threshold", "signal": "shm_pressure",
-                                          **evidence})
+        self._run_detectors("on_poll")
 
     def _threshold_incident(self, ev: dict[str, Any]) -> None:
         """A failure that raises nothing: one incident per run and playbook, as soon as it is seen."""
@@ -414,8 +379,11 @@ class Monitor:
         except Exception as exc:
             report["notes"].append(f"stack forensics failed: {type(exc).__name__}: {exc}")
         report["events"] = list(self.notable)
-        build.add_findings(report, self.playbook_dirs)
+        self._add_findings(report)
         self._write(report, extra)
+
+    def _add_findings(self, report: dict[str, Any]) -> None:
+        build.add_findings(report, self.playbook_dirs, playbooks=self.playbooks, ignore=self.ignore)
 
     def _expected_workers(self) -> int | None:
         n = (self.loader or {}).get("num_workers")
@@ -443,7 +411,7 @@ class Monitor:
         if self.timeline.failed:
             report["notes"].append(self.timeline.failed)
         if findings:
-            build.add_findings(report, self.playbook_dirs)
+            self._add_findings(report)
         return report
 
     def _progress(self, hb: hbmod.Heartbeat | None) -> dict[str, Any]:
@@ -520,7 +488,7 @@ class Monitor:
         if alive:
             report["notes"].append(f"worker processes still alive after the training process ended: {alive}")
         report["events"] = list(self.notable)
-        build.add_findings(report, self.playbook_dirs)
+        self._add_findings(report)
         self._write(report)
         self._close()
         # nobody else will: the training process is gone. What mattered is in the incident.

@@ -37,14 +37,26 @@ def summary_line(report: Mapping[str, Any]) -> str:
     return (report.get("summary") or "a threshold was crossed") + top
 
 
-def add_findings(report: dict[str, Any], playbook_dirs: Sequence[str] = ()) -> None:
-    """Match playbooks; a failure here becomes a note, never a lost report."""
+def add_findings(report: dict[str, Any], playbook_dirs: Sequence[str] = (), *,
+                 playbooks: Sequence[Any] | None = None, ignore: Iterable[str] = ()) -> None:
+    """Match playbooks (``playbooks`` when already loaded, else those of ``playbook_dirs``).
+
+    A playbook in ``ignore`` (the ``ignore`` option) makes no finding; the report says so.
+    A failure here becomes a note, never a lost report.
+    """
     try:
         from dlwatch.detect.match import match
         from dlwatch.playbooks import load_playbooks
 
-        findings = match(report, load_playbooks(tuple(playbook_dirs)))
+        if playbooks is None:
+            playbooks = load_playbooks(tuple(playbook_dirs))
+        skip = set(ignore)
+        findings = match(report, [pb for pb in playbooks if pb.id not in skip])
         report["findings"] = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings]
+        if skip:
+            note = f"playbooks ignored for this run (the ignore option): {', '.join(sorted(skip))}"
+            if note not in report["notes"]:
+                report["notes"].append(note)
     except ImportError:
         pass
     except Exception as exc:
@@ -99,7 +111,8 @@ def exception_report_from_run(run_dir: str, report_dir: str, exception: Mapping[
     report["timeline"] = read_timeline(run_dir)
     report["notes"].append("the monitor process was not running; this report was written by the training process "
                            "and holds no samples taken after the monitor stopped")
-    add_findings(report, (cfg.get("options") or {}).get("playbooks") or ())
+    opts = cfg.get("options") or {}
+    add_findings(report, opts.get("playbooks") or (), ignore=opts.get("ignore") or ())
     return write(report, report_dir)
 
 

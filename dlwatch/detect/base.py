@@ -1,0 +1,68 @@
+"""The detector interface: what the monitor's loop feeds, and what a detector hands back.
+
+A detector owns one failure.  It lives in one module of ``dlwatch/detect/`` next to its
+pure judgement functions, is configured by its playbook's ``[thresholds]`` (the file in
+``playbooks/`` with the same id), and is listed once in :data:`dlwatch.detect.DETECTORS`.
+The monitor never branches on a detector: each poll it calls ``on_poll`` of every
+detector, for each event from the training process and its workers ``on_event``, and
+turns every signal handed back into a ``threshold`` incident (one per run and playbook).
+
+A signal is a plain dict ``{"event": "threshold", "signal": NAME, ...evidence}`` (or
+``{"event": NAME, ...}``); the matcher (``dlwatch.detect.match``) finds it again by
+that name when it judges the report.  Detectors never read the system, never write,
+and never raise into the monitor (the monitor contains a failing detector).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol
+
+from dlwatch.heartbeat import Heartbeat
+from dlwatch.model import ProcSample, SystemSample
+
+__all__ = ["Detector", "TrackedView", "View"]
+
+
+class TrackedView(Protocol):
+    """One process as the monitor tracks it (read-only for detectors)."""
+
+    pid: int
+    role: str  # main, worker, other
+    worker_id: int | None
+    gone: bool
+    history: Any  # deque of ProcSample, oldest first
+    last_fds: Any  # the latest fd breakdown (FdSummary) or None
+
+    @property
+    def last(self) -> ProcSample | None: ...
+
+
+@dataclass(frozen=True)
+class View:
+    """What the monitor knows at one moment; the same object is handed to every detector."""
+
+    now: float  # wall clock (time.time())
+    procs: Mapping[int, TrackedView]
+    loader: Mapping[str, Any] | None  # the report's ``loader`` dict (with ``batch_bytes`` once known)
+    loader_pids: frozenset[int]  # the workers the watched iterator reported
+    system: SystemSample | None
+    heartbeat: Heartbeat | None
+
+
+class Detector:
+    """Base class: override ``on_event`` and/or ``on_poll``; both return signals (maybe none)."""
+
+    playbook: str = ""  # the playbook id whose thresholds configure this detector
+    defaults: Mapping[str, float] = {}  # threshold name -> default when the playbook has none
+
+    def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
+        t = dict(self.defaults)
+        t.update({k: v for k, v in (thresholds or {}).items() if k in self.defaults})
+        self.thresholds: dict[str, float] = t
+
+    def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
+        return ()
+
+    def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
+        return ()
