@@ -116,6 +116,35 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
 
 
 _WATCHED_CLASSES: dict[type, type] = {}
+# The watches whose blocks are running in this process, outermost first.  A watch nested in
+# another's loop body tells the outer monitor where its heartbeat is (its progress is the
+# outer loop's progress), and one exception escaping both blocks makes one incident.
+_ACTIVE: list["Watch"] = []
+_REPORTED: dict[int, BaseException] = {}  # exceptions already recorded by an inner watch (held while blocks run)
+
+
+def _with_binds_target(frame: Any) -> bool | None:
+    """Whether the ``with`` statement that is entering binds ``as NAME``; None if unknown.
+
+    Read from the caller's bytecode (CPython 3.11+): the instruction after BEFORE_WITH
+    stores the value (``as`` form) or pops it (no target).
+    """
+    try:
+        import dis
+
+        code, lasti = frame.f_code, frame.f_lasti
+        seen = False
+        for ins in dis.get_instructions(code):
+            if ins.offset == lasti:
+                seen = ins.opname in ("BEFORE_WITH", "SETUP_WITH")
+                continue
+            if seen and ins.offset > lasti:
+                if ins.opname in ("CACHE", "NOP", "EXTENDED_ARG"):
+                    continue
+                return ins.opname != "POP_TOP"
+        return None
+    except Exception:
+        return None
 
 
 def _watched_class(cls: type) -> type:
@@ -180,6 +209,8 @@ class Watch:
         self._generations = 0  # sets of worker processes seen (a new one per epoch unless persistent)
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
+        self._iterated = False  # the watch object itself was iterated (the `as` form)
+        self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
 
     @property
     def monitor_pid(self) -> int | None:
@@ -191,11 +222,33 @@ class Watch:
     def __enter__(self) -> "Watch":
         if not self.options.enabled:
             return self
+        outer = self._loader.__dict__.get("_dlwatch_watch") if hasattr(self._loader, "__dict__") else None
+        if isinstance(outer, Watch) and outer._active:
+            # the same loader watched twice (a library's watch inside the user's): the outer one
+            # keeps watching; this one does nothing, so nothing is instrumented twice
+            _warn("this loader is already watched by an enclosing dlwatch.watch block; "
+                  "the inner watch does nothing and the outer one keeps watching")
+            return self
         try:
             self._start()
         except Exception as exc:  # dlwatch failing must not stop training
             _warn(f"could not start monitoring ({type(exc).__name__}: {exc}); training continues unwatched")
             self._teardown(clean=False)
+            return self
+        if self._in_place_warning:
+            try:
+                binds = _with_binds_target(sys._getframe(1))
+            except Exception:
+                binds = None
+            if binds is False:
+                self._in_place_warning = False
+                _warn(f"a {type(self._loader).__name__} cannot be watched in place: iterate the watched "
+                      "object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)")
+        for w in _ACTIVE:
+            if w._events_path and w._active:
+                events.emit(w._events_path, "nested_watch", run_dir=self.run_dir,
+                            monitor_pid=self.monitor_pid)
+        _ACTIVE.append(self)
         return self
 
     def _make_run_dir(self) -> str:
@@ -249,6 +302,7 @@ class Watch:
             self._instrument_loader(loader)
         elif self._can_swap(loader):
             self._swap_class(loader)
+        self._in_place_warning = not self._swapped
         self._active = True
 
     def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
@@ -322,12 +376,21 @@ class Watch:
         if not self._active:
             self._loader = None
             return False
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if self._in_place_warning and not self._iterated:
+            _warn(f"nothing was watched: a {type(self._loader).__name__} cannot be watched in place; iterate "
+                  "the watched object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)")
         try:
             clean_exit = isinstance(exc, GeneratorExit) or (isinstance(exc, SystemExit) and exc.code in (0, None))
-            if exc is not None and not clean_exit:
+            if exc is not None and not clean_exit and id(exc) not in _REPORTED:
                 self._record_exception(exc)
+                if _ACTIVE:
+                    _REPORTED[id(exc)] = exc  # an enclosing watch sees the same exception: one incident
         except Exception:
             pass
+        if not _ACTIVE:
+            _REPORTED.clear()
         try:
             self._teardown(clean=True, exc=exc)
         except Exception as err:
@@ -414,6 +477,7 @@ class Watch:
         loader = self._loader
         if loader is None:
             raise RuntimeError("dlwatch.watch: iterate the watched object inside its `with` block")
+        self._iterated = True
         if not self._active or self._swapped:
             return iter(loader)  # the loader's own (instrumented) __iter__
         return self._instrument(iter(loader))

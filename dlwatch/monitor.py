@@ -30,7 +30,8 @@ from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
 from dlwatch.detect.base import Detector, View
-from dlwatch.detect.stall import StallDetector, StallEvent
+from dlwatch.detect.classify import syscall_category
+from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
 from dlwatch.model import ProcSample, SystemSample
 from dlwatch.report import build, store
@@ -115,6 +116,7 @@ class Monitor:
         opts = self.cfg.get("options") or {}
         self.poll_interval = float(opts.get("poll_interval") or 1.0)
         self.stall_timeout = opts.get("stall_timeout")
+        self.body_timeout = opts.get("body_timeout")
         self.playbook_dirs = tuple(opts.get("playbooks") or ())
         self.report_dir: str = self.cfg.get("report_dir") or opts.get("report_dir") or "./dlwatch-reports"
         self.loader = self.cfg.get("loader")
@@ -126,7 +128,11 @@ class Monitor:
         self.procs: dict[int, Tracked] = {self.main_pid: Tracked(self.main_pid, "main",
                                                                  dump_path=self.cfg.get("main_dump_path"))}
         self.loader_pids: set[int] = set()
-        self.stall = StallDetector(self.stall_timeout)
+        self.stall = StallDetector(self.stall_timeout, self.body_timeout)
+        self.stall_sites: set[tuple[Any, ...]] = set()  # one incident per stall site and run
+        # watches nested in this one's loop body (same training process): run dir -> last progress seen
+        self.nested: dict[str, tuple[int, int] | None] = {}
+        self.nested_monitors: set[int] = set()
         self.gpu: GpuProbe | None = None
         self.notes: list[str] = []
         self.exception: dict[str, Any] | None = None
@@ -219,6 +225,12 @@ class Monitor:
                     t.role = "worker"
                     self.procs[pid] = t
                 self._note(ev)
+            elif name == "nested_watch":
+                run_dir, mpid = ev.get("run_dir"), ev.get("monitor_pid")
+                if isinstance(run_dir, str) and os.path.isabs(run_dir) and len(self.nested) < MAX_OTHER:
+                    self.nested.setdefault(run_dir, None)
+                if isinstance(mpid, int):
+                    self.nested_monitors.add(mpid)
             elif name == "batch_bytes":
                 if isinstance(self.loader, dict) and isinstance(ev.get("batch_bytes"), int):
                     self.loader["batch_bytes"] = ev["batch_bytes"]
@@ -257,16 +269,36 @@ class Monitor:
             kids = procfs.descendants(self.main_pid)
         except Exception:
             kids = []
-        mine = set(procfs.descendants(self.own_pid)) | {self.own_pid}
+        mine = {self.own_pid, *procfs.descendants(self.own_pid)}
+        for m in self.nested_monitors:  # another watch's monitor (and its py-spy) is not part of the job
+            mine.update((m, *procfs.descendants(m)))
         others = sum(1 for t in self.procs.values() if t.role == "other" and not t.gone)
         for pid in kids:
             if pid in mine or pid in self.procs:
                 continue
-            if procfs.comm(pid) == WORKER_COMM:
-                self.procs[pid] = Tracked(pid, "worker")
-            elif others < MAX_OTHER:
+            # Workers belong to the watch whose iterator started them: they are named by its
+            # loader_workers event or register through its hook.  A pt_data_worker found here
+            # belongs to another loader (a validation loader, a nested watch): kept as "other".
+            if others < MAX_OTHER:
                 self.procs[pid] = Tracked(pid, "other")
                 others += 1
+
+    def _activity(self, samples: list[ProcSample]) -> Activity:
+        """What a loop-body pause is judged on: the job's CPU, the main process's wait, nested progress."""
+        cpu = [s.cpu_s for s in samples if not s.gone and s.cpu_s is not None]
+        main = next((s for s in samples if s.pid == self.main_pid and not s.gone), None)
+        busy = main is not None and (main.state in ("R", "D")
+                                     or syscall_category(main.syscall) in ("io", "sleep"))
+        inner = False
+        for run_dir, seen in list(self.nested.items()):
+            hb = hbmod.read(os.path.join(run_dir, "heartbeat"))
+            if hb is None:
+                continue
+            now_seen = (hb.batches, hb.epochs)
+            if seen is not None and now_seen != seen:
+                inner = True
+            self.nested[run_dir] = now_seen
+        return Activity(cpu_s=sum(cpu) if cpu else None, busy=busy, inner_progress=inner)
 
     def poll(self) -> None:
         self.polls += 1
@@ -316,7 +348,7 @@ class Monitor:
         })
         self.ring.append(record)
         self.timeline.append(record)
-        self._detect(hb)
+        self._detect(hb, self._activity(samples))
 
     def _wants_fd_detail(self, t: Tracked, s: ProcSample) -> bool:
         """The fd breakdown costs a readlink per fd: read it when the count really moved.
@@ -334,8 +366,8 @@ class Monitor:
 
     # ------------------------------------------------------------------ detection
 
-    def _detect(self, hb: hbmod.Heartbeat | None) -> None:
-        ev = self.stall.update(hb, time.monotonic())
+    def _detect(self, hb: hbmod.Heartbeat | None, activity: Activity | None = None) -> None:
+        ev = self.stall.update(hb, time.monotonic(), activity)
         if ev is not None:
             if ev.kind == "stall":
                 self._on_stall(ev, hb)
@@ -366,8 +398,10 @@ class Monitor:
         report = self._report("stall", findings=False)
         report["progress"]["stall_s"] = round(ev.stall_s, 3)
         report["progress"]["stall_timeout_s"] = ev.timeout_s
-        self._note({"ts": time.time(), "event": "stall", "stall_s": round(ev.stall_s, 3),
-                    "timeout_s": ev.timeout_s, "state": ev.state})
+        report["progress"]["stall_allowance"] = ev.allowance
+        stall_note = {"ts": time.time(), "event": "stall", "stall_s": round(ev.stall_s, 3),
+                      "timeout_s": ev.timeout_s, "state": ev.state, "allowance": ev.allowance}
+        self._note(stall_note)
         extra: dict[str, bytes] = {}
         try:
             from dlwatch import forensics
@@ -380,6 +414,14 @@ class Monitor:
             report["notes"].append(f"stack forensics failed: {type(exc).__name__}: {exc}")
         report["events"] = list(self.notable)
         self._add_findings(report)
+        site = stall_site(report)
+        stall_note["classification"] = report.get("classification")
+        if site in self.stall_sites:
+            # the same hang again (same verdict, same waiting frames): the timeline has it, one report is enough
+            self.timeline.append({"kind": "event", "ts": time.time(), "event": "stall_repeated",
+                                  "classification": report.get("classification")})
+            return
+        self.stall_sites.add(site)
         self._write(report, extra)
 
     def _add_findings(self, report: dict[str, Any]) -> None:

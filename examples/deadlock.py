@@ -46,18 +46,18 @@ class CachedSamples(Dataset):
         with self.lock:  # in a worker: a copy taken while locked, never released
             return self.cache.setdefault(i, torch.full((4,), float(i)))
 
-    def refresh_in_background(self, started):
+    def refresh_in_background(self, started, release):
         with self.lock:
             started.set()
-            time.sleep(1.0)  # the workers fork during this second
+            release.wait()  # a slow refresh: the workers fork while it holds the lock
             self.cache.clear()
 
 
 def train(report_dir):
     dataset = CachedSamples()
-    started = threading.Event()
-    threading.Thread(target=dataset.refresh_in_background, args=(started,), daemon=True).start()
-    started.wait()
+    started, release = threading.Event(), threading.Event()
+    threading.Thread(target=dataset.refresh_in_background, args=(started, release), daemon=True).start()
+    started.wait()  # the refresh holds the lock from here until `release` (never, in this run)
     # fork is the Linux default before Python 3.14; 'spawn' or 'forkserver' would not copy the held lock
     loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
     with dlwatch.watch(loader, report_dir=report_dir, poll_interval=0.2, stall_timeout=3) as batches:

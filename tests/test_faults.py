@@ -89,12 +89,35 @@ def test_ptrace_denied_for_real(tmp_path, target):
     assert report["classification"] == "deadlock"
 
 
+def _nvidia_driver_present() -> bool:
+    import glob
+
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/proc/driver/nvidia/version")
+
+
+@pytest.mark.skipif(_nvidia_driver_present(), reason="an NVIDIA driver is present: NVML is not absent here "
+                    "(test_nvml_on_a_real_gpu checks the probe instead)")
 def test_nvml_absent_is_quiet(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         probe = GpuProbe()
         assert probe.sample() == () and probe.sample() == ()
     assert probe.unavailable
+
+
+@pytest.mark.skipif(not _nvidia_driver_present(), reason="no NVIDIA driver on this machine: the probe's "
+                    "logic is covered by test_nvml_logic_with_a_stand_in")
+def test_nvml_on_a_real_gpu():
+    probe = GpuProbe()
+    try:
+        assert not probe.unavailable, probe.unavailable
+        gpus = probe.sample()
+        assert gpus, "NVML initialised but reported no device"
+        for g in gpus:
+            assert g.name and g.util_percent is not None and 0 <= g.util_percent <= 100
+            assert g.memory_total and 0 <= g.memory_used <= g.memory_total
+    finally:
+        probe.close()
 
 
 def test_nvml_logic_with_a_stand_in(monkeypatch):
