@@ -13,7 +13,7 @@ import json
 import os
 import stat
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from dlwatch._fs import open_private
 from dlwatch.redact import redact_obj
@@ -40,7 +40,7 @@ MAX_DEPTH = 32  # nesting of lists and objects in one event; ours use 4 at most
 MAX_TEXT = 1 << 18  # characters kept of one exception text field
 
 
-def _depth_ok(obj: Any, limit: int = MAX_DEPTH) -> bool:
+def depth_ok(obj: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether ``obj`` nests no deeper than ``limit`` (iterative: deep input cannot recurse here)."""
     stack = [(obj, 1)]
     while stack:
@@ -88,7 +88,7 @@ def normalize(record: Any) -> dict[str, Any] | None:
     is acted on are checked per event, and an event whose essential field is unusable
     is skipped.  Unknown events pass through (bounded in depth) for the timeline.
     """
-    if not isinstance(record, dict) or not isinstance(record.get("event"), str) or not _depth_ok(record):
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str) or not depth_ok(record):
         return None
     ev = dict(record)
     ts = ev.get("ts")
@@ -160,13 +160,18 @@ class EventReader:
             self._skipping = False
         if len(self._partial) > MAX_LINE_BYTES:
             self._partial, self._skipping = b"", True
-        for line in lines:
-            if not line.strip() or len(line) > MAX_LINE_BYTES:
-                continue
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
-                continue
-            event = normalize(record)
-            if event is not None:
-                yield event
+        yield from parse_lines(lines)
+
+
+def parse_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Complete lines -> the well-typed events among them (see :func:`normalize`)."""
+    for line in lines:
+        if not line.strip() or len(line) > MAX_LINE_BYTES:
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
+            continue
+        event = normalize(record)
+        if event is not None:
+            yield event
