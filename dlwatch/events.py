@@ -68,7 +68,10 @@ def _str(value: Any) -> str | None:
 def _text(value: Any) -> str | None:
     if value is None or isinstance(value, (dict, list)):
         return None
-    return (value if isinstance(value, str) else str(value))[:MAX_TEXT]
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_TEXT:  # keep both ends: a traceback's last lines hold the error itself
+        text = f"{text[:MAX_TEXT // 4]}\n...\n{text[len(text) - MAX_TEXT * 3 // 4:]}"
+    return text
 
 
 def _exception(value: Any) -> dict[str, Any] | None:

@@ -216,3 +216,25 @@ def test_real_monitor_survives_hostile_lines_and_still_reports(tmp_path, no_left
     report = load(found[0])
     assert report["trigger"] == "exception" and "after the hostile lines" in report["exception"]["message"]
     assert not any("monitor process was not running" in n for n in report["notes"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(min_value=0, max_value=255), st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=5,
+                                                         max_size=5),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=5, max_size=5),
+       st.integers(min_value=0, max_value=2**32 - 1))
+def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
+    """The other channel the monitor reads every poll: any record with a valid frame is taken without raising."""
+    from dlwatch import heartbeat
+
+    seq, batches, epoch_batches, epochs, _ = counters
+    with tempfile.TemporaryDirectory() as tmp:
+        monitor = _monitor_on(tmp)
+        monitor.stall.explicit = 1e12  # a stall would dump this test's own stacks: judged elsewhere
+        raw = heartbeat._REC.pack(heartbeat.MAGIC, state, seq, batches, epoch_batches, epochs, pid, *times, seq)
+        with open(monitor.hb_path, "wb") as f:
+            f.write(raw)
+        for _ in range(2):
+            monitor.poll()
+        assert monitor.last_hb is not None and monitor.last_hb.batches == batches
+        monitor._close()

@@ -195,6 +195,7 @@ def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
     run["allowed"] = allowed
     run["notes"] = notes
     run_dir = find_run_dir(pid)
+    run["found_run_dir"] = run_dir
     creds = rundir.target_creds(pid)
     if run_dir and creds is None:
         notes.append(f"the run directory {run_dir} was not read: the target's uid could not be read")
@@ -218,8 +219,12 @@ def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
             if name is None and cfg.get("main_dump_path") is not None:
                 notes.append("the run's main_dump_path points outside its run directory: not used")
             procs[pid].dump_path = name
-        hb = files.get("heartbeat")
-        run["heartbeat"] = heartbeat.parse(hb) if hb else None
+        hb = heartbeat.parse(files.get("heartbeat") or b"")
+        for _ in range(3):  # caught mid-write (the two seq fields differ): read it again
+            if hb is not None or "heartbeat" not in files:
+                break
+            hb = heartbeat.parse(reader.read_one("heartbeat") or b"")
+        run["heartbeat"] = hb
         run["events"] = []
         refused_pids: list[int] = []
         for ev in events_mod.parse_lines(files.get("events.jsonl", b"").splitlines()):
@@ -291,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = GpuProbe()
     report["gpus"] = [g.to_dict() for g in gpu.sample()]
     gpu.close()
-    if "run_dir" not in watched:
+    if not watched.get("found_run_dir"):
         report["notes"].append("the target does not run under dlwatch.watch: no heartbeat or timeline")
     waiting = None
     if hb is not None and hb.state in (heartbeat.STATE_WAITING, heartbeat.STATE_BODY):

@@ -22,6 +22,7 @@ place attach reads that directory, and it reads it
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import select
@@ -35,6 +36,7 @@ from typing import Iterable, Mapping
 __all__ = ["Creds", "RunDirReader", "target_creds"]
 
 HELPER_TIMEOUT_S = 5.0
+PR_SET_DUMPABLE = 4
 _HEADER = struct.Struct("<iQ")  # per file: status (0 ok, else an errno), length
 
 
@@ -181,18 +183,18 @@ class RunDirReader:
 
     def _read_as_target(self, names: list[str]) -> dict[str, tuple[int, bytes]]:
         budget = sum(self.caps.get(n, self.default_cap) + _HEADER.size for n in names)
+        try:  # resolved before the fork: the child runs no import and no loader
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: drop to the target's rights, read, report, exit without cleanup
             code = 0
             try:
                 os.close(rfd)
-                try:
-                    import ctypes
-
-                    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not tracee
-                except Exception:
-                    pass
+                if prctl is not None:  # not traceable by the target's user once it has their uid
+                    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
                 try:
                     os.setgroups(list(self.creds.groups))
                     os.setresgid(self.creds.gid, self.creds.gid, self.creds.gid)
