@@ -255,3 +255,44 @@ def test_fence_and_terminal_escape_helpers():
     assert render.fence("a ```` b") == "`````"
     assert render.code("x`y") == "``x`y``" and render.code("`x") == "`` `x ``"
     assert render.terminal_safe("a\x1b[0mb\tc\x7f\x85\u202e") == "a\\x1b[0mb\tc\\x7f\\x85\\u202e"
+
+
+def test_any_field_of_any_type_is_shown_or_called_damaged(tmp_path):
+    """Wrong types anywhere the renderers look: a clean ReportError (exit 6), never a traceback."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from dlwatch.errors import ReportError
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                          max_leaves=8)
+    base = json.load(open(os.path.join(make_incident(str(tmp_path / "r"), playbook="fd-exhaustion"), "report.json")))
+    base["processes"][0]["stack"] = {"source": "py-spy", "threads": [{"name": "MainThread", "frames": [
+        {"function": "f", "filename": "a.py", "line": 1}]}]}
+    paths = [("summary",), ("exception",), ("exception", "message"), ("exception", "type"), ("findings",),
+             ("findings", 0), ("findings", 0, "evidence"), ("findings", 0, "remediation"), ("processes",),
+             ("processes", 0), ("processes", 0, "role"), ("processes", 0, "sample"), ("processes", 0, "stack"),
+             ("processes", 0, "stack", "threads"), ("processes", 0, "stack", "threads", 0),
+             ("processes", 0, "stack", "threads", 0, "frames", 0), ("processes", 0, "sample", "fds"),
+             ("rank",), ("progress",), ("system",), ("gpus",), ("loader",), ("notes",), ("classification",)]
+    target = tmp_path / "one"
+    target.mkdir()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(paths), values)
+    def check(path, value):
+        report = json.loads(json.dumps(base))
+        node = report
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        (target / "report.json").write_text(json.dumps(report))
+        try:
+            loaded = store.load_report(str(target))
+        except ReportError:
+            return
+        "\n".join(render.terminal_lines(loaded))
+        render.render_markdown(loaded)
+
+    check()

@@ -191,13 +191,15 @@ def _type_problem(data: dict[str, Any]) -> str | None:
     for key, types in _TOP_TYPES.items():
         if key in data and not isinstance(data[key], types) or isinstance(data.get(key), bool) and key == "pid":
             return f"{key} is {type(data[key]).__name__}"
-    todo: list[tuple[str, Any]] = [(k, data.get(k)) for k in ("exception", "rank", "progress", "system", "loader")]
-    todo += [(f"{k}[]", item) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
+    # (where, value, may it be None): an object field may be null, a list item may not
+    todo: list[tuple[str, Any, bool]] = [(k, data.get(k), True)
+                                         for k in ("exception", "rank", "progress", "system", "loader")]
+    todo += [(f"{k}[]", item, False) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
     if any(not isinstance(n, str) for n in data.get("notes") or ()):
         return "notes[] holds a non-string"
     while todo:
-        where, value = todo.pop()
-        if value is None:
+        where, value, optional = todo.pop()
+        if value is None and optional:
             continue
         if not isinstance(value, dict):
             return f"{where} is {type(value).__name__}, not an object"
@@ -206,9 +208,9 @@ def _type_problem(data: dict[str, Any]) -> str | None:
                 return f"{where}.{key} is {type(value[key]).__name__}"
             child = f"{where}.{key}"
             if child in _ITEM_TYPES:
-                todo.append((child, value.get(key)))
+                todo.append((child, value.get(key), True))
             elif f"{child}[]" in _ITEM_TYPES:
-                todo += [(f"{child}[]", item) for item in value.get(key) or ()]
+                todo += [(f"{child}[]", item, False) for item in value.get(key) or ()]
     return None
 
 
