@@ -203,49 +203,41 @@ class Monitor:
     # ------------------------------------------------------------------ events
 
     def _drain_events(self) -> None:
-        # EventReader hands over only well-typed events (dlwatch.events.normalize); the guard
-        # here is the last line: no line of the events file may stop the monitor.
         for ev in self.events.new():
-            try:
-                self._on_event(ev)
-            except Exception as exc:
-                self._warn_once("event_failed", f"{ev.get('event')!r}: {type(exc).__name__}: {exc}")
-
-    def _on_event(self, ev: dict[str, Any]) -> None:
-        name = ev.get("event")
-        if name == "stop":
-            self.stop_seen = True
-        elif name == "exception":
-            self.exception = ev.get("exception")
-        elif name == "worker_registered":
-            pid = int(ev.get("pid", 0))
-            t = self.procs.get(pid) or Tracked(pid, "worker")
-            t.role, t.worker_id = "worker", ev.get("worker_id")
-            t.start_method, t.dump_path = ev.get("start_method"), ev.get("dump_path")
-            self.procs[pid] = t
-            self._note(ev)
-        elif name == "loader_workers":
-            pids = {int(p) for p in ev.get("pids") or ()}
-            if pids != self.loader_pids:
-                # a new generation of workers: keep only its fingerprints (which may have
-                # arrived before this event: workers start before the iterator reports them)
-                self.rng = {w: v for w, v in self.rng.items() if v[0] in pids}
-            self.loader_pids = pids
-            for pid in pids:
+            name = ev.get("event")
+            if name == "stop":
+                self.stop_seen = True
+            elif name == "exception":
+                self.exception = ev.get("exception")
+            elif name == "worker_registered":
+                pid = int(ev.get("pid", 0))
                 t = self.procs.get(pid) or Tracked(pid, "worker")
-                t.role = "worker"
+                t.role, t.worker_id = "worker", ev.get("worker_id")
+                t.start_method, t.dump_path = ev.get("start_method"), ev.get("dump_path")
                 self.procs[pid] = t
-            self._note(ev)
-        elif name == "rng_fingerprint":
-            if isinstance(ev.get("fingerprints"), dict) and ev.get("worker_id") is not None:
-                self.rng[int(ev["worker_id"])] = (int(ev.get("pid") or 0), ev["fingerprints"])
-                self._check_rng()
-        elif name == "batch_shape":
-            self._note(ev)
-            self._threshold_incident(ev)
-        elif name == "batch_bytes":
-            if isinstance(self.loader, dict) and isinstance(ev.get("batch_bytes"), int):
-                self.loader["batch_bytes"] = ev["batch_bytes"]
+                self._note(ev)
+            elif name == "loader_workers":
+                pids = {int(p) for p in ev.get("pids") or ()}
+                if pids != self.loader_pids:
+                    # a new generation of workers: keep only its fingerprints (which may have
+                    # arrived before this event: workers start before the iterator reports them)
+                    self.rng = {w: v for w, v in self.rng.items() if v[0] in pids}
+                self.loader_pids = pids
+                for pid in pids:
+                    t = self.procs.get(pid) or Tracked(pid, "worker")
+                    t.role = "worker"
+                    self.procs[pid] = t
+                self._note(ev)
+            elif name == "rng_fingerprint":
+                if isinstance(ev.get("fingerprints"), dict) and ev.get("worker_id") is not None:
+                    self.rng[int(ev["worker_id"])] = (int(ev.get("pid") or 0), ev["fingerprints"])
+                    self._check_rng()
+            elif name == "batch_shape":
+                self._note(ev)
+                self._threshold_incident(ev)
+            elif name == "batch_bytes":
+                if isinstance(self.loader, dict) and isinstance(ev.get("batch_bytes"), int):
+                    self.loader["batch_bytes"] = ev["batch_bytes"]
 
     def _note(self, ev: dict[str, Any]) -> None:
         self.notable.append(ev)

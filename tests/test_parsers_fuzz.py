@@ -104,14 +104,14 @@ lines_st = st.one_of(
 )
 
 
-def _monitor_on(tmp: str):
+def _monitor_on(tmp: str, **options):
     from dlwatch.monitor import Monitor
 
     run_dir = os.path.join(tmp, "run")
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump({"pid": os.getpid(), "report_dir": os.path.join(tmp, "reports"),
-                   "options": {"poll_interval": 0.1}, "loader": {"num_workers": 2}}, f)
+                   "options": {"poll_interval": 0.1, **options}, "loader": {"num_workers": 2}}, f)
     return Monitor(run_dir)
 
 
@@ -135,7 +135,11 @@ def test_event_reader_yields_only_well_typed_events(lines):
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(lines_st, min_size=1, max_size=6), st.lists(lines_st, max_size=3))
 def test_no_line_stops_the_monitor(lines, later):
-    """Every handler of the monitor on hostile lines: no exception, and it still acts on a good event after."""
+    """Every handler of the monitor on hostile lines: no exception, and it still acts on a good event after.
+
+    The handlers get events from EventReader, which type-checks them (events.normalize):
+    an exception here would propagate out of _drain_events and end the monitor.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         monitor = _monitor_on(tmp)
         path = os.path.join(monitor.run_dir, "events.jsonl")
@@ -151,7 +155,7 @@ def test_no_line_stops_the_monitor(lines, later):
             f.write(b'{"event": "worker_registered", "pid": 4194304, "worker_id": 0}\n')
         monitor._drain_events()
         assert monitor.procs[4194304].role == "worker"  # the reader kept going
-        assert not [n for n in monitor.notes if n.startswith("event_failed")], monitor.notes
+        assert not monitor.notes, monitor.notes
         monitor._close()
 
 
@@ -229,8 +233,7 @@ def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
 
     seq, batches, epoch_batches, epochs, _ = counters
     with tempfile.TemporaryDirectory() as tmp:
-        monitor = _monitor_on(tmp)
-        monitor.stall.explicit = 1e12  # a stall would dump this test's own stacks: judged elsewhere
+        monitor = _monitor_on(tmp, stall_timeout=1e12)  # a stall would dump this test's own stacks
         raw = heartbeat._REC.pack(heartbeat.MAGIC, state, seq, batches, epoch_batches, epochs, pid, *times, seq)
         with open(monitor.hb_path, "wb") as f:
             f.write(raw)
