@@ -9,7 +9,7 @@ attaches, because a ptrace attach turns a sleeping poll into restart_syscall.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from dlwatch.collect import faultdump, procfs, stacks
 from dlwatch.detect.classify import ProcessObservation, classify_stall
@@ -29,12 +29,16 @@ class TrackedProcess(Protocol):
 
 def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
                 main_waiting_for_data: bool | None, expected_workers: int | None,
-                native: bool = True, interval_s: float = SECOND_READ_AFTER_S) -> dict[str, bytes]:
+                native: bool = True, interval_s: float = SECOND_READ_AFTER_S,
+                read_dump: Callable[[str], bytes | None] | None = None,
+                allow: Callable[[int], bool] | None = None) -> dict[str, bytes]:
     """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
-    Returns extra files for the incident directory (raw fallback dumps).
+    Returns extra files for the incident directory (raw fallback dumps).  ``read_dump``
+    and ``allow`` are for attach (see faultdump.request_dumps): dump files are then read
+    through ``read_dump`` only, never emptied, and a pid is dumped only if ``allow(pid)``.
     """
-    live = {pid: t for pid, t in procs.items() if not t.gone}
+    live = {pid: t for pid, t in procs.items() if not t.gone and (allow is None or allow(pid))}
     started = time.monotonic()
     before = {pid: procfs.read_proc(pid) for pid in live}
     dumps = stacks.dump_stacks([pid for pid, s in before.items() if not s.gone], native=native,
@@ -44,17 +48,15 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
     if failed:
         fallback = {pid: live[pid].dump_path for pid in failed if live[pid].dump_path}
         if fallback:
-            got = faultdump.request_dumps(fallback)  # type: ignore[arg-type]
+            raw: dict[int, bytes] = {}
+            got = faultdump.request_dumps(fallback, read=read_dump, allow=allow, raw=raw)  # type: ignore[arg-type]
             for pid, dump in got.items():
                 if dump.threads:
                     why = failed[pid].error
                     dumps[pid] = StackDump(pid=pid, source=dump.source, threads=dump.threads,
                                            error=why, duration_s=dump.duration_s)
-                    try:
-                        with open(fallback[pid], "rb") as f:
-                            extra[f"stacks/{pid}.txt"] = f.read()
-                    except OSError:
-                        pass
+                    if pid in raw:  # the text that was parsed, not a second open of the file
+                        extra[f"stacks/{pid}.txt"] = raw[pid]
         reasons = sorted({d.error for d in failed.values() if d.error})
         for reason in reasons[:3]:
             report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")

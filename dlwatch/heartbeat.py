@@ -108,6 +108,17 @@ class HeartbeatWriter:
             pass
 
 
+def parse(raw: bytes) -> Heartbeat | None:
+    """One record from bytes read elsewhere (attach reads them with the target's rights); None if torn."""
+    if len(raw) < SIZE:
+        return None
+    (magic, state, seq, batches, epoch_batches, epochs, pid, ts_last, ts_wait, wait_s, step_s,
+     interval_s, seq2) = _REC.unpack(raw[:SIZE])
+    if magic != MAGIC or seq != seq2:
+        return None
+    return Heartbeat(batches, epoch_batches, epochs, state, pid, ts_last, ts_wait, wait_s, step_s, interval_s)
+
+
 def read(path: str) -> Heartbeat | None:
     """A consistent snapshot, or None if the file is missing or torn on every try."""
     try:

@@ -69,3 +69,318 @@ def test_run_directory_is_private_and_monitor_listens_nowhere(tmp_path, no_lefto
                     for name in files:
                         assert stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode) == 0o600, name
                 assert {"heartbeat", "events.jsonl", "config.json", "timeline.jsonl"} <= set(os.listdir(batches.run_dir))
+
+
+# --------------------------------------------------------------------------- attach on a hostile run (issue 9, item 1)
+
+NOBODY = 65534
+OTHER = 65533  # a third uid: neither root nor the target's
+
+
+def _need_two_uids():
+    import shutil
+
+    import pytest
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv: the test switches to a second uid (nobody)")
+
+
+def _as_nobody(*argv, **kw):
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+
+
+def _nobody_python() -> tuple[str, str]:
+    """An interpreter the second uid can run, spawning the monitor too, and the PYTHONPATH it needs.
+
+    This venv's interpreter may live under a directory only root can enter (pyenv under /root):
+    then the system interpreter of the same version runs the same site-packages.
+    """
+    import shutil
+    import sysconfig
+
+    import pytest
+
+    site = sysconfig.get_paths()["purelib"]
+    probe = "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', 'import torch, re2, dlwatch']).returncode)"
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for exe in (sys.executable, shutil.which(version, path="/usr/bin:/usr/local/bin:/bin")):
+        if not exe:
+            continue
+        path = os.pathsep.join([site, REPO, TARGETS])
+        out = subprocess.run(_as_nobody("env", f"PYTHONPATH={path}", exe, "-c", probe), capture_output=True,
+                             timeout=120, cwd="/")
+        if out.returncode == 0:
+            return exe, path
+    pytest.skip("no Python interpreter here that the second uid (nobody) can run with torch and dlwatch")
+
+
+PLANT = r'''
+import json, os, sys
+run_dir, secret_a, secret_b, secret_c, bait_pid, pb_dir = sys.argv[1:7]
+cfg_path = os.path.join(run_dir, "config.json")
+cfg = json.load(open(cfg_path))
+main_pid = cfg["pid"]
+cfg["main_dump_path"] = secret_a                       # a root-only file, outside the run directory
+cfg["options"]["playbooks"] = [pb_dir]                 # a playbook directory of the target's user
+tmp = cfg_path + ".new"
+with open(tmp, "w") as f:
+    json.dump(cfg, f)
+os.replace(tmp, cfg_path)
+workers = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl")) if '"worker_registered"' in l]
+first, second = workers[0], workers[1]
+# worker 0: its dump file replaced by a link to a root-only file (truncate it, copy it into stacks/)
+os.unlink(first["dump_path"])
+os.symlink(secret_b, first["dump_path"])
+# worker 1 stays honest; its dump file already holds text from before: attach must not empty it
+with open(second["dump_path"], "a") as f:
+    f.write("EARLIER-DUMP-TEXT\n")
+# the timeline replaced by a link to a root-only JSONL file
+os.replace(os.path.join(run_dir, "timeline.jsonl"), os.path.join(run_dir, "timeline.old"))
+os.symlink(secret_c, os.path.join(run_dir, "timeline.jsonl"))
+with open(os.path.join(run_dir, "events.jsonl"), "a") as f:
+    # an unrelated root process that catches the dump signal, named as a worker
+    f.write(json.dumps({"event": "worker_registered", "pid": int(bait_pid), "worker_id": 7,
+                        "dump_path": os.path.join(run_dir, "dumps", bait_pid + ".txt")}) + "\n")
+print(main_pid, first["pid"], second["pid"])
+'''
+
+PLANTED_PLAYBOOK = '''
+id = "planted"
+title = "PLANTED PLAYBOOK LOADED"
+[[signals]]
+name = "always"
+frame = "."
+confidence = 1.0
+'''
+
+BAIT = r'''
+import faulthandler, signal, sys, time
+f = open(sys.argv[1], "w")
+faulthandler.register(signal.SIGRTMIN + 6, file=f, all_threads=True)
+print("READY", flush=True)
+time.sleep(120)
+'''
+
+
+def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
+    """nobody runs a watched, hung job and rewrites its run directory; root runs `dlwatch attach`."""
+    import shutil
+    import tempfile
+    import time
+
+    import pytest
+
+    from conftest import kill_session, wait_for
+
+    _need_two_uids()
+    shared = tempfile.mkdtemp(prefix="dlwatch-victim-", dir="/tmp")  # the job's report dir, nobody's
+    os.chmod(shared, 0o755)
+    os.chown(shared, NOBODY, NOBODY)
+    secrets = {}
+    for name, text in (("a", "ROOT-ONLY-SECRET-A\n" * 50), ("b", "ROOT-ONLY-SECRET-B\n" * 50),
+                       ("c", '{"kind": "sample", "secret": "ROOT-ONLY-SECRET-C"}\n' * 50)):
+        path = tmp_path / f"secret-{name}"  # tmp_path is root's, 0700
+        path.write_text(text)
+        path.chmod(0o600)
+        st = os.stat(path)
+        secrets[str(path)] = (text, st.st_mtime_ns, st.st_size)
+    bait_dump = tmp_path / "bait-dump.txt"
+    pb_dir = os.path.join(shared, "pb")
+    py, pythonpath = _nobody_python()
+    env = dict(os.environ, PYTHONPATH=pythonpath, HOME=shared)
+    job = subprocess.Popen(_as_nobody(py, os.path.join(TARGETS, "hang.py"), "deadlock", shared,
+                                      "--stall-timeout", "600"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=shared,
+                           start_new_session=True)
+    bait = subprocess.Popen([sys.executable, "-c", BAIT, str(bait_dump)], stdout=subprocess.PIPE, text=True)
+    known: set[int] = set()
+    try:
+        assert job.stdout.readline().startswith("READY"), job.stderr.read()[-2000:]
+        assert bait.stdout.readline().startswith("READY")
+        runs = os.path.join(shared, ".runs")
+        run_dir = os.path.join(runs, os.listdir(runs)[0])
+        events = os.path.join(run_dir, "events.jsonl")
+        assert wait_for(lambda: open(events).read().count("worker_registered") >= 2, 30)
+        assert wait_for(lambda: os.path.exists(os.path.join(run_dir, "timeline.jsonl")), 30)
+        known.update(p.pid for p in psutil.Process(job.pid).children(recursive=True))
+        planter = ("import os, sys; os.mkdir(sys.argv[1]); "
+                   "open(os.path.join(sys.argv[1], 'planted.toml'), 'w').write(sys.argv[2])")
+        subprocess.run(_as_nobody(py, "-c", planter, pb_dir, PLANTED_PLAYBOOK), check=True, timeout=60)
+        out = subprocess.run(_as_nobody(py, "-c", PLANT, run_dir, *secrets, str(bait.pid), pb_dir),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        main_pid, linked_worker, honest_worker = map(int, out.stdout.split())
+        honest_dump = os.path.join(run_dir, "dumps", f"{honest_worker}.txt")
+        time.sleep(0.5)  # the workers sit on the lock
+
+        # root attaches; py-spy disabled, so the stacks come from the faulthandler files: the path
+        # that opened, emptied and copied whatever the run directory named
+        root_out = tmp_path / "out"
+        attach = subprocess.run([sys.executable, "-m", "dlwatch", "attach", str(job.pid), "--out", str(root_out),
+                                 "--duration", "0.2"], capture_output=True, text=True, timeout=120,
+                                env=dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS=""))
+        assert attach.returncode == 0, attach.stderr
+        incident = os.path.join(root_out, next(n for n in os.listdir(root_out) if not n.startswith(".")))
+        report = load(incident)
+
+        # nothing outside was touched: the root-only files keep their content and mtime
+        for path, (text, mtime, size) in secrets.items():
+            st = os.stat(path)
+            assert (open(path).read(), st.st_mtime_ns, st.st_size) == (text, mtime, size), path
+        # nothing of them leaked into any file of the report
+        for root, _dirs, files in os.walk(root_out):
+            for name in files:
+                data = open(os.path.join(root, name), "rb").read()
+                assert b"ROOT-ONLY-SECRET" not in data, name
+        # the unrelated root process got no signal and no stack dump, and is not in the report
+        assert bait.poll() is None and os.path.getsize(bait_dump) == 0
+        assert bait.pid not in {p["pid"] for p in report["processes"]}
+        # the planted playbook directory was not loaded
+        assert all(f["playbook"] != "planted" for f in report["findings"])
+        notes = "\n".join(report["notes"])
+        assert "playbook directories named by the run were not loaded" in notes
+        assert "not the target's processes" in notes and str(bait.pid) in notes
+        assert "outside its run directory" in notes  # main_dump_path
+        assert "timeline.jsonl: a symbolic link (not followed)" in notes
+        assert f"dumps/{linked_worker}.txt: a symbolic link (not followed)" in notes
+        # the safe path still works: the run was read with nobody's rights, the honest worker's
+        # dump came from its own file, which attach did not empty
+        assert report["config"]["watched"] is True and report["loader"]["num_workers"] == 2
+        by_pid = {p["pid"]: p for p in report["processes"]}
+        assert by_pid[honest_worker]["stack"]["source"] == "faulthandler"
+        assert open(honest_dump).read().startswith("EARLIER-DUMP-TEXT\n")
+        copied = open(os.path.join(incident, "stacks", f"{honest_worker}.txt")).read()
+        assert "EARLIER-DUMP-TEXT" not in copied and "most recent call first" in copied
+        assert not os.path.exists(os.path.join(incident, "stacks", f"{linked_worker}.txt"))
+        assert job.poll() is None  # the target still runs
+        # attach wrote nothing in the run directory
+        assert not [n for n in os.listdir(run_dir) if os.stat(os.path.join(run_dir, n), follow_symlinks=False).st_uid != NOBODY]
+
+    finally:
+        kill_session(job.pid, known)
+        job.wait(timeout=10)
+        bait.kill()
+        bait.wait(timeout=10)
+        for stream in (job.stdout, job.stderr, bait.stdout):
+            stream.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+PTRACER = ["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups",
+           "--inh-caps=+sys_ptrace", "--ambient-caps=+sys_ptrace"]
+
+
+def test_attach_by_a_ptrace_capable_other_uid_refuses_the_run_dir(tmp_path):
+    """A third uid with CAP_SYS_PTRACE (may inspect the job) but no CAP_SETUID: a clear note, still a report."""
+    import shutil
+    import tempfile
+
+    import pytest
+
+    from conftest import kill_session, wait_for
+
+    _need_two_uids()
+    probe = subprocess.Popen(_as_nobody("sleep", "30"))
+    try:
+        time_ok = wait_for(lambda: open(f"/proc/{probe.pid}/status").read().count("65534") >= 4, 10)
+        ls = subprocess.run([*PTRACER, "ls", f"/proc/{probe.pid}/fd"], capture_output=True, text=True, timeout=30)
+    finally:
+        probe.kill()
+        probe.wait()
+    if not time_ok or ls.returncode != 0:
+        pytest.skip("a uid with ambient CAP_SYS_PTRACE cannot inspect another uid's process here "
+                    f"({ls.stderr.strip()}); the refusal itself is covered by "
+                    "test_attach_without_the_right_to_take_the_targets_uid_refuses_the_run_dir")
+    py, pythonpath = _nobody_python()
+    shared = tempfile.mkdtemp(prefix="dlwatch-victim-", dir="/tmp")
+    os.chmod(shared, 0o755)
+    os.chown(shared, NOBODY, NOBODY)
+    job = subprocess.Popen(_as_nobody(py, os.path.join(TARGETS, "hang.py"), "deadlock", shared, "--stall-timeout", "600"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=shared,
+                           env=dict(os.environ, PYTHONPATH=pythonpath, HOME=shared), start_new_session=True)
+    known: set[int] = set()
+    try:
+        assert job.stdout.readline().startswith("READY"), job.stderr.read()[-2000:]
+        known.update(p.pid for p in psutil.Process(job.pid).children(recursive=True))
+        # a third uid with CAP_SYS_PTRACE (may inspect the job) but no CAP_SETUID (cannot take nobody's
+        # rights): attach refuses the run directory with a clear note and still writes a report
+        other_out = tmp_path / "other"
+        other_out.mkdir()
+        os.chown(other_out, OTHER, OTHER)
+        os.chmod(tmp_path, 0o711)  # let the third uid reach its output directory
+        other = subprocess.run([*PTRACER, "env", f"PYTHONPATH={pythonpath}", py, "-m", "dlwatch", "attach",
+                                str(job.pid), "--out", str(other_out), "--duration", "0.2", "--no-native"],
+                               capture_output=True, text=True, timeout=120, cwd="/",
+                               env=dict(os.environ, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS=""))
+        assert other.returncode == 0, other.stderr
+        report = load(os.path.join(other_out, next(n for n in os.listdir(other_out) if not n.startswith("."))))
+        notes = "\n".join(report["notes"])
+        assert f"cannot take the target's uid {NOBODY}" in notes and f"Run dlwatch attach as uid {NOBODY}" in notes
+        assert report["config"]["watched"] is False and report["events"] == []
+    finally:
+        kill_session(job.pid, known)
+        job.wait(timeout=10)
+        for stream in (job.stdout, job.stderr):
+            stream.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_run_dir_reader_refuses_links_fifos_foreign_files_and_escapes(tmp_path):
+    """Same uid, no helper: the checks themselves (links below the run dir, FIFOs, owner, names)."""
+    from dlwatch.collect.rundir import Creds, RunDirReader
+
+    run = tmp_path / "run"
+    (run / "dumps").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "dumps" / "1.txt").write_text("dump")
+    os.mkfifo(run / "events.jsonl")
+    (run / "heartbeat").symlink_to(run / "config.json")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "2.txt").write_text("outside")
+    (run / "linked").symlink_to(tmp_path / "elsewhere")
+    me = Creds(os.geteuid(), os.getegid(), ())
+    reader = RunDirReader(str(run), me, default_cap=3)
+    got = reader.read(["config.json", "dumps/1.txt", "events.jsonl", "heartbeat", "linked/2.txt", "../run/config.json",
+                       "/etc/passwd", "missing"])
+    assert got == {"config.json": b"{}", "dumps/1.txt": b"dum"}  # capped at 3 bytes
+    text = "\n".join(reader.refusals)
+    assert "events.jsonl: not a regular file" in text and "heartbeat: a symbolic link" in text
+    assert "linked/2.txt: a symbolic link or a file where a directory belongs" in text and "../run/config.json: not a regular file inside" in text
+    assert "/etc/passwd: not a regular file inside" in text and "missing" not in text
+    if os.geteuid() == 0:
+        os.chown(run / "config.json", NOBODY, NOBODY)
+        assert RunDirReader(str(run), me).read(["config.json"]) == {}  # not the target's file
+        linked_run = tmp_path / "run-link"
+        linked_run.symlink_to(run)
+        r = RunDirReader(str(linked_run), me)
+        assert r.read(["dumps/1.txt"]) == {} and "symbolic link" in r.refusals[0]
+
+
+def test_attach_without_the_right_to_take_the_targets_uid_refuses_the_run_dir(tmp_path):
+    """A uid that may not become the target's (no CAP_SETUID) gets a clear refusal, not a read."""
+    import shutil
+    import tempfile
+
+    _need_two_uids()
+    py, pythonpath = _nobody_python()
+    run = tempfile.mkdtemp(prefix="dlwatch-run-", dir="/tmp")
+    try:
+        with open(os.path.join(run, "config.json"), "w") as f:
+            f.write('{"pid": 1}')
+        os.chmod(run, 0o755)
+        os.chmod(os.path.join(run, "config.json"), 0o644)  # readable by anyone: only the rights decide
+        for p in (run, os.path.join(run, "config.json")):
+            os.chown(p, NOBODY, NOBODY)
+        code = ("import sys; from dlwatch.collect.rundir import Creds, RefusedError, RunDirReader\n"
+                f"r = RunDirReader(sys.argv[1], Creds({NOBODY}, {NOBODY}, ()))\n"
+                "try:\n    print('READ', r.read(['config.json']))\n"
+                "except RefusedError as e:\n    print('REFUSED', e)\n")
+        out = subprocess.run(["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups", "env",
+                              f"PYTHONPATH={pythonpath}", py, "-c", code, run], capture_output=True, text=True,
+                             timeout=60, cwd="/")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("REFUSED"), out.stdout
+        assert f"cannot take the target's uid {NOBODY}" in out.stdout and f"as uid {NOBODY}, or as root" in out.stdout
+    finally:
+        shutil.rmtree(run, ignore_errors=True)

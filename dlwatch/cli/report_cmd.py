@@ -15,6 +15,7 @@ import os
 import sys
 
 from dlwatch.config import DEFAULT_REPORT_DIR
+from dlwatch.errors import ReportError
 from dlwatch.report import render, store
 
 
@@ -33,12 +34,18 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report, sys.stdout, indent=2)
             print()
         else:
-            render.render_terminal(report, sys.stdout)
-            print(f"  report: {os.path.join(path, 'report.md')}")
+            try:  # load_report checked the types the renderer uses; this is the last line
+                lines = [render.terminal_safe(line) for line in render.terminal_lines(report)]
+            except Exception as exc:
+                raise ReportError(f"{path} cannot be shown: {type(exc).__name__}: {exc}",
+                                  help="it was not written by a complete dlwatch run; remove it") from None
+            for line in lines:
+                print(line)
+            print(render.terminal_safe(f"  report: {os.path.join(path, 'report.md')}"))
         return 0
     summaries, warnings = store.list_incidents(path)
     for w in warnings:
-        print(f"dlwatch: warning: {w}", file=sys.stderr)
+        print(render.terminal_safe(f"dlwatch: warning: {w}"), file=sys.stderr)
     if args.json:
         json.dump([s.to_dict() for s in summaries], sys.stdout, indent=2)
         print()

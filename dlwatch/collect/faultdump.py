@@ -25,7 +25,7 @@ import os
 import re
 import signal
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from dlwatch.model import Frame, StackDump, ThreadStack
 
@@ -196,21 +196,36 @@ def _read(path: str) -> bytes:
 
 
 def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
-                  settle_s: float = 0.05) -> dict[int, StackDump]:
+                  settle_s: float = 0.05, read: Callable[[str], bytes | None] | None = None,
+                  allow: Callable[[int], bool] | None = None,
+                  raw: dict[int, bytes] | None = None) -> dict[int, StackDump]:
     """Ask each process for a faulthandler dump and parse it; never raises.
 
     Only pids that installed the handler (``install`` returned ``path``) may be
     passed, and each is signalled only if /proc confirms it still catches
-    DUMP_SIGNAL.  A file counts as complete once it is non-empty and has not
-    grown for ``settle_s``; the whole call returns within about ``timeout_s``.
+    DUMP_SIGNAL (and ``allow(pid)`` holds, when given: checked right before the
+    signal).  A file counts as complete once it is non-empty and has not grown
+    for ``settle_s``; the whole call returns within about ``timeout_s``.
+
+    By default (the monitor: the run directory is its own) each file is emptied
+    before the signal and read by path.  With ``read`` (attach: the files belong
+    to the target's user) a file is only ever read, through ``read(path)``, never
+    emptied nor written: the dump is what the file gained after the signal (the
+    writer appends).  ``raw``, when given, receives the dump text of each pid.
     """
     start = time.monotonic()
     results: dict[int, StackDump] = {}
     pending: dict[int, str] = {}
+    base: dict[int, int] = {}
 
     def fail(pid: int, error: str) -> None:
         results[pid] = StackDump(pid=pid, source="none", error=error,
                                  duration_s=round(time.monotonic() - start, 6))
+
+    def contents(pid: int, path: str) -> bytes:
+        if read is None:
+            return _read(path)
+        return (read(path) or b"")[base.get(pid, 0):base.get(pid, 0) + (4 << 20)]
 
     for pid, path in pids_to_paths.items():
         pid = int(pid)
@@ -218,14 +233,25 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             if not os.path.exists(f"/proc/{pid}"):
                 fail(pid, f"process {pid} no longer exists")
                 continue
+            if allow is not None and not allow(pid):
+                fail(pid, f"process {pid} is not the target or one of its processes (not signalled)")
+                continue
             if not is_handler_installed(pid):
                 fail(pid, f"process {pid} has no dlwatch dump handler on signal {DUMP_SIGNAL} "
                           "(not signalled: it would kill the process)")
                 continue
-            # The writer's fd is O_APPEND, so emptying the file from here is safe:
-            # its next write goes to offset 0 of the emptied file.
-            with open(path, "r+b") as fh:
-                fh.truncate(0)
+            if read is not None:
+                before = read(path)
+                if before is None:
+                    fail(pid, f"faulthandler dump file {path} of process {pid} cannot be read safely (not signalled)")
+                    continue
+                base[pid] = len(before)
+            else:
+                # The writer's fd is O_APPEND, so emptying the file from here is safe:
+                # its next write goes to offset 0 of the emptied file.
+                with open(path, "r+b") as fh:
+                    fh.truncate(0)
+                base[pid] = 0
             os.kill(pid, DUMP_SIGNAL)
             pending[pid] = path
         except ProcessLookupError:
@@ -236,19 +262,28 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         except OSError as exc:
             fail(pid, f"faulthandler dump file {path} unusable: {exc.strerror or exc}")
 
+    def size(pid: int) -> int:
+        if read is None:
+            return _size(pending[pid])
+        data = read(pending[pid])
+        return -1 if data is None else max(0, len(data) - base[pid])
+
     last_size = {pid: 0 for pid in pending}
     last_change = {pid: time.monotonic() for pid in pending}
     deadline = start + timeout_s
     while pending:
         now = time.monotonic()
         for pid in list(pending):
-            size = _size(pending[pid])
-            if size != last_size[pid]:
-                last_size[pid], last_change[pid] = size, now
-            elif size > 0 and now - last_change[pid] >= settle_s:
+            grown = size(pid)
+            if grown != last_size[pid]:
+                last_size[pid], last_change[pid] = grown, now
+            elif grown > 0 and now - last_change[pid] >= settle_s:
                 path = pending.pop(pid)
-                threads = parse_faulthandler(_read(path))
+                text = contents(pid, path)
+                threads = parse_faulthandler(text)
                 if threads:
+                    if raw is not None:
+                        raw[pid] = text
                     results[pid] = StackDump(pid=pid, source="faulthandler", threads=threads,
                                              duration_s=round(now - start, 6))
                 else:
@@ -257,8 +292,11 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             break
         if now >= deadline:
             for pid, path in pending.items():
-                threads = parse_faulthandler(_read(path))
+                text = contents(pid, path)
+                threads = parse_faulthandler(text)
                 if threads:  # partial but useful: say so
+                    if raw is not None:
+                        raw[pid] = text
                     results[pid] = StackDump(
                         pid=pid, source="faulthandler", threads=threads,
                         error=f"dump still growing after {timeout_s:g} s; may be incomplete",
@@ -268,5 +306,5 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
                     fail(pid, f"no faulthandler dump from process {pid} within {timeout_s:g} s "
                               f"(process {state}; a stopped process cannot run the handler)")
             break
-        time.sleep(0.01)
+        time.sleep(0.01 if read is None else 0.05)
     return results

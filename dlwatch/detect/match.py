@@ -18,9 +18,9 @@ and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "fingerprints"}``
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Mapping, Sequence
 
+from dlwatch import _regex
 from dlwatch.detect import thresholds as th
 from dlwatch._log import get_logger
 from dlwatch.model import Finding, ProcSample
@@ -29,8 +29,13 @@ from dlwatch.rngcheck import duplicates
 
 __all__ = ["match", "errnos_in"]
 
-_ERRNO_BRACKET = re.compile(r"\[Errno (\d+)\]")
-_ERRNO_TORCH = re.compile(r":\s+[A-Za-z][A-Za-z ,'-]*? \((\d+)\)")  # "...: No space left on device (28)"
+# Every pattern here runs on text the training program controls: RE2 (linear time), bounded text.
+_ERRNO_BRACKET = _regex.compile(r"\[Errno (\d+)\]")
+_ERRNO_TORCH = _regex.compile(r":\s+[A-Za-z][A-Za-z ,'-]*? \((\d+)\)")  # "...: No space left on device (28)"
+_SHM_FD_TEXT = _regex.compile(r"Communication with the workers is no longer possible|received 0 items of "
+                              r"ancdata|unable to open shared memory object")
+_OPENS_FILE = _regex.compile(r"\bopen\(|Image\.open|np\.load|h5py|lmdb")
+_LIBRARY_PATH = _regex.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\]torch[/\\]")
 _MAX_FRAMES = 8
 _MAX_WORKERS = 8
 _MAX_EVENTS = 5
@@ -45,10 +50,19 @@ def errnos_in(exception: Mapping[str, Any] | None) -> tuple[int, ...]:
     found: list[int] = []
     if isinstance(exception.get("errno"), int):
         found.append(exception["errno"])
-    text = f"{exception.get('message') or ''}\n{exception.get('traceback') or ''}"
+    text = _exception_text(exception)
     for rx in (_ERRNO_BRACKET, _ERRNO_TORCH):
         found.extend(int(m.group(1)) for m in rx.finditer(text))
     return tuple(dict.fromkeys(found))
+
+
+def _exception_text(exception: Mapping[str, Any]) -> str:
+    """Message and traceback, bounded: patterns never see more than _regex.MAX_TEXT_CHARS of it."""
+    return _regex.bound_text(f"{exception.get('message') or ''}\n{exception.get('traceback') or ''}")
+
+
+def _field(value: Any) -> str:
+    return str(value or "")[:_regex.MAX_FIELD_CHARS]
 
 
 def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Finding]:
@@ -71,7 +85,7 @@ def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Find
 # --------------------------------------------------------------------------- context
 
 
-def _excerpt(text: str, m: re.Match[str], width: int = 200) -> str:
+def _excerpt(text: str, m: Any, width: int = 200) -> str:
     start = text.rfind("\n", 0, m.start()) + 1
     end = text.find("\n", m.end())
     line = text[start:end if end >= 0 else len(text)].strip()
@@ -103,8 +117,8 @@ def _cut_parent_frames(frames: list[Mapping[str, Any]]) -> list[Mapping[str, Any
 
 
 def _frame_matches(cond: Signal | Hint, f: Mapping[str, Any]) -> bool:
-    function = str(f.get("function") or "")
-    filename = str(f.get("filename") or "")
+    function = _field(f.get("function"))
+    filename = _field(f.get("filename"))
     if isinstance(cond, Hint) and cond.native is not None and bool(f.get("native")) != cond.native:
         return False
     if cond.frame is not None and not (cond.frame.search(function) or cond.frame.search(filename)):
@@ -121,7 +135,7 @@ class _Context:
         self.report = report
         self.exception: Mapping[str, Any] | None = report.get("exception") or None
         exc = self.exception or {}
-        self.text = f"{exc.get('message') or ''}\n{exc.get('traceback') or ''}"
+        self.text = _exception_text(exc)
         self.errnos = errnos_in(self.exception)
         self.classification = report.get("classification")
         self.loader: Mapping[str, Any] = report.get("loader") or {}
@@ -249,7 +263,7 @@ def _eval_signal(sig: Signal, ctx: _Context) -> dict[str, Any] | None:
         return None
     if exc:
         if sig.exception_type is not None:
-            if not sig.exception_type.search(str(exc.get("type") or "")):
+            if not sig.exception_type.search(_field(exc.get("type"))):
                 return None
             hit["exception_type"] = exc.get("type")
         if sig.exception_text is not None:
@@ -308,7 +322,7 @@ def _find_hint(hint: Hint, ctx: _Context) -> dict[str, Any] | None:
     for p in ctx.processes:
         if hint.role != "any" and p.get("role") != hint.role:
             continue
-        if hint.waiting_in is not None and not hint.waiting_in.search(str(p.get("waiting_in") or "")):
+        if hint.waiting_in is not None and not hint.waiting_in.search(_field(p.get("waiting_in"))):
             continue
         where = {"hint": hint.name, "pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id")}
         if not has_frame:
@@ -413,12 +427,11 @@ def _enrich_fd(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     strategy = ctx.loader.get("sharing_strategy")
     if strategy:
         ev["sharing_strategy"] = strategy
-    if cause is None and re.search(r"Communication with the workers is no longer possible|received 0 items of "
-                                   r"ancdata|unable to open shared memory object", ctx.text):
+    if cause is None and _SHM_FD_TEXT.search(ctx.text):
         cause, basis = "shm-fds", "torch's error is about passing shared memory by fd"
     if cause is None and strategy == "file_system":
         cause, basis = "regular-files", "the file_system strategy keeps no fd per shared tensor"
-    if cause is None and ctx.exception and re.search(r"\bopen\(|Image\.open|np\.load|h5py|lmdb", ctx.text):
+    if cause is None and ctx.exception and _OPENS_FILE.search(ctx.text):
         cause, basis = "regular-files", "the failing call in the traceback opens a file"
     ev["cause"] = cause or "unknown"
     if basis:
@@ -474,7 +487,7 @@ def _worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
 def _is_user_frame(f: Mapping[str, Any]) -> bool:
     name = str(f.get("filename") or "")
     return (bool(name) and not f.get("native") and not name.startswith("<")
-            and not re.search(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\]torch[/\\]", name))
+            and not _LIBRARY_PATH.search(name))
 
 
 def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:

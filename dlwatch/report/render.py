@@ -7,7 +7,47 @@ the shorter view of ``dlwatch report ID``; ``list_lines`` the incident table.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
+
+# C0 controls (ESC among them), DEL, C1 controls, and the bidirectional overrides that
+# reorder what a terminal shows: a report's text comes from the training program and
+# must not drive the terminal of whoever reads it.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BACKTICKS = re.compile("`+")
+
+
+def terminal_safe(text: Any) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``), so it prints as text."""
+    text = str(text)
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                       else f"\\u{ord(m.group()):04x}", text)
+
+
+def fence(text: str) -> str:
+    """A Markdown code fence longer than any run of backticks in ``text`` (at least three)."""
+    longest = max((len(m.group()) for m in _BACKTICKS.finditer(text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def code(value: Any) -> str:
+    """``value`` as Markdown inline code on one line, whatever backticks it holds."""
+    text = " ".join(str(value).splitlines())
+    ticks = "`" * (max((len(m.group()) for m in _BACKTICKS.finditer(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _one_line(value: Any) -> str:
+    return " ".join(str(value).splitlines())
+
+
+def _fenced(lines: Iterable[str]) -> Iterator[str]:
+    lines = list(lines)
+    mark = fence("\n".join(lines))
+    yield mark
+    yield from lines
+    yield mark
 
 
 def human_bytes(n: Any) -> str:
@@ -31,7 +71,7 @@ def _fmt(v: Any) -> str:
 
 def _proc_line(p: Mapping[str, Any]) -> str:
     s = p.get("sample") or {}
-    who = p.get("role", "?") + (f" {p['worker_id']}" if p.get("worker_id") is not None else "")
+    who = str(p.get("role") or "?") + (f" {p['worker_id']}" if p.get("worker_id") is not None else "")
     parts = [f"pid {p.get('pid')} ({who})"]
     if p.get("status"):
         parts.append(str(p["status"]) + (f" in {p['waiting_in']}" if p.get("waiting_in") else ""))
@@ -82,13 +122,13 @@ def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12, pytho
 def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     yield f"# dlwatch incident {r.get('id')}"
     yield ""
-    yield f"**{r.get('summary') or r.get('trigger')}**"
+    yield f"**{_one_line(r.get('summary') or r.get('trigger'))}**"
     yield ""
     rank = r.get("rank") or {}
     rank_txt = "" if rank.get("rank") is None else f", rank {rank.get('rank')}/{rank.get('world_size')}"
-    yield f"- trigger: `{r.get('trigger')}`; created {r.get('created_at')} on {r.get('host')}, pid {r.get('pid')}{rank_txt}"
+    yield f"- trigger: {code(r.get('trigger'))}; created {r.get('created_at')} on {r.get('host')}, pid {r.get('pid')}{rank_txt}"
     if r.get("classification"):
-        yield f"- stall classification: `{r['classification']}`"
+        yield f"- stall classification: {code(r['classification'])}"
     prog = r.get("progress") or {}
     if prog:
         yield (f"- progress: {prog.get('batches', 0)} batches, {prog.get('epochs', 0)} epochs; "
@@ -99,18 +139,14 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
         yield ""
         yield "## Exception"
         yield ""
-        yield f"`{exc.get('type')}`" + (f" (errno {exc['errno']})" if exc.get("errno") is not None else "")
+        yield code(exc.get("type")) + (f" (errno {exc['errno']})" if exc.get("errno") is not None else "")
         yield ""
-        yield "```"
-        yield from str(exc.get("message") or "").splitlines()[:40]
-        yield "```"
+        yield from _fenced(str(exc.get("message") or "").splitlines()[:40])
         if exc.get("traceback"):
             yield ""
             yield "<details><summary>traceback</summary>"
             yield ""
-            yield "```"
-            yield from str(exc["traceback"]).rstrip().splitlines()[-60:]
-            yield "```"
+            yield from _fenced(str(exc["traceback"]).rstrip().splitlines()[-60:])
             yield "</details>"
     findings = r.get("findings") or []
     yield ""
@@ -119,14 +155,14 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     if not findings:
         yield "No playbook matched. The evidence below is what dlwatch saw."
     for i, f in enumerate(findings, 1):
-        yield f"### {i}. {f.get('title')} (`{f.get('playbook')}`, confidence {_fmt(f.get('confidence'))})"
+        yield f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, confidence {_fmt(f.get('confidence'))})"
         yield ""
         ev = f.get("evidence") or {}
         if ev:
             yield "Evidence:"
             yield ""
             for k, v in ev.items():
-                yield f"- {k}: `{v}`"
+                yield f"- {_one_line(k)}: {code(v)}"
             yield ""
         if f.get("remediation"):
             yield "What to do:"
@@ -153,9 +189,7 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
                     yield ""
                     yield f"pid {p.get('pid')} ({p.get('role')}), from {p['stack'].get('source')}:"
                     yield ""
-                    yield "```"
-                    yield from _stack_lines(p["stack"], max_frames=40)
-                    yield "```"
+                    yield from _fenced(_stack_lines(p["stack"], max_frames=40))
     sysd = r.get("system") or {}
     if sysd:
         yield ""
@@ -174,13 +208,13 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
         yield "## Loader"
         yield ""
         for k, v in loader.items():
-            yield f"- {k}: `{v}`"
+            yield f"- {_one_line(k)}: {code(v)}"
     if r.get("notes"):
         yield ""
         yield "## Notes"
         yield ""
         for n in r["notes"]:
-            yield f"- {n}"
+            yield f"- {_one_line(n)}"
     yield ""
     yield f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl."
 
@@ -225,7 +259,7 @@ _PLUMBING_KEYS = {"matched", "ts", "pid", "signal", "event"}
 
 def render_terminal(report: Mapping[str, Any], file: TextIO) -> None:
     for line in terminal_lines(report):
-        print(line, file=file)
+        print(terminal_safe(line), file=file)
 
 
 def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
@@ -234,4 +268,7 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
         return
     yield f"{'ID':<44} {'CREATED':<25} {'TRIGGER':<9} TOP FINDING"
     for s in summaries:
-        yield f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}"
+        if getattr(s, "damaged", None):
+            yield terminal_safe(f"{s.id:<44} {'-':<25} {'DAMAGED':<9} {s.damaged}")
+        else:
+            yield terminal_safe(f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}")

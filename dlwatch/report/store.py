@@ -8,11 +8,13 @@ An incident directory appears complete or not at all: it is written under
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -103,30 +105,147 @@ def fallback_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"dlwatch-reports-{os.getuid()}")
 
 
-def load_report(path: str) -> dict[str, Any]:
-    """Load and check one report.json (or the directory holding it)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "report.json")
+MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far below this
+MAX_DEPTH = 64  # nesting of report.json; schema 1 uses about 10
+
+
+def read_regular(path: str, cap: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else ReportError.
+
+    Never follows a symbolic link at the last component, never blocks on a FIFO or a
+    device (O_NONBLOCK, then fstat before the first read), never reads more than ``cap``.
+    """
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NotFoundError(f"no report at {path}", help="run `dlwatch report` to list the incidents") from None
     except PermissionError:
         raise ReportError(f"cannot read {path}: permission denied") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReportError(f"{path} is a symbolic link; dlwatch writes none and does not follow it") from None
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ReportError(f"{path} is not a regular file (a FIFO, device or directory); dlwatch writes none")
+        if st.st_size > cap:
+            raise ReportError(f"{path} is {st.st_size} bytes, more than the {cap} a report can be")
+        chunks, total = [], 0
+        while total <= cap:
+            chunk = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > cap:
+            raise ReportError(f"{path} grew past the {cap} bytes a report can be")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+_OPT_STR = (str, type(None))
+_OPT_DICT = (dict, type(None))
+_OPT_INT = (int, type(None))
+_OPT_NUM = (int, float, type(None))
+# What the renderers index into, by key: a report whose fields have other types is damaged.
+_TOP_TYPES: dict[str, Any] = {
+    "id": str, "created_at": str, "trigger": str, "pid": int, "summary": _OPT_STR, "host": _OPT_STR,
+    "classification": _OPT_STR, "classification_reason": _OPT_STR, "rank": _OPT_DICT, "progress": _OPT_DICT,
+    "exception": _OPT_DICT, "findings": (list, type(None)), "processes": (list, type(None)), "system": _OPT_DICT,
+    "gpus": (list, type(None)), "loader": _OPT_DICT, "notes": (list, type(None)), "timeline": (list, type(None)),
+    "events": (list, type(None)), "config": _OPT_DICT,
+}
+_ITEM_TYPES: dict[str, dict[str, Any]] = {
+    "exception": {"type": _OPT_STR, "message": _OPT_STR, "traceback": _OPT_STR, "errno": _OPT_INT},
+    "findings[]": {"playbook": _OPT_STR, "title": _OPT_STR, "confidence": _OPT_NUM, "evidence": _OPT_DICT,
+                   "remediation": _OPT_STR},
+    "processes[]": {"pid": _OPT_INT, "role": _OPT_STR, "worker_id": _OPT_INT, "status": _OPT_STR,
+                    "waiting_in": _OPT_STR, "where": _OPT_STR, "sample": _OPT_DICT, "stack": _OPT_DICT},
+    "processes[].sample": {"fds": _OPT_DICT},
+    "processes[].stack": {"threads": (list, type(None)), "error": _OPT_STR, "source": _OPT_STR},
+    "processes[].stack.threads[]": {"frames": (list, type(None)), "name": _OPT_STR},
+    "processes[].stack.threads[].frames[]": {"function": _OPT_STR, "filename": _OPT_STR, "line": _OPT_INT},
+    "gpus[]": {}, "rank": {}, "progress": {}, "system": {}, "loader": {},
+}
+
+
+def _type_problem(data: dict[str, Any]) -> str | None:
+    """The first field of ``data`` whose type the renderers cannot take, or None."""
+    for key, types in _TOP_TYPES.items():
+        if key in data and not isinstance(data[key], types) or isinstance(data.get(key), bool) and key == "pid":
+            return f"{key} is {type(data[key]).__name__}"
+    # (where, value, may it be None): an object field may be null, a list item may not
+    todo: list[tuple[str, Any, bool]] = [(k, data.get(k), True)
+                                         for k in ("exception", "rank", "progress", "system", "loader")]
+    todo += [(f"{k}[]", item, False) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
+    if any(not isinstance(n, str) for n in data.get("notes") or ()):
+        return "notes[] holds a non-string"
+    while todo:
+        where, value, optional = todo.pop()
+        if value is None and optional:
+            continue
+        if not isinstance(value, dict):
+            return f"{where} is {type(value).__name__}, not an object"
+        for key, types in _ITEM_TYPES.get(where, {}).items():
+            if key in value and not isinstance(value[key], types):
+                return f"{where}.{key} is {type(value[key]).__name__}"
+            child = f"{where}.{key}"
+            if child in _ITEM_TYPES:
+                todo.append((child, value.get(key), True))
+            elif f"{child}[]" in _ITEM_TYPES:
+                todo += [(f"{child}[]", item, False) for item in value.get(key) or ()]
+    return None
+
+
+def load_report(path: str) -> dict[str, Any]:
+    """Load and check one report.json (or the directory holding it); ReportError if damaged.
+
+    The file may have been written by anyone who can write the report directory: it is
+    read only if it is a regular file (no FIFO, no link) within MAX_REPORT_BYTES, nested
+    at most MAX_DEPTH deep, and with the types the renderers rely on.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, "report.json")
+    raw = read_regular(path, MAX_REPORT_BYTES)
+    try:
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
                           help="it was not written by a complete dlwatch run; remove it") from None
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ReportError(f"{path} is damaged (nested deeper than any report)",
+                          help="it was not written by dlwatch; remove it") from None
     if not isinstance(data, dict) or any(k not in data for k in REQUIRED_KEYS):
         raise ReportError(f"{path} is not a dlwatch report (missing keys)")
     version = data.get("schema_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise ReportError(f"{path} has no valid schema_version")
     if version > SCHEMA_VERSION:
         raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands ({SCHEMA_VERSION})",
                           help="upgrade dlwatch (pip install -U dlwatch)")
+    if _too_deep(data):
+        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
+                          help="it was not written by dlwatch; remove it")
+    problem = _type_problem(data)
+    if problem:
+        raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
     return data
 
 
@@ -138,28 +257,46 @@ class IncidentSummary:
     trigger: str
     top_finding: str | None
     summary: str
+    damaged: str | None = None  # why the entry cannot be shown; the other fields are then placeholders
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
-    """Incidents newest first, and one warning per damaged entry (skipped, not fatal)."""
+    """Incidents newest first, damaged ones last (listed as such), and one warning per damaged entry."""
     if not os.path.isdir(report_dir):
         raise NotFoundError(f"no report directory {report_dir}",
                             help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named")
     found: list[IncidentSummary] = []
+    damaged: list[IncidentSummary] = []
     warnings: list[str] = []
-    for name in os.listdir(report_dir):
+    for name in sorted(os.listdir(report_dir)):
         if name.startswith("."):
             continue  # runs in progress and incidents being written
         path = os.path.join(report_dir, name)
-        if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "report.json")):
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                if stat.S_ISLNK(st.st_mode) and os.path.isdir(path):
+                    raise ReportError("a symbolic link to a directory; dlwatch writes none and does not follow it")
+                continue
+            os.lstat(os.path.join(path, "report.json"))
+        except FileNotFoundError:
+            continue
+        except ReportError as exc:
+            warnings.append(f"skipped {name}: {exc.message}")
+            damaged.append(IncidentSummary(id=name, path=path, created_at="-", trigger="-", top_finding=None,
+                                           summary="", damaged=exc.message))
+            continue
+        except OSError:
             continue
         try:
             data = load_report(path)
-        except ReportError as exc:
+        except (ReportError, NotFoundError) as exc:
             warnings.append(f"skipped {name}: {exc.message}")
+            damaged.append(IncidentSummary(id=name, path=path, created_at="-", trigger="-", top_finding=None,
+                                           summary="", damaged=exc.message))
             continue
         findings = data.get("findings") or []
         top = findings[0].get("playbook") if findings and isinstance(findings[0], dict) else None
@@ -167,7 +304,7 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
                                      trigger=str(data["trigger"]), top_finding=top,
                                      summary=str(data.get("summary") or "")))
     found.sort(key=lambda s: (s.created_at, s.id), reverse=True)
-    return found, warnings
+    return found + damaged, warnings
 
 
 def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
