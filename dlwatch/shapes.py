@@ -347,7 +347,7 @@ class BatchShapeProbe:
                 else:
                     reason = "inconsistent_leading_dims" if anchored else "leading_dim_mismatch"
                     suspect = self._suspects[path] = _Suspect(k, 1, {
-                        **self._evidence(found, index, expected), "reason": reason, "path": path,
+                        **self._evidence(found, index, expected), "reason": reason, "leaf": path,
                         "multiple": k, "sample_count": n})
                 if suspect.count >= self.confirm_batches and evidence is None:
                     evidence = {**suspect.evidence, "confirmed_batches": suspect.count,

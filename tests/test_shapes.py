@@ -43,9 +43,10 @@ def test_cat_collate_is_found_once_confirmed() -> None:
     assert ev["shapes"] == {"batch[0]": [12, 8, 8], "batch[1]": [4]}
     assert ev["leading_dims"] == {"batch[0]": 12, "batch[1]": 4}
     assert ev["expected_batch_size"] == 4 and ev["batch_index"] == 0 and ev["collate_fn"] == "train.cat_collate"
-    assert ev["path"] == "batch[0]" and ev["multiple"] == 3 and ev["sample_count"] == 4
+    assert ev["leaf"] == "batch[0]" and ev["multiple"] == 3 and ev["sample_count"] == 4
     assert ev["confirmed_batches"] == 8 and ev["confirmed_at_index"] == 7
     assert ev["signal"] == "batch_shape"
+    assert not {"path", "event"} & set(ev)  # the agent sends it as events.emit(path, "batch_shape", **ev)
     # one finding per run: the probe stops
     assert not probe.should_check(8) and probe.check(catted(4), 8) is None
 
@@ -254,7 +255,7 @@ def test_padded_variable_length_batches() -> None:
 def test_constant_multiple_by_design_needs_an_ignore_key() -> None:
     """Two augmented views concatenated, (2B, C, H, W) next to B labels: the shapes of the bug."""
     batch = {"views": torch.zeros(8, 3, 8, 8), "label": torch.zeros(4)}
-    assert run(BatchShapeProbe(4, False), [batch] * 20)["path"] == "batch['views']"
+    assert run(BatchShapeProbe(4, False), [batch] * 20)["leaf"] == "batch['views']"
     probe = BatchShapeProbe(4, False, ignore_keys=("views",))
     assert run(probe, [batch] * 20, only_sampled=False) is None
 
@@ -278,7 +279,7 @@ def test_ignore_keys_name_leaves_three_ways() -> None:
 def test_ignored_key_leaves_the_others_checked() -> None:
     batch = {"image": torch.zeros(12, 8, 8), "label": torch.zeros(4), "boxes": torch.zeros(8, 4)}
     ev = run(BatchShapeProbe(4, False, ignore_keys=("boxes",)), [batch] * 10, only_sampled=False)
-    assert ev["path"] == "batch['image']" and "batch['boxes']" not in ev["shapes"]
+    assert ev["leaf"] == "batch['image']" and "batch['boxes']" not in ev["shapes"]
     assert ev["ignored_keys"] == ["boxes"]
 
 
