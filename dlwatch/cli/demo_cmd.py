@@ -40,6 +40,7 @@ EXAMPLES: dict[str, str | None] = {
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
+    "healthy_detection_collate": None,
 }
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
