@@ -334,7 +334,7 @@ class Watch:
                 self._shape_probe = BatchShapeProbe(
                     loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",
                     check_first=int(self.thresholds.get("check_first", 8)),
-                    sample_every=int(self.thresholds.get("sample_every", 64)))
+                    sample_every=int(self.thresholds.get("sample_every", 64)), ignore_keys=self.options.ignored_batch_keys)
         except Exception:
             self._shape_probe = None
         existing = getattr(loader, "_iterator", None)

@@ -89,6 +89,10 @@ def test_table_lines():
         "healthy runs that raised a finding: 1/2",
         "skipped: shm_exhaustion",
     ]
+    wide = list(table_lines([Outcome("healthy_detection_collate", None, seconds=4.9), outcomes[0]]))
+    assert wide[1].startswith("healthy_detection_collate  (no incident)") and wide[2].startswith("deadlock" + " " * 19)
+    col = wide[0].index("EXPECTED")  # the columns stay aligned under their headers
+    assert wide[1].index("(no incident)") == col == wide[2].index("worker-deadlock") == 27
 
 
 def test_outcome_of_an_example_that_fails_is_not_a_match():

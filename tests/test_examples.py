@@ -186,7 +186,8 @@ def test_deadlock(report_dir):
     assert run.seconds < 30
 
 
-@pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0", "healthy_eval_pause"])
+@pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0", "healthy_eval_pause",
+                                  "healthy_detection_collate"])
 def test_healthy_examples_raise_nothing(name, report_dir):
     run = run_example(name, report_dir)
     assert run.reports == []

@@ -77,7 +77,7 @@ def test_thresholds_are_data() -> None:
     pbs = {p.id: p for p in load_playbooks()}
     assert pbs["fd-exhaustion"].threshold("fd_share", 0.5) == 0.9
     assert pbs["fd-exhaustion"].threshold("missing", 0.5) == 0.5
-    assert pbs["shm-exhaustion"].threshold("free_share", 0) == 0.1
+    assert pbs["shm-exhaustion"].threshold("need_factor", 0) == 1.0
 
 
 def test_user_dir_adds_and_overrides(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ EXAMPLES: dict[str, str | None] = {
     "healthy_slow": None,
     "healthy_workers0": None,
     "healthy_eval_pause": None,
+    "healthy_detection_collate": None,
 }
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
@@ -213,10 +214,11 @@ def list_lines(directory: str) -> Iterator[str]:
 
 def table_lines(outcomes: Sequence[Outcome]) -> Iterator[str]:
     """The `dlwatch demo all` table, then the two numbers the README quotes."""
-    yield f"{'EXAMPLE':<18} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
+    width = max([18, *(len(o.name) + 1 for o in outcomes)])  # a long example name keeps the columns
+    yield f"{'EXAMPLE':<{width}} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
     for o in outcomes:
         matched = {True: "yes", False: "NO", None: "skipped"}[o.matched]
-        yield f"{o.name:<18} {o.expected or '(no incident)':<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
+        yield f"{o.name:<{width}} {o.expected or '(no incident)':<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
     failing = [o for o in outcomes if o.expected is not None and o.matched is not None]
     healthy = [o for o in outcomes if o.expected is None and o.matched is not None]
     yield ""
