@@ -517,13 +517,17 @@ class Watch:
                 events.emit(self._events_path, "batch_bytes", batch_bytes=batch_nbytes(batch))
             except Exception:
                 pass
+        if self._shape_probe is None:
+            return
         try:
             evidence = self._shape_probe.check(batch, index)
+            if evidence and not self._shape_reported and self._events_path:
+                self._shape_reported = True
+                # evidence keys never collide with emit's own arguments (path, event)
+                events.emit(self._events_path, "batch_shape",
+                            **{k: v for k, v in evidence.items() if k not in ("path", "event")})
         except Exception:
             return
-        if evidence and not self._shape_reported and self._events_path:
-            self._shape_reported = True
-            events.emit(self._events_path, "batch_shape", **evidence)
 
 
 class _TimedIterator:
@@ -547,7 +551,9 @@ class _TimedIterator:
         self._mm = hb.mm
         self._watch = watch
         self._probe = watch._shape_probe
-        self._check_at = self._probe.next_check(0) if self._probe is not None else -1
+        # batch 0 is always looked at once: its size in bytes is the shm need, probe or not
+        self._check_at = (self._probe.next_check(0) if self._probe is not None
+                          else -1 if watch._batch_bytes_sent else 0)
         self._prev = 0.0  # when the previous batch was handed out: the loop body started
         self._index = 0
         self._done = False
@@ -593,7 +599,7 @@ class _TimedIterator:
         self._index = index + 1
         if index == self._check_at:
             self._watch._check_shape(batch, index)
-            self._check_at = self._probe.next_check(index + 1)
+            self._check_at = self._probe.next_check(index + 1) if self._probe is not None else -1
         return batch
 
     def _end(self) -> None:

@@ -152,3 +152,16 @@ def test_an_ignored_playbook_makes_no_finding_in_a_real_report(tmp_path):
     assert all(f["playbook"] != "fd-exhaustion" for f in report["findings"])
     assert any("ignored" in n and "fd-exhaustion" in n for n in report["notes"])
     json.dumps(report)
+
+
+def test_batch_bytes_are_measured_without_a_shape_probe(tmp_path, no_leftovers):
+    """batch_size=None (pre-batched) or an ignored batch check: the shm need must still be known."""
+    import torch
+
+    loader = DataLoader([torch.zeros(4, 8)] * 6, batch_size=None, num_workers=1)
+    with dlwatch.watch(loader, report_dir=str(tmp_path), ignore=["batch-dim-mismatch"]) as w:
+        assert w._shape_probe is None
+        assert sum(1 for _ in w) == 6
+        with open(os.path.join(w.run_dir, "events.jsonl")) as f:
+            sizes = [json.loads(line)["batch_bytes"] for line in f if '"batch_bytes"' in line]
+    assert sizes == [4 * 8 * 4]
