@@ -79,7 +79,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-__all__ = ["MASK", "SECRET_WORDS", "is_secret_name", "redact", "redact_argv", "redact_obj"]
+__all__ = ["MASK", "SECRET_NAMES", "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact",
+           "redact_argv", "redact_obj"]
 
 MASK = "***"
 
@@ -92,7 +93,11 @@ SECRET_WORDS: tuple[str, ...] = (
     "apikey",
     "api-key",
     "credential",
+    "passphrase",
+    "signature",  # X-Amz-Signature, X-Goog-Signature
 )
+# Names that are secret only on their own (as substrings they are everywhere: "compass", "keyboard", "author").
+SECRET_NAMES = frozenset({"pass", "pw", "pwd", "key", "auth", "sig"})
 
 _EXEMPT_VALUES = frozenset({"", "true", "false", "none", "null"})
 
@@ -113,39 +118,56 @@ _PRIVATE_KEY_RE = re.compile(
     r"(-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\Z)",
     re.S,
 )
-_URL_CRED_RE = re.compile(r"(://[^\s/:@]*:)([^\s/@]+)(@)")
+# The password may hold raw "/" and "@" (they should be percent-encoded, people paste them as
+# they are): it ends at the first "@" followed by a host and the end of the authority.
+_URL_CRED_RE = re.compile(
+    r"(://[^\s/:@]*:)((?:(?!://)[^\s]){1,256}?)(@)(?=[A-Za-z0-9.\[\]_-]+(?::[0-9]*)?(?:[/?#\s'\")\]},;]|\Z))"
+)
 # Each key form is a cheap "head" (name + separator) and a value pattern that is
 # only tried, and only consumed, when the name is a secret name.  A non-secret
 # head never swallows the text after it, so ``x='... --password=S'`` is still
 # redacted and a second pass finds nothing new (idempotence).
 _VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE)
 _LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE_LINE)
-_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|[^\s\-'"]\S*""")
+# An option's value may start with "-" ("--password -x9"); only a long option ("--epochs") is the next option.
+_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|(?!--[A-Za-z])(?!-[ \t\n]|-\Z)[^\s'"]\S*""")
 _AWS_SECRET_VALUE_RE = re.compile(r"""["']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])""")
 
 _QUOTED_KEY_HEAD_RE = re.compile(r"""(?<![\w*"'])(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)\s*:\s*""")
 _COLON_KEY_HEAD_RE = re.compile(
     r"(?:^|(?<=[{,;(\[]))[ \t]*(?:-[ \t]+)?(?P<name>" + _NAME + r")[ \t]*:[ \t]*", re.M
 )
-_EQ_KEY_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")=")
+_EQ_KEY_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?:=|[ \t]+=(?!=)[ \t]*)(?!=)")
 _SPACED_OPT_HEAD_RE = re.compile(r"(?<!\S)(?P<name>--?" + _NAME + r")[ \t]+")
 _AWS_SECRET_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")[ \t]*[=:][ \t]*")
 _EXCEPTION_NAME_RE = re.compile(r"(?:Error|Exception|Warning)\Z")
 
-_TOKEN_RES: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
-    re.compile(r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
-    re.compile(r"(?<![A-Za-z0-9_-])ya29\.[0-9A-Za-z_.-]{8,}"),
-    re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
-    re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    re.compile(r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}"),
+# Values that are secrets whatever name they follow: (name, pattern) as data, so adding one is one line.
+# Shapes follow the issuers' documented formats (and detect-secrets' plugins, which the tests use
+# as an independent check).
+TOKEN_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("aws-access-key-id", r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    ("gcp-api-key", r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
+    ("google-oauth", r"(?<![A-Za-z0-9_-])ya29\.[0-9A-Za-z_.-]{8,}"),
+    ("huggingface", r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
+    ("github", r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ("gitlab", r"(?<![A-Za-z0-9_-])gl(?:pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
+    ("slack", r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}"),
+    ("openai", r"(?<![A-Za-z0-9_-])sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}"),
+    ("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}"),
+    ("sendgrid", r"(?<![A-Za-z0-9_-])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
+    ("npm", r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36}"),
+    ("pypi", r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}"),
+    ("jwt", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
 )
+_TOKEN_RES: tuple[re.Pattern[str], ...] = tuple(re.compile(rx) for _name, rx in TOKEN_PATTERNS)
 _BEARER_RE = re.compile(
-    r"(?<![A-Za-z0-9_])(?P<kw>[Bb]earer|BEARER)(?P<sep>[ \t]+)(?P<value>[A-Za-z0-9\-._~+/]{8,}=*)"
+    r"(?<![A-Za-z0-9_])(?P<kw>[Bb]earer|BEARER|[Bb]asic|BASIC)(?P<sep>[ \t]+)(?P<value>[A-Za-z0-9\-._~+/]{8,}=*)"
 )
 
 _DQ_CLOSED_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 _SQ_CLOSED_RE = re.compile(r"'(?:[^'\\\n]|\\.)*'")
+_LONG_OPT_RE = re.compile(r"--[A-Za-z]")
 _ARGV_OPT_RE = re.compile(r"-{1,2}[\w.-]+\Z")
 _ARGV_ASSIGN_RE = re.compile(r"([\w.-]+)=(.*)\Z", re.S)
 
@@ -155,7 +177,7 @@ def is_secret_name(name: object) -> bool:
     if not isinstance(name, str):
         return False
     low = name.lower()
-    return any(w in low for w in SECRET_WORDS)
+    return any(w in low for w in SECRET_WORDS) or low.lstrip("-").replace("-", "_") in SECRET_NAMES
 
 
 def _is_exempt(value: str) -> bool:
@@ -308,7 +330,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
                 out.append(item)
                 mask_next = False
                 continue
-            if mask_next and not item.startswith("-"):
+            if mask_next and not _LONG_OPT_RE.match(item):
                 out.append(item if _is_exempt(item) else MASK)
                 mask_next = False
                 continue
@@ -390,3 +412,61 @@ def redact_obj(obj: Any) -> Any:
         return _redact_obj(obj, 0, set())
     except Exception:  # pragma: no cover - defensive
         return MASK
+
+
+def _to_text(obj: Any) -> str:
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return bytes(obj).decode("utf-8", "surrogateescape")
+    if isinstance(obj, BaseException):
+        return f"{type(obj).__name__}: {obj}"
+    try:
+        return str(obj)
+    except Exception:
+        return f"<{type(obj).__name__}>"
+
+
+def _outbound(obj: Any, depth: int, active: set[int]) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float)):
+        return obj
+    if isinstance(obj, str):
+        return redact(obj)
+    if not isinstance(obj, (dict, list, tuple, set, frozenset)):
+        return redact(_to_text(obj))  # converted first, redacted after: bytes, exceptions, any object
+    if depth > _MAX_DEPTH:
+        return MASK
+    oid = id(obj)
+    if oid in active:
+        return "<cycle>"
+    active.add(oid)
+    try:
+        if isinstance(obj, dict):
+            out: dict[Any, Any] = {}
+            for k, v in obj.items():
+                key = k if k is None or isinstance(k, (bool, int, float)) else redact(_to_text(k))
+                keep = v is None or isinstance(v, bool) or (isinstance(v, str) and v == "")
+                out[key] = MASK if is_secret_name(key) and not keep else _outbound(v, depth + 1, active)
+            return out
+        return [_outbound(v, depth + 1, active) for v in obj]
+    finally:
+        active.discard(oid)
+
+
+def outbound(obj: Any) -> Any:
+    """The one redaction point: everything dlwatch writes to a file or prints passes through here.
+
+    Returns plain JSON-ready data: ``str`` redacted; dicts with their keys redacted too
+    (a key that is a secret name masks its value); lists, tuples and sets as lists;
+    ``bytes``, exceptions and any other object converted to text *before* redaction
+    (``json.dumps(default=str)`` would otherwise convert them after it).  Numbers,
+    bools and None are kept.  Never raises.
+    """
+    try:
+        return _outbound(obj, 0, set())
+    except Exception:  # pragma: no cover - defensive: never leak, never raise
+        return MASK
+
+
+def outbound_bytes(data: bytes | str) -> bytes:
+    """Text bound for a file, redacted; bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
+    text = _to_text(data) if not isinstance(data, str) else data
+    return redact(text).encode("utf-8", "surrogateescape")

@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except DlwatchError as exc:
-        print(f"dlwatch: error: {exc}", file=sys.stderr)
+        from dlwatch.redact import outbound
+
+        print(outbound(f"dlwatch: error: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

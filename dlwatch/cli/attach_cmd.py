@@ -29,6 +29,7 @@ from dlwatch.collect.system import read_system
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import PTRACE_HELP, NotFoundError, PermissionDeniedError, TargetError, UsageError
 from dlwatch.events import EventReader
+from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
 WORKER_COMM = "pt_data_worker"
@@ -194,11 +195,12 @@ def run(args: argparse.Namespace) -> int:
                                   native=not args.no_native, interval_s=args.duration)
     build.add_findings(report, tuple((cfg.get("options") or {}).get("playbooks") or ()))
     path = build.write(report, out_dir, extra_files=extra)
+    shown = outbound(report)  # what is printed is redacted like what is written (one redaction point)
     if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
+        json.dump(shown, sys.stdout, indent=2)
         print()
     else:
-        print_summary(report, path, sys.stdout)
+        print_summary(shown, outbound(path), sys.stdout)
     return 0
 
 

@@ -130,10 +130,17 @@ class Outcome:
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _example_argv(script: str, report_dir: str) -> list[str]:
+    """The example runs isolated (-I): nothing from the working directory or PYTHONPATH is imported;
+    this dlwatch is loaded by location and the examples folder (ours) comes first for ``_common``."""
+    from dlwatch._spawn import MONITOR_DEPS, python_argv
+
+    return python_argv(script=script, args=["--report-dir", report_dir], first=[os.path.dirname(script)],
+                       deps=(*MONITOR_DEPS, "torch", "numpy"))
 
 
 def _stop_group(proc: "subprocess.Popen[str]") -> None:
@@ -156,7 +163,7 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
     out = Outcome(name, EXAMPLES[name])
     script = os.path.join(directory, f"{name}.py")
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, script, "--report-dir", report_dir], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(_example_argv(script, report_dir), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                             env=_child_env(), start_new_session=True)
 
