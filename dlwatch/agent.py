@@ -26,7 +26,7 @@ import warnings
 from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
-from dlwatch._fs import create_private, make_private_child, make_private_dir, write_json
+from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
@@ -209,7 +209,9 @@ class Watch:
                 os.unlink(probe)
             except OSError as exc:
                 if base is not None:
-                    _warn(f"report directory {base!r} is not usable ({exc.strerror or exc}); "
+                    why = f"is not safe: {exc}" if isinstance(exc, UnsafeDirError) else \
+                        f"is not writable ({exc.strerror or exc})"
+                    _warn(f"report directory {base!r} {why}; "
                           f"writing reports to {store.fallback_dir()!r} instead")
                 continue
             self.report_dir = base_dir
