@@ -314,3 +314,70 @@ def test_incidents_and_write_test_are_0600_under_umask_0(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     assert modes == {".write-test": 0o600, "incidents": 0o600}
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 3: the monitor imports nothing from the training program's working directory, nor from a
+# directory dlwatch itself sits in (which the old code put first on the monitor's PYTHONPATH).
+
+PLANT = '''import os
+with open(os.path.join({marker_dir!r}, "RAN-" + __name__ + "-" + str(os.getpid())), "w") as f:
+    f.write("planted module ran")
+raise SystemExit("planted module ran")
+'''
+
+TRAIN = '''import json, select, selectors, subprocess, sys  # the program's own imports happen first
+sys.path.insert(0, {pkgroot!r})  # dlwatch from a shared software directory
+import dlwatch
+assert dlwatch.__file__.startswith({pkgroot!r}), dlwatch.__file__
+try:
+    with dlwatch.watch(range(10), report_dir={reports!r}, poll_interval=0.05) as batches:
+        for i in batches:
+            if i == 5:
+                raise ValueError("boom")
+except ValueError:
+    pass
+print("DONE", flush=True)
+'''
+
+
+def test_monitor_imports_nothing_from_cwd_or_dlwatch_parent(shared):
+    base = shared
+    work = os.path.join(base, "tmp", "work")  # the training job's working directory, writable by others
+    pkgroot = os.path.join(base, "tmp", "software")  # where dlwatch was unpacked, writable by others
+    markers = os.path.join(base, "markers")
+    os.mkdir(markers)
+    os.chmod(markers, 0o777)
+    as_nobody(f"mkdir -m 777 {work} {pkgroot}")
+    shutil.copytree(os.path.join(REPO, "dlwatch"), os.path.join(pkgroot, "dlwatch"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(REPO, "playbooks"), os.path.join(pkgroot, "dlwatch", "_playbooks"))  # as installed
+    for d in (work, pkgroot):
+        for name in ("select", "json"):
+            plant = PLANT.format(marker_dir=markers).replace("'", "'\\''")
+            as_nobody(f"printf '%s' '{plant}' > {d}/{name}.py")
+    # control: the planted modules do run when a Python puts that directory first
+    subprocess.run([sys.executable, "-c", "import select"], cwd=work, capture_output=True, timeout=30)
+    assert [n for n in os.listdir(markers) if n.startswith("RAN-select")], "the control import did not run the plant"
+    for n in os.listdir(markers):
+        os.unlink(os.path.join(markers, n))
+    prog = os.path.join(base, "train.py")
+    reports = os.path.join(base, "reports")
+    with open(prog, "w") as f:
+        f.write(TRAIN.format(pkgroot=pkgroot, reports=reports))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, prog], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert "DONE" in out.stdout, out.stderr
+    assert os.listdir(markers) == [], (os.listdir(markers), out.stderr)
+    found = incidents(reports)  # the monitor ran (it wrote the exception incident)
+    assert len(found) == 1 and load(found[0])["exception"]["message"] == "boom", out.stderr
+
+
+def test_demo_example_runs_isolated(tmp_path):
+    from dlwatch.cli.demo_cmd import _example_argv
+
+    argv = _example_argv("/x/examples/deadlock.py", "/r")
+    assert argv[:3] == [sys.executable, "-I", "-c"]
+    spec = json.loads(argv[4])
+    assert spec["script"] == "/x/examples/deadlock.py" and spec["first"] == ["/x/examples"]
+    assert os.getcwd() not in spec["path"]
