@@ -135,10 +135,11 @@ _AWS_SECRET_VALUE_RE = re.compile(r"""["']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9
 
 _QUOTED_KEY_HEAD_RE = re.compile(r"""(?<![\w*"'])(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)\s*:\s*""")
 _COLON_KEY_HEAD_RE = re.compile(
-    r"(?:^|(?<=[{,;(\[]))[ \t]*(?:-[ \t]+)?(?P<name>" + _NAME + r")[ \t]*:[ \t]*", re.M
+    r"""(?:^|(?<=[{,;(\["'\s]))[ \t]*(?:-[ \t]+)?(?P<name>""" + _NAME + r")[ \t]*:[ \t]*", re.M
 )
 _EQ_KEY_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?:=|[ \t]+=(?!=)[ \t]*)(?!=)")
-_SPACED_OPT_HEAD_RE = re.compile(r"(?<!\S)(?P<name>--?" + _NAME + r")[ \t]+")
+# The option starts the text or follows a blank, a quote, "(", "[", "," or "=" ('"--password x"' in source).
+_SPACED_OPT_HEAD_RE = re.compile(r"""(?<![^\s"'(\[,=])(?P<name>--?""" + _NAME + r")[ \t]+")
 _AWS_SECRET_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")[ \t]*[=:][ \t]*")
 _EXCEPTION_NAME_RE = re.compile(r"(?:Error|Exception|Warning)\Z")
 
@@ -156,7 +157,7 @@ TOKEN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("openai", r"(?<![A-Za-z0-9_-])sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}"),
     ("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}"),
     ("sendgrid", r"(?<![A-Za-z0-9_-])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
-    ("npm", r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36}"),
+    ("npm", r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}"),
     ("pypi", r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}"),
     ("jwt", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
 )
@@ -430,8 +431,10 @@ def _outbound(obj: Any, depth: int, active: set[int]) -> Any:
         return obj
     if isinstance(obj, str):
         return redact(obj)
+    if isinstance(obj, BaseException):  # the message on its own, so that its line-start forms are seen
+        return f"{type(obj).__name__}: {redact(_to_text(str(obj)))}"
     if not isinstance(obj, (dict, list, tuple, set, frozenset)):
-        return redact(_to_text(obj))  # converted first, redacted after: bytes, exceptions, any object
+        return redact(_to_text(obj))  # converted first, redacted after: bytes and any other object
     if depth > _MAX_DEPTH:
         return MASK
     oid = id(obj)

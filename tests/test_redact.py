@@ -327,9 +327,11 @@ def test_pathological_input_finishes(unit: str) -> None:
 # --------------------------------------------------------------------------
 # property tests
 
-SECRET_WORDS_LOW = ("token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "credential")
+SECRET_WORDS_LOW = ("token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "credential",
+                    "passphrase", "signature", "pass", "pw", "key", "auth", "sig")
 # Literal prefixes of the name-independent patterns; excluded from "clean" text.
-PATTERN_MARKERS = ("akia", "asia", "aiza", "ya29", "hf_", "gh", "github_pat_", "xox", "bearer", "private key")
+PATTERN_MARKERS = ("akia", "asia", "aiza", "ya29", "hf_", "gh", "github_pat_", "xox", "bearer", "private key",
+                   "basic", "sk-", "sk_", "rk_", "gl", "sg.", "npm_", "pypi-", "eyj")
 
 CLEAN_ALPHABET = st.characters(
     blacklist_characters="=:@", blacklist_categories=("Cs",)
