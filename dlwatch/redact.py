@@ -16,19 +16,27 @@ Public API
 ``redact_obj(obj)``
     Recursively redact ``str`` values inside dicts / lists / tuples / sets;
     a dict value whose *key* looks secret becomes ``***`` whatever its type.
+``outbound(obj)``
+    The one redaction point: everything dlwatch writes to a file or prints
+    passes through it (``dlwatch._fs`` writers, events, timeline, logs, CLI
+    output).  Like ``redact_obj``, and also redacts dict keys and converts
+    bytes, exceptions and any other object to text *before* redacting it.
 
 The rules (exactly what is implemented)
 ---------------------------------------
 A *secret name* is any key / option name that contains, case-insensitively,
 one of: ``token``, ``secret``, ``password``, ``passwd``, ``api_key``,
-``apikey``, ``api-key``, ``credential``.  Name characters are letters, digits,
+``apikey``, ``api-key``, ``credential``, ``passphrase``, ``signature``
+(``X-Amz-Signature``, ``X-Goog-Signature``), or that is exactly (leading
+dashes dropped, ``-`` read as ``_``) one of ``pass``, ``pw``, ``pwd``, ``key``,
+``auth``, ``sig`` (SAS tokens).  Name characters are letters, digits,
 ``_``, ``.`` and ``-``.  The rule is applied as written, with no exceptions
 for "harmless-looking" names: ``--tokenizer-path x`` becomes
 ``--tokenizer-path ***`` and ``num_tokens=5`` becomes ``num_tokens=***``.
 
 The value of a secret name is redacted in these forms:
 
-1. ``name=VALUE`` anywhere (covers ``--api-token=V``, ``password=V``,
+1. ``name=VALUE`` or ``name = VALUE`` anywhere (not ``==``; covers ``--api-token=V``, ``password=V``,
    ``HF_TOKEN=V``, URL queries ``?token=V&x=1``).  An unquoted VALUE runs up to
    whitespace or one of ``& , ; ' " ) ] }`` and must not start with a bracket
    or ``<`` (so ``TOKENIZERS_PARALLELISM=(true | false)`` and
@@ -40,13 +48,14 @@ The value of a secret name is redacted in these forms:
    another quote.
 3. ``name: VALUE`` (YAML, HTTP-header or env-dump style) when ``name`` starts a
    line (after optional indentation and an optional ``- `` list marker) or
-   directly follows one of ``{ , ; ( [``.  An unquoted VALUE is the rest of the
+   follows a blank, a quote or one of ``{ , ; ( [``.  An unquoted VALUE is the rest of the
    line up to ``, ; } ]``.  Names that look like exception classes (ending in
    ``Error``, ``Exception`` or ``Warning``, e.g. ``tokenize.TokenError: ...``)
    are not treated as keys, so tracebacks stay intact.
 4. ``-name VALUE`` / ``--name VALUE`` (option and value separated by blanks,
-   option preceded by whitespace or start of text) when VALUE does not start
-   with ``-``.
+   option preceded by whitespace, a quote, ``( [ , =`` or start of text);
+   VALUE may start with ``-`` (``--password -x9``) unless it is a long option
+   (``--epochs``).
 5. ``name = VALUE`` / ``name: VALUE`` with any blanks, when VALUE is exactly 40
    base64 characters (the shape of an AWS secret access key).
 
@@ -54,18 +63,24 @@ In all of these, values that are empty or exactly ``true``/``false``/
 ``none``/``null`` (any case) are left alone (``use_auth_token=True`` stays), in
 line with ``redact_obj`` keeping ``None``/``bool``.
 
-Independently of any name, these values are replaced by ``***`` wherever they
-appear: AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
+Independently of any name, the values of :data:`TOKEN_PATTERNS` (a table:
+name, regex) are replaced by ``***`` wherever they appear: AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
 keys (``AIza`` + 35 chars), Google OAuth tokens (``ya29.`` + 8 or more
 chars), Hugging Face tokens (``hf_`` + 30 or more alnum), GitHub tokens
 (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_`` + 20 or more alnum,
 ``github_pat_`` + 20 or more), Slack tokens (``xoxa-``/``xoxb-``/``xoxp-``/
-``xoxr-``/``xoxs-`` + 10 or more), ``Bearer <token>`` (token of 8 or more
+``xoxr-``/``xoxs-`` + 10 or more), GitLab (``glpat-`` and its siblings + 20
+or more), OpenAI (``sk-``, ``sk-proj-`` ... + 20 or more), Stripe
+(``sk_live_``/``rk_test_`` ...), SendGrid (``SG.x.y``), npm (``npm_`` + 36 or
+more), PyPI (``pypi-AgE...``), JWTs (``eyJ...`` . ``eyJ...`` . signature),
+``Bearer <token>`` and ``Basic <credentials>`` (token of 8 or more
 chars that is not a plain word: it contains a digit or one of ``-._~+/=``, or
 is at least 20 chars long), the body of private key blocks
 (``-----BEGIN ... PRIVATE KEY-----`` ... ``-----END ... PRIVATE KEY-----``; an
 unterminated block is redacted to the end of the text), and the password in
-URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``).
+URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``; the
+password may hold raw ``/`` and ``@``: it ends at the first ``@`` followed by a
+host and the end of the authority).
 
 Nothing else is changed: text without any of the above is returned
 byte-identical.  A key form only looks at (and consumes) the value after a

@@ -381,3 +381,22 @@ def test_demo_example_runs_isolated(tmp_path):
     spec = json.loads(argv[4])
     assert spec["script"] == "/x/examples/deadlock.py" and spec["first"] == ["/x/examples"]
     assert os.getcwd() not in spec["path"]
+
+
+def test_py_spy_is_never_taken_from_a_relative_path_entry(shared, monkeypatch):
+    """A PATH with "" or "." must not make the monitor (or attach, as root) run a planted py-spy."""
+    from dlwatch.collect import stacks
+
+    work = os.path.join(shared, "tmp", "work")
+    as_nobody(f"mkdir -m 777 {work} && printf '#!/bin/sh\\ntouch {work}/RAN\\n' > {work}/py-spy && chmod 755 {work}/py-spy")
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("DLWATCH_PY_SPY", raising=False)
+    for path in (".", "", f".{os.pathsep}/nonexistent"):
+        monkeypatch.setenv("PATH", path)
+        if path != "":  # control: a plain PATH lookup would pick the planted one
+            assert os.path.realpath(shutil.which("py-spy")) == os.path.join(work, "py-spy")
+        found = stacks.find_py_spy()
+        assert found is None or os.path.realpath(found) != os.path.join(work, "py-spy"), (path, found)
+    monkeypatch.setenv("PATH", ".")
+    stacks.dump_stack(os.getpid(), native=False, timeout_s=2)
+    assert not os.path.exists(os.path.join(work, "RAN"))
