@@ -64,6 +64,24 @@ def _check_ancestors(real: str) -> None:
         head = parent
 
 
+def check_links(path: str) -> None:
+    """Every symbolic link on the way to ``path`` is ours or root's, in a directory no other user can
+    change: otherwise its owner could point it elsewhere between our check and our write."""
+    cur = os.sep
+    for part in os.path.abspath(path).split(os.sep):
+        if not part:
+            continue
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            if not _trusted_owner(st):
+                raise UnsafeDirError(f"{cur} is a symbolic link owned by {_who(st.st_uid)}, not by you")
+            _check_ancestors(os.path.join(os.path.realpath(os.path.dirname(cur)), "x"))
+
+
 def check_report_dir(path: str) -> str:
     """``path`` (an existing directory) if reports may go there; raises UnsafeDirError otherwise.
 
@@ -74,11 +92,7 @@ def check_report_dir(path: str) -> str:
     child.  Every directory above it must be ours or root's, and not writable by
     others unless sticky.
     """
-    lst = os.lstat(path)
-    if stat.S_ISLNK(lst.st_mode):
-        if not _trusted_owner(lst):
-            raise UnsafeDirError(f"{path} is a symbolic link owned by {_who(lst.st_uid)}, not by you")
-        _check_ancestors(os.path.realpath(os.path.dirname(os.path.abspath(path))) + "/x")
+    check_links(path)
     real = os.path.realpath(path)
     st = os.stat(real)
     if not stat.S_ISDIR(st.st_mode):
@@ -129,6 +143,7 @@ def make_private_dir(path: str) -> str:
     if not missing:
         check_report_dir(path)
         return path
+    check_links(head)
     _check_ancestors(os.path.join(os.path.realpath(head), "x"))
     for d in reversed(missing):
         os.mkdir(d, DIR_MODE)  # FileExistsError: someone raced us to it; not ours to use

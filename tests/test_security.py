@@ -184,7 +184,8 @@ def test_predictable_fallback_cannot_be_hijacked(shared, trap):
     assert as_nobody(f"cat {found[0]}/report.json", check=False).returncode != 0
 
 
-@pytest.mark.parametrize("trap", ["owned-by-other", "group-writable", "symlink-by-other", "symlink-to-victim-file"])
+@pytest.mark.parametrize("trap", ["owned-by-other", "group-writable", "symlink-by-other", "symlink-to-victim-file",
+                                  "link-above-by-other", "link-above-by-other-missing-leaf"])
 def test_existing_report_dir_is_used_only_when_private(shared, private_fallback, trap):
     """Item 2: an existing report dir is used only when ours and not writable by group or others."""
     tmp = private_fallback
@@ -198,8 +199,13 @@ def test_existing_report_dir_is_used_only_when_private(shared, private_fallback,
         os.chmod(reports, 0o770)  # ours, but a group member could swap what we write
     elif trap == "symlink-by-other":
         as_nobody(f"ln -s {victim} {reports}")  # points into the victim's private directory
-    else:
+    elif trap == "symlink-to-victim-file":
         as_nobody(f"ln -s {victim}/precious.txt {reports}")
+    else:  # a link above the report dir, pointing at the victim's own directory: its owner could re-point it
+        as_nobody(f"ln -s {victim} {tmp}/x")
+        if trap == "link-above-by-other":
+            os.mkdir(os.path.join(victim, "reports"), 0o700)
+        reports = os.path.join(tmp, "x", "reports")
     watched = {**state(victim), **state(reports)}
     report = _report()
     path = build.write(report, reports)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
-from dlwatch._fs import (UnsafeDirError, make_private_child, make_private_dir, sticky_parent, verify_created,
-                         write_json, write_jsonl, write_private)
+from dlwatch._fs import (UnsafeDirError, check_links, make_private_child, make_private_dir, sticky_parent,
+                         verify_created, write_json, write_jsonl, write_private)
 from dlwatch.errors import NotFoundError, ReportError
 from dlwatch.redact import outbound
 
@@ -92,10 +92,11 @@ def prepare_report_dir(report_dir: str) -> str:
     ``mkdtemp`` child there once per process and uses that.
     """
     if os.path.isdir(report_dir) and sticky_parent(report_dir):
+        check_links(report_dir)
         key = (os.getpid(), os.path.abspath(report_dir))
         child = _private_children.get(key)
         if child is None or not os.path.isdir(child):
-            child = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-", dir=report_dir)
+            child = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-", dir=os.path.realpath(report_dir))
             verify_created(child)
             _private_children[key] = child
         return child
