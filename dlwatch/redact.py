@@ -298,6 +298,16 @@ def _redact(text: str) -> str:
 _MAX_PASSES = 4
 
 
+# Nothing above can match a text in which none of these occurs (case-folded): a secret word or
+# name (every key form needs one), "://", a private key header, a token prefix, bearer/basic.
+# One search instead of a dozen passes: most of what dlwatch writes (samples, fd names) is clean.
+_GATE_RE = re.compile(
+    "|".join(re.escape(w) for w in (*SECRET_WORDS, *SECRET_NAMES))
+    + r"|://|private key|akia|asia|aiza|ya29\.|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,4}-|xox[abprs]-"
+    + r"|sk-|[sr]k_|sg\.|npm_|pypi-|eyj|bearer|basic"
+)
+
+
 def redact(text: str) -> str:
     """Return ``text`` with secret-looking values replaced by ``***``.
 
@@ -307,6 +317,8 @@ def redact(text: str) -> str:
     if not isinstance(text, str):
         return text
     try:
+        if _GATE_RE.search(text.lower()) is None:
+            return text
         prev, cur = text, _redact(text)
         # Masking can change what a later pass sees (quote pairing, a removed
         # "/" ending a URL's userinfo); repeat until stable so that
@@ -441,13 +453,54 @@ def _to_text(obj: Any) -> str:
         return f"<{type(obj).__name__}>"
 
 
+_KEY_CACHE: dict[Any, tuple[Any, bool]] = {}  # the same few dozen keys, every poll
+
+
+def _outbound_key(k: Any) -> tuple[Any, bool]:
+    """(the key as written, whether it names a secret); str keys are cached."""
+    if k is None or isinstance(k, (bool, int, float)):
+        return k, False
+    if type(k) is str:
+        hit = _KEY_CACHE.get(k)
+        if hit is not None:
+            return hit
+    key = redact(_to_text(k))
+    out = (key, is_secret_name(key))
+    if type(k) is str:
+        if len(_KEY_CACHE) >= 4096:
+            _KEY_CACHE.clear()
+        _KEY_CACHE[k] = out
+    return out
+
+
+_PLAIN = frozenset({type(None), bool, int, float})
+_TEXT_CACHE: dict[str, str] = {}  # process names, states, fd targets: the same strings every poll
+
+
+def _outbound_text(text: str) -> str:
+    if len(text) > 256:
+        return redact(text)
+    hit = _TEXT_CACHE.get(text)
+    if hit is None:
+        hit = redact(text)
+        if len(_TEXT_CACHE) >= 4096:
+            _TEXT_CACHE.clear()
+        _TEXT_CACHE[text] = hit
+    return hit
+
+
 def _outbound(obj: Any, depth: int, active: set[int]) -> Any:
-    if obj is None or isinstance(obj, (bool, int, float)):
+    t = type(obj)
+    if t in _PLAIN:
         return obj
-    if isinstance(obj, str):
-        return redact(obj)
+    if t is str:
+        return _outbound_text(obj)
     if isinstance(obj, BaseException):  # the message on its own, so that its line-start forms are seen
         return f"{type(obj).__name__}: {redact(_to_text(str(obj)))}"
+    if isinstance(obj, (bool, int, float)):  # subclasses (IntEnum, numpy scalars that subclass float)
+        return obj
+    if isinstance(obj, str):
+        return redact(str(obj))
     if not isinstance(obj, (dict, list, tuple, set, frozenset)):
         return redact(_to_text(obj))  # converted first, redacted after: bytes and any other object
     if depth > _MAX_DEPTH:
@@ -460,9 +513,16 @@ def _outbound(obj: Any, depth: int, active: set[int]) -> Any:
         if isinstance(obj, dict):
             out: dict[Any, Any] = {}
             for k, v in obj.items():
-                key = k if k is None or isinstance(k, (bool, int, float)) else redact(_to_text(k))
-                keep = v is None or isinstance(v, bool) or (isinstance(v, str) and v == "")
-                out[key] = MASK if is_secret_name(key) and not keep else _outbound(v, depth + 1, active)
+                key, secret = _outbound_key(k)
+                tv = type(v)
+                if secret and not (v is None or tv is bool or (tv is str and v == "")):
+                    out[key] = MASK
+                elif tv in _PLAIN:
+                    out[key] = v
+                elif tv is str:
+                    out[key] = _outbound_text(v)
+                else:
+                    out[key] = _outbound(v, depth + 1, active)
             return out
         return [_outbound(v, depth + 1, active) for v in obj]
     finally:
