@@ -28,6 +28,7 @@ from typing import Iterable, Iterator, Sequence, TextIO
 
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import DlwatchError, NotFoundError, UsageError
+from dlwatch.redact import outbound
 from dlwatch.report import render, store
 
 # example -> the playbook it must yield as top finding (None: a healthy run, no incident at all)
@@ -297,7 +298,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report
     try:
-        render.render_terminal(store.load_report(last), sys.stdout)
+        render.render_terminal(outbound(store.load_report(last)), sys.stdout)
     except DlwatchError as exc:
         print(f"cannot show {last}: {exc}")
         return 1
