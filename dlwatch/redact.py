@@ -28,8 +28,9 @@ A *secret name* is any key / option name that contains, case-insensitively,
 one of: ``token``, ``secret``, ``password``, ``passwd``, ``api_key``,
 ``apikey``, ``api-key``, ``credential``, ``passphrase``, ``signature``
 (``X-Amz-Signature``, ``X-Goog-Signature``), or that is exactly (leading
-dashes dropped, ``-`` read as ``_``) one of ``pass``, ``pw``, ``pwd``, ``key``,
-``auth``, ``sig`` (SAS tokens).  Name characters are letters, digits,
+dashes dropped, ``-`` read as ``_``) one of ``pass``, ``pw``, ``pwd``, ``sig``
+(SAS tokens), or, as an option only, ``--key`` / ``--auth`` (``key=`` and
+``key:`` are S3 object keys, partitions and dict keys far more often).  Name characters are letters, digits,
 ``_``, ``.`` and ``-``.  The rule is applied as written, with no exceptions
 for "harmless-looking" names: ``--tokenizer-path x`` becomes
 ``--tokenizer-path ***`` and ``num_tokens=5`` becomes ``num_tokens=***``.
@@ -94,7 +95,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-__all__ = ["MASK", "SECRET_NAMES", "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact",
+__all__ = ["MASK", "OPTION_ONLY_NAMES", "SECRET_NAMES", "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact",
            "redact_argv", "redact_obj"]
 
 MASK = "***"
@@ -113,6 +114,9 @@ SECRET_WORDS: tuple[str, ...] = (
 )
 # Names that are secret only on their own (as substrings they are everywhere: "compass", "keyboard", "author").
 SECRET_NAMES = frozenset({"pass", "pw", "pwd", "key", "auth", "sig"})
+# ... and of those, names that are secret only as options (--key, --auth): "key=" and "key:" are
+# S3 object keys, Hive partitions and dict keys far more often than credentials.
+OPTION_ONLY_NAMES = frozenset({"key", "auth"})
 
 _EXEMPT_VALUES = frozenset({"", "true", "false", "none", "null"})
 
@@ -193,7 +197,11 @@ def is_secret_name(name: object) -> bool:
     if not isinstance(name, str):
         return False
     low = name.lower()
-    return any(w in low for w in SECRET_WORDS) or low.lstrip("-").replace("-", "_") in SECRET_NAMES
+    if any(w in low for w in SECRET_WORDS):
+        return True
+    bare = low.lstrip("-")
+    norm = bare.replace("-", "_")
+    return norm in SECRET_NAMES and (bare != low or norm not in OPTION_ONLY_NAMES)
 
 
 def _is_exempt(value: str) -> bool:

@@ -413,3 +413,23 @@ def _redact_without_gate(text: str) -> str:
 def test_fast_gate_never_skips_a_redaction(text: str) -> None:
     """redact() returns clean text at once when no trigger occurs; that shortcut must change nothing."""
     assert redact(text) == _redact_without_gate(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # healthy look-alikes of the issue-9 rules: names that merely contain pass/key/auth/sig,
+        # comparisons and augmented assignments, prose, and the usual ML command lines
+        "if x == y and token_count += 1",
+        "compass=north keyboard=us monkey=1 author: me bypass=0 sig_figs=3 keys=4",
+        "signal: SIGKILL (the training process was killed)",
+        "pip install scikit-learn; sk-learn is not a token",
+        "the basic idea: stack, do not concatenate",
+        "torchrun --nproc-per-node 8 train.py --epochs -1 --lr 3e-4",
+        "https://github.com/pytorch/pytorch/issues/1355#issuecomment-1",
+        "s3://bucket/key=value/part-0001.parquet",
+        "Thread 0x7f (most recent call first):\n  File \"/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py\", line 308 in _worker_loop",
+    ],
+)
+def test_issue9_look_alikes_are_untouched(text: str) -> None:
+    assert redact(text) == text
