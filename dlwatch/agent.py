@@ -26,7 +26,7 @@ import warnings
 from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
-from dlwatch._fs import make_private_dir, write_json
+from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
@@ -253,21 +253,29 @@ class Watch:
 
     def _make_run_dir(self) -> str:
         run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
-        for base in (self.options.report_dir, store.fallback_dir()):
+        for base in (self.options.report_dir, None):
             try:
-                path = os.path.join(base, store.RUNS_DIR, run_id)
-                make_private_dir(path)
-                make_private_dir(os.path.join(path, "dumps"))
+                # an existing report directory must be ours and private; /tmp-like ones get a private child
+                base_dir = store.prepare_report_dir(base) if base is not None else store.fallback_dir()
+                runs = os.path.join(base_dir, store.RUNS_DIR)
+                make_private_dir(runs)
+                path = make_private_child(runs, run_id)
+                make_private_child(path, "dumps")
                 probe = os.path.join(path, ".write-test")
-                with open(probe, "wb") as f:
-                    f.write(b"x")
+                fd = create_private(probe)
+                try:
+                    os.write(fd, b"x")
+                finally:
+                    os.close(fd)
                 os.unlink(probe)
             except OSError as exc:
-                if base == self.options.report_dir:
-                    _warn(f"report directory {base!r} is not writable ({exc.strerror or exc}); "
+                if base is not None:
+                    why = f"is not safe: {exc}" if isinstance(exc, UnsafeDirError) else \
+                        f"is not writable ({exc.strerror or exc})"
+                    _warn(f"report directory {base!r} {why}; "
                           f"writing reports to {store.fallback_dir()!r} instead")
                 continue
-            self.report_dir = base
+            self.report_dir = base_dir
             return path
         raise OSError("no writable report directory")
 
@@ -306,15 +314,15 @@ class Watch:
         self._active = True
 
     def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
-        env = dict(os.environ)
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from dlwatch._spawn import python_argv
+
+        # Isolated (-I): nothing in the training program's working directory or PYTHONPATH is
+        # imported by the monitor; it loads this very dlwatch by location (see dlwatch/_spawn.py).
         # No pipe ends of ours reach forked workers through this Popen except stdin's write end,
         # which is only a wake-up: the monitor never relies on its EOF.
         return subprocess.Popen(
-            [sys.executable, "-m", "dlwatch.monitor", run_dir],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None,
-            env=env, close_fds=True,
+            python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)]),
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
         )
 
     def _instrument_loader(self, loader: Any) -> None:

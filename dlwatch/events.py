@@ -15,16 +15,15 @@ import stat
 import time
 from typing import Any, Iterable, Iterator
 
-from dlwatch._fs import open_private
-from dlwatch.redact import redact_obj
+from dlwatch._fs import json_line, open_private
 
 
 def emit(path: str, event: str, **fields: Any) -> bool:
     """Append one event; never raises (dlwatch must not break training). False on failure."""
     record = {"ts": time.time(), "event": event, "pid": os.getpid(), **fields}
     try:
-        line = (json.dumps(redact_obj(record), default=str) + "\n").encode("utf-8")
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        line = json_line(record)
+        fd = open_private(path)  # O_APPEND; created O_EXCL, or ours and private, never through a link
         try:
             os.write(fd, line)
         finally:

@@ -14,7 +14,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from dlwatch._fs import open_private
+from dlwatch._fs import create_private
 
 MAGIC = b"DLWHB001"
 # magic, state (one byte, so the wait edge is a single-byte store), seq, batches, epoch_batches,
@@ -68,7 +68,7 @@ class HeartbeatWriter:
                  "ts_wait_start", "total_wait_s", "total_step_s", "last_interval_s")
 
     def __init__(self, path: str) -> None:
-        self._fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        self._fd = create_private(path, os.O_RDWR)
         os.ftruncate(self._fd, SIZE)
         self._mm = mmap.mmap(self._fd, SIZE)
         self.mm = self._mm  # for the hot path's one-byte state store

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlwatch import heartbeat as hbmod
-from dlwatch._fs import open_private
+from dlwatch._fs import create_private, json_line, open_private
 from dlwatch._log import configure_own_process, get_logger
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
@@ -34,6 +34,7 @@ from dlwatch.detect.classify import syscall_category
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
 from dlwatch.model import ProcSample, SystemSample
+from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
 log = get_logger("dlwatch.monitor")
@@ -83,14 +84,14 @@ class Timeline:
     def append(self, record: dict[str, Any]) -> None:
         if self.failed:
             return
-        line = (json.dumps(record, default=str) + "\n").encode()
+        line = json_line(record)
         try:
             if self._fd is None:
                 self._fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             if self.size + len(line) > self.cap:
                 os.close(self._fd)
                 os.replace(self.path, self.path.replace(".jsonl", ".1.jsonl"))
-                self._fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+                self._fd = create_private(self.path, os.O_WRONLY | os.O_APPEND)
                 self.size = 0
             os.write(self._fd, line)
             self.size += len(line)
@@ -485,14 +486,17 @@ class Monitor:
             path = build.write(report, self.report_dir, extra_files=extra)
         except Exception as exc:
             log.warning("report_write_failed", error=f"{type(exc).__name__}: {exc}")
-            print(f"dlwatch: could not write the {report['trigger']} report: {exc}", file=sys.stderr)
+            print(outbound(f"dlwatch: could not write the {report['trigger']} report: {exc}"), file=sys.stderr)
             return None
         self.incidents.append(path)
         top = report["findings"][0]["playbook"] if report.get("findings") else "no playbook matched"
-        print(f"dlwatch: {report['trigger']} incident ({top}): {path}", file=sys.stderr, flush=True)
+        print(outbound(f"dlwatch: {report['trigger']} incident ({top}): {path}"), file=sys.stderr, flush=True)
         try:
-            with open(os.path.join(self.run_dir, "incidents"), "a") as f:
-                f.write(path + "\n")
+            fd = open_private(os.path.join(self.run_dir, "incidents"))  # 0600, like every file
+            try:
+                os.write(fd, (path + "\n").encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
         except OSError:
             pass
         return path
@@ -551,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         monitor = Monitor(argv[0])
     except (OSError, ValueError, KeyError) as exc:
-        print(f"dlwatch: monitor cannot start: {exc}", file=sys.stderr)
+        print(outbound(f"dlwatch: monitor cannot start: {exc}"), file=sys.stderr)
         return 1
     return monitor.run()
 

@@ -30,6 +30,7 @@ from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import read_system
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import PTRACE_HELP, NotFoundError, PermissionDeniedError, TargetError, UsageError
+from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
 WORKER_COMM = "pt_data_worker"
@@ -315,11 +316,12 @@ def run(args: argparse.Namespace) -> int:
     # never the run's own playbook directories: code-free, but the target's user wrote them
     build.add_findings(report, ())
     path = build.write(report, out_dir, extra_files=extra)
+    shown = outbound(report)  # what is printed is redacted like what is written (one redaction point)
     if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
+        json.dump(shown, sys.stdout, indent=2)
         print()
     else:
-        print_summary(report, path, sys.stdout)
+        print_summary(shown, outbound(path), sys.stdout)
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Iterable, Iterator, Sequence, TextIO
 
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import DlwatchError, NotFoundError, UsageError
+from dlwatch.redact import outbound
 from dlwatch.report import render, store
 
 # example -> the playbook it must yield as top finding (None: a healthy run, no incident at all)
@@ -132,10 +133,17 @@ class Outcome:
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _example_argv(script: str, report_dir: str) -> list[str]:
+    """The example runs isolated (-I): nothing from the working directory or PYTHONPATH is imported;
+    this dlwatch is loaded by location and the examples folder (ours) comes first for ``_common``."""
+    from dlwatch._spawn import MONITOR_DEPS, python_argv
+
+    return python_argv(script=script, args=["--report-dir", report_dir], first=[os.path.dirname(script)],
+                       deps=(*MONITOR_DEPS, "torch", "numpy"))
 
 
 def _stop_group(proc: "subprocess.Popen[str]") -> None:
@@ -158,7 +166,7 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
     out = Outcome(name, EXAMPLES[name])
     script = os.path.join(directory, f"{name}.py")
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, script, "--report-dir", report_dir], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(_example_argv(script, report_dir), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                             env=_child_env(), start_new_session=True)
 
@@ -293,7 +301,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report
     try:
-        render.render_terminal(store.load_report(last), sys.stdout)
+        render.render_terminal(outbound(store.load_report(last)), sys.stdout)
     except DlwatchError as exc:
         print(f"cannot show {last}: {exc}")
         return 1

@@ -16,6 +16,7 @@ import sys
 
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import ReportError
+from dlwatch.redact import outbound
 from dlwatch.report import render, store
 
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     default_dir = args.dir or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR
     mode, path = store.resolve_report(args.target, default_dir)
     if mode == "show":
-        report = store.load_report(path)
+        report = outbound(store.load_report(path))  # a report of an older dlwatch is shown redacted too
         if args.json:
             json.dump(report, sys.stdout, indent=2)
             print()

@@ -85,7 +85,9 @@ def install(dump_dir: str) -> str | None:
         # O_APPEND: the monitor truncates this file before each request; every
         # write then lands at the new end, not at a stale offset past it (which
         # would leave a hole of NUL bytes in front of the dump).
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        from dlwatch._fs import open_private
+
+        fd = open_private(path)  # O_APPEND, 0600; never through a link, never another user's file
         try:
             faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
         except Exception:

@@ -1,7 +1,10 @@
 """Incident directories on disk: ids, atomic writes, listing and loading.
 
-An incident directory appears complete or not at all: it is written under
-``.tmp-<id>`` (which listings ignore) and renamed into place.  Run directories
+An incident directory appears complete or not at all: it is written in a fresh
+private ``.tmp-<id>-XXXXXX`` directory (``mkdtemp``; listings ignore it) and
+renamed into place.  The report directory itself is used only when no other user
+can change it (``_fs.check_report_dir``); a sticky shared one such as /tmp gets a
+private ``mkdtemp`` child, and the fallback is a ``mkdtemp`` directory too.  Run directories
 (``.runs/``) hold a run in progress and are never listed as incidents.
 """
 
@@ -20,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
-from dlwatch._fs import make_private_dir, write_json, write_jsonl, write_private
+from dlwatch._fs import (UnsafeDirError, check_links, make_private_child, make_private_dir, sticky_parent,
+                         verify_created, write_json, write_jsonl, write_private)
 from dlwatch.errors import NotFoundError, ReportError
-from dlwatch.redact import redact_obj
+from dlwatch.redact import outbound
 
 SCHEMA_VERSION = 1
 TRIGGERS = ("exception", "stall", "threshold", "exit", "attach")
@@ -77,23 +81,53 @@ def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
     }
 
 
+_private_children: dict[tuple[int, str], str] = {}  # (pid, sticky dir) -> our private child in it
+_fallback: tuple[int, str] | None = None  # (pid, directory): one per process
+
+
+def prepare_report_dir(report_dir: str) -> str:
+    """The directory incidents for ``report_dir`` really go to; raises OSError (UnsafeDirError) if none.
+
+    An existing directory must be ours and not writable by group or others; a
+    missing one is created 0700, level by level.  A sticky world-writable
+    directory (``/tmp``) is never written into directly: dlwatch makes a private
+    ``mkdtemp`` child there once per process and uses that.
+    """
+    if os.path.isdir(report_dir) and sticky_parent(report_dir):
+        check_links(report_dir)
+        key = (os.getpid(), os.path.abspath(report_dir))
+        child = _private_children.get(key)
+        if child is None or not os.path.isdir(child):
+            child = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-", dir=os.path.realpath(report_dir))
+            verify_created(child)
+            _private_children[key] = child
+        return child
+    make_private_dir(report_dir)
+    return report_dir
+
+
 def write_incident(report_dir: str, report: dict[str, Any], *,
                    render_markdown: Callable[[Mapping[str, Any]], str],
                    extra_files: Mapping[str, bytes] | None = None) -> str:
     """Write ``<report_dir>/<id>/`` atomically; return its path.  Raises OSError, leaving nothing."""
-    report = redact_obj(report)
-    make_private_dir(report_dir)
+    report = outbound(report)
+    report_dir = prepare_report_dir(report_dir)
     final = os.path.join(report_dir, report["id"])
-    tmp = os.path.join(report_dir, TMP_PREFIX + report["id"])
+    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + report["id"] + "-", dir=report_dir)
     try:
-        make_private_dir(tmp)
+        verify_created(tmp)
         write_json(os.path.join(tmp, "report.json"), report)
         write_private(os.path.join(tmp, "report.md"), render_markdown(report))
         write_jsonl(os.path.join(tmp, "timeline.jsonl"), report.get("timeline") or [])
         for rel, data in (extra_files or {}).items():
-            path = os.path.join(tmp, rel)
-            make_private_dir(os.path.dirname(path))
-            write_private(path, data)
+            parts = os.path.normpath(rel).split(os.sep)
+            if os.path.isabs(rel) or ".." in parts or not parts[-1]:
+                raise UnsafeDirError(f"refusing to write {rel!r} outside the incident")
+            head = tmp
+            for part in parts[:-1]:
+                head = os.path.join(head, part) if os.path.isdir(os.path.join(head, part)) \
+                    else make_private_child(head, part)
+            write_private(os.path.join(head, parts[-1]), data)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -102,7 +136,16 @@ def write_incident(report_dir: str, report: dict[str, Any], *,
 
 
 def fallback_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"dlwatch-reports-{os.getuid()}")
+    """A private directory of this process, made by ``tempfile.mkdtemp`` the first time it is asked for.
+
+    Never a predictable name: another user could have prepared that one.
+    """
+    global _fallback
+    if _fallback is None or _fallback[0] != os.getpid() or not os.path.isdir(_fallback[1]):
+        path = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-")
+        verify_created(path)
+        _fallback = (os.getpid(), path)
+    return _fallback[1]
 
 
 MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far below this
