@@ -641,7 +641,7 @@ def test_incidents_and_write_test_are_0600_under_umask_0(tmp_path, monkeypatch):
 # Item 3: the monitor imports nothing from the training program's working directory, nor from a
 # directory dlwatch itself sits in (which the old code put first on the monitor's PYTHONPATH).
 
-PLANT = '''import os
+PLANTED_MODULE = '''import os
 with open(os.path.join({marker_dir!r}, "RAN-" + __name__ + "-" + str(os.getpid())), "w") as f:
     f.write("planted module ran")
 raise SystemExit("planted module ran")
@@ -675,7 +675,7 @@ def test_monitor_imports_nothing_from_cwd_or_dlwatch_parent(shared):
     shutil.copytree(os.path.join(REPO, "playbooks"), os.path.join(pkgroot, "dlwatch", "_playbooks"))  # as installed
     for d in (work, pkgroot):
         for name in ("select", "json"):
-            plant = PLANT.format(marker_dir=markers).replace("'", "'\\''")
+            plant = PLANTED_MODULE.format(marker_dir=markers).replace("'", "'\\''")
             as_nobody(f"printf '%s' '{plant}' > {d}/{name}.py")
     # control: the planted modules do run when a Python puts that directory first
     subprocess.run([sys.executable, "-c", "import select"], cwd=work, capture_output=True, timeout=30)
