@@ -19,10 +19,11 @@ from typing import Any, Callable
 
 from dlwatch import events
 
-# In a worker whose start fingerprint was taken: (worker_id, epoch, snapshot) until its first
-# batch is collated.  Set only inside worker processes (by WorkerHook); None everywhere else,
-# so CollateHook costs one global lookup per batch.
-_start: tuple[int, int | None, Any] | None = None
+# In a worker whose start fingerprint was taken: events path -> (worker_id, epoch, snapshot)
+# until its first batch is collated (keyed by run, should two watches share a worker).  Filled
+# only inside worker processes (by WorkerHook), empty everywhere else, so CollateHook costs one
+# global lookup per batch.
+_start: dict[str, tuple[int, int | None, Any]] = {}
 
 PR_SET_PTRACER = 0x59616D61  # Yama: allow this pid (and its descendants) to ptrace us
 
@@ -76,7 +77,6 @@ class WorkerHook:
             pass
 
     def _fingerprint(self, worker_id: int) -> None:
-        global _start
         try:
             from dlwatch import rngcheck
             from torch.utils.data import get_worker_info
@@ -86,7 +86,7 @@ class WorkerHook:
             snap = rngcheck.snapshot(dataset, depth=self.rng_depth)
             if events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=self.epoch,
                            stage="start", fingerprints=snap.prints):
-                _start = (worker_id, self.epoch, snap)
+                _start[self.events_path] = (worker_id, self.epoch, snap)
         except Exception:
             pass
 
@@ -107,13 +107,12 @@ class CollateHook:
 
     def __call__(self, batch: Any) -> Any:
         out = self.user_fn(batch)
-        if _start is not None:
+        if _start:
             self._after_first_batch()
         return out
 
     def _after_first_batch(self) -> None:
-        global _start
-        start, _start = _start, None
+        start = _start.pop(self.events_path, None)
         try:
             from dlwatch import rngcheck
             from torch.utils.data import get_worker_info
