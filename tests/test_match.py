@@ -436,7 +436,8 @@ def test_rng_identical_but_never_drawn_from_is_quiet(playbooks: tuple) -> None:
 
 
 def test_rng_epoch_repeat_derived_from_fingerprints(playbooks: tuple) -> None:
-    r = report(trigger="exit", loader={"persistent_workers": False, "worker_init_fn": "train.seed_by_id"})
+    r = report(trigger="exit", loader={"persistent_workers": False, "worker_init_fn": "train.seed_by_id",
+                                       "sampler": "torch.utils.data.sampler.RandomSampler"})
     r["events"] += [rng_fp(0, global__numpy="s0"), rng_fp(0, "after_first_batch", ("global:numpy",),
                                                           global__numpy="t0"),
                     rng_fp(0, epoch=2, global__numpy="s0")]
@@ -446,6 +447,8 @@ def test_rng_epoch_repeat_derived_from_fingerprints(playbooks: tuple) -> None:
     ev = f[0].evidence
     assert ev["repeats"] == [{"attribute": "global:numpy", "workers": [0], "epochs": [1, 2], "kind": "global"}]
     assert ev["persistent_workers"] is False and ev["worker_init_fn"] == "train.seed_by_id"
+    assert ev["sampler"].endswith("RandomSampler")
+    assert 'ignore="rng-duplication"' in f[0].remediation  # the way out for a validation loader seeded on purpose
     assert "torch.initial_seed()" in f[0].remediation
     assert "Every worker draws from its own copy" not in f[0].remediation
 

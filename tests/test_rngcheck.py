@@ -407,6 +407,7 @@ def test_watch_numpy_seeded_by_worker_id_repeats_every_epoch(tmp_path, no_leftov
     ev = top["evidence"]
     assert ev["repeats"] == [{"attribute": "global:numpy", "workers": [0, 1], "epochs": [1, 2], "kind": "global"}]
     assert "duplicates" not in ev and ev["persistent_workers"] is False
+    assert ev["sampler"].endswith("SequentialSampler")
     assert ev["worker_init_fn"].endswith("seed_by_worker_id")
     assert "torch.initial_seed()" in top["remediation"] and "The workers start the same stream every epoch" \
         in top["remediation"]

@@ -523,8 +523,12 @@ def _enrich_rng(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
                     found.append(d)
         if found:
             ev[key] = found
-    if ev.get("repeats") and ctx.loader.get("persistent_workers") is not None:
-        ev["persistent_workers"] = ctx.loader.get("persistent_workers")  # workers restart each epoch
+    if ev.get("repeats"):
+        # workers restart each epoch; a sequential sampler means the very same samples get the
+        # very same draws (on purpose only for a validation loader seeded alike every epoch)
+        for key in ("persistent_workers", "sampler"):
+            if ctx.loader.get(key) is not None:
+                ev[key] = ctx.loader.get(key)
     if ctx.loader.get("worker_init_fn") is not None:
         ev["worker_init_fn"] = ctx.loader.get("worker_init_fn")
     if ev.get("duplicates") and not ev.get("repeats"):
