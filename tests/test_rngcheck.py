@@ -630,3 +630,22 @@ def test_detector_waits_for_the_whole_generation_then_names_every_worker() -> No
         else:
             (sig,) = det.on_event({"event": "stop"}, view(2.1))
         assert sig["duplicates"][0]["workers"] == [0, 1]
+
+
+class GlobalReseededPerItem(Dataset):
+    """np.random.seed(index) in __getitem__: deterministic per sample, through the global generator."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        np.random.seed(1000 + i)
+        return torch.tensor([i, int(np.random.randint(0, 1 << 30))])
+
+
+def test_watch_global_reseeded_per_item_is_quiet(tmp_path, no_leftovers) -> None:
+    seen, events, reports = watched_epochs(tmp_path, DataLoader(GlobalReseededPerItem(), batch_size=4,
+                                                                num_workers=2))
+    assert seen[0] == seen[1]
+    assert_quiet(events, reports)  # each epoch's workers start where torch seeded them: apart
+    assert all("global:numpy" in e["drawn"] for e in after_batch(events).values())
