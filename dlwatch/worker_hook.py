@@ -85,10 +85,16 @@ class WorkerHook:
             dataset = info.dataset if info is not None else None
             snap = rngcheck.snapshot(dataset, depth=self.rng_depth)
             if events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=self.epoch,
-                           stage="start", fingerprints=snap.prints):
+                           stage="start", fingerprints=_pairs(snap.prints)):
                 _start[self.events_path] = (worker_id, self.epoch, snap)
         except Exception:
             pass
+
+
+def _pairs(prints: dict[str, str]) -> list[list[str]]:
+    """[[path, hash], ...]: paths are not dict keys in the event, so redaction (which masks the
+    value of a key such as ``dataset.tokenizer.rng``) cannot make all workers' hashes '***'."""
+    return [[path, h] for path, h in sorted(prints.items())]
 
 
 class CollateHook:
@@ -124,6 +130,6 @@ class CollateHook:
             snap = rngcheck.snapshot(info.dataset, depth=self.rng_depth)
             drew, rebound = rngcheck.drawn(first, snap)
             events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=epoch,
-                        stage="after_first_batch", fingerprints=snap.prints, drawn=drew, rebound=rebound)
+                        stage="after_first_batch", fingerprints=_pairs(snap.prints), drawn=drew, rebound=rebound)
         except Exception:
             pass

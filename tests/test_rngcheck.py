@@ -205,7 +205,7 @@ import os
 import dlwatch
 from conftest import incidents, load
 from dlwatch.detect.match import match
-from dlwatch.detect.rng import judge
+from dlwatch.detect.rng import fingerprints_of, judge
 from dlwatch.playbooks import load_playbooks
 
 N = 16
@@ -331,10 +331,10 @@ def test_watch_generator_used_only_in_init_is_quiet(tmp_path, no_leftovers) -> N
     after = after_batch(events)
     assert set(after) == {(1, 0), (1, 1), (2, 0), (2, 1)}
     for e in after.values():  # seen in every worker, identical in all, but never drawn from
-        assert "dataset.rng" in e["fingerprints"] and "dataset.rng" not in e["drawn"]
-    assert len({e["fingerprints"]["dataset.rng"] for e in after.values()}) == 1
+        assert "dataset.rng" in fingerprints_of(e) and "dataset.rng" not in e["drawn"]
+    assert len({fingerprints_of(e)["dataset.rng"] for e in after.values()}) == 1
     # the old rule (identical state at worker start) would have flagged it
-    starts = {e["worker_id"]: e["fingerprints"] for e in fingerprint_events(events, "start") if e["epoch"] == 1}
+    starts = {e["worker_id"]: fingerprints_of(e) for e in fingerprint_events(events, "start") if e["epoch"] == 1}
     assert {d["attribute"] for d in duplicates(starts)} == {"dataset.rng"}
 
 
@@ -351,7 +351,7 @@ def test_watch_generator_seeded_on_first_use_from_worker_seed_is_quiet(tmp_path,
     assert_quiet(events, reports)
     assert seen[0] != seen[1]
     starts = fingerprint_events(events, "start")
-    assert starts and all("dataset.rng" not in e["fingerprints"] for e in starts)  # None at worker start
+    assert starts and all("dataset.rng" not in fingerprints_of(e) for e in starts)  # None at worker start
     for e in after_batch(events).values():
         assert "dataset.rng" in e["drawn"] and "dataset.rng" in e["rebound"]
 
@@ -649,3 +649,40 @@ def test_watch_global_reseeded_per_item_is_quiet(tmp_path, no_leftovers) -> None
     assert seen[0] == seen[1]
     assert_quiet(events, reports)  # each epoch's workers start where torch seeded them: apart
     assert all("global:numpy" in e["drawn"] for e in after_batch(events).values())
+
+
+class MaskingTokenizer:
+    """An NLP habit: the tokenizer masks tokens at random, re-seeding per item from the index."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+
+    def mask(self, i: int) -> int:
+        self.rng = random.Random(i)
+        return self.rng.randrange(512)
+
+
+class MaskedText(Dataset):
+    def __init__(self) -> None:
+        self.tokenizer = MaskingTokenizer()
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, self.tokenizer.mask(i)])
+
+
+def test_watch_generator_under_a_secret_looking_name_is_judged_on_its_real_state(tmp_path, no_leftovers) -> None:
+    # "tokenizer" is a secret-looking name to the redactor: the hashes must not all become '***'
+    _, events, reports = watched_epochs(tmp_path, DataLoader(MaskedText(), batch_size=4, num_workers=2))
+    assert_quiet(events, reports)
+    after = after_batch(events)
+    for epoch in (1, 2):  # real hashes, apart in the two workers (the same items every epoch: no shuffle)
+        assert fingerprints_of(after[epoch, 0])["dataset.tokenizer.rng"] != \
+            fingerprints_of(after[epoch, 1])["dataset.tokenizer.rng"]
+    # and a duplicated stream under such a name is still caught (its hash was '***' in every worker before)
+    shared = MaskedText()
+    shared.tokenizer.mask = lambda i: shared.tokenizer.rng.randrange(512)  # draws, no longer re-seeds
+    _, _, reports = watched_epochs(tmp_path / "dup", DataLoader(shared, batch_size=4, num_workers=2))
+    assert [d["attribute"] for d in reports[0]["findings"][0]["evidence"]["duplicates"]] == ["dataset.tokenizer.rng"]

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 from dlwatch.detect.base import Detector, View
 
-__all__ = ["RngDuplication", "judge"]
+__all__ = ["RngDuplication", "fingerprints_of", "judge"]
 
 MAX_WORKERS_KEPT = 512  # worker processes whose fingerprints the detector keeps (oldest dropped)
 EVIDENCE_WAIT_S = 5.0  # how long a finding waits for the rest of its generation's workers
@@ -53,12 +53,23 @@ class _Worker:
     seq: int = field(default=0, repr=False)
 
 
+def fingerprints_of(ev: Mapping[str, Any]) -> dict[str, str] | None:
+    """An event's fingerprints: ``[[path, hash], ...]`` (paths kept out of dict keys, where
+    redaction would mask a hash under a name like ``tokenizer``), or a ``{path: hash}`` mapping."""
+    raw = ev.get("fingerprints")
+    if isinstance(raw, Mapping):
+        return {str(k): str(v) for k, v in raw.items()}
+    if isinstance(raw, (list, tuple)):
+        return {str(p[0]): str(p[1]) for p in raw if isinstance(p, (list, tuple)) and len(p) == 2}
+    return None
+
+
 def _workers(events: Iterable[Mapping[str, Any]]) -> list[_Worker]:
     by_pid: dict[Any, _Worker] = {}
     for ev in events:
         if not isinstance(ev, Mapping) or ev.get("event") != "rng_fingerprint":
             continue
-        prints = ev.get("fingerprints")
+        prints = fingerprints_of(ev)
         worker_id = ev.get("worker_id")
         if not isinstance(prints, Mapping) or not isinstance(worker_id, int) or isinstance(worker_id, bool):
             continue
@@ -169,7 +180,7 @@ class RngDuplication(Detector):
     def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
         if ev.get("event") == "stop":  # the block ends: what was seen is all there will be
             return self._flush(view, wait_s=0.0)
-        if ev.get("event") != "rng_fingerprint" or not isinstance(ev.get("fingerprints"), Mapping):
+        if ev.get("event") != "rng_fingerprint" or fingerprints_of(ev) is None:
             return ()
         pid = ev.get("pid")
         self.pids[pid] = None
