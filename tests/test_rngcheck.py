@@ -686,3 +686,29 @@ def test_watch_generator_under_a_secret_looking_name_is_judged_on_its_real_state
     shared.tokenizer.mask = lambda i: shared.tokenizer.rng.randrange(512)  # draws, no longer re-seeds
     _, _, reports = watched_epochs(tmp_path / "dup", DataLoader(shared, batch_size=4, num_workers=2))
     assert [d["attribute"] for d in reports[0]["findings"][0]["evidence"]["duplicates"]] == ["dataset.tokenizer.rng"]
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """A streaming dataset sharded by worker; noise from a generator made in __init__ or in __iter__."""
+
+    def __init__(self, seed_in_worker: bool) -> None:
+        self.seed_in_worker = seed_in_worker
+        self.rng = np.random.default_rng(0)
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        if self.seed_in_worker:
+            self.rng = np.random.default_rng(info.seed)
+        for i in range(info.id, N, info.num_workers):
+            yield torch.tensor([i, int(self.rng.integers(0, 1 << 30))])
+
+
+def test_watch_iterable_dataset_unbatched(tmp_path, no_leftovers) -> None:
+    # batch_size=None: torch's collate_fn is default_convert, called per sample
+    _, events, reports = watched_epochs(tmp_path / "ok", DataLoader(Stream(True), batch_size=None, num_workers=2))
+    assert_quiet(events, reports)
+    assert len(after_batch(events)) == 4
+    _, _, reports = watched_epochs(tmp_path / "bug", DataLoader(Stream(False), batch_size=None, num_workers=2))
+    top = reports[0]["findings"][0]
+    assert top["playbook"] == "rng-duplication"
+    assert [d["attribute"] for d in top["evidence"]["duplicates"]] == ["dataset.rng"]
