@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from dlwatch.detect import rng as rng_detect
 from dlwatch.detect import thresholds as th
+from dlwatch.detect import rng as rng_detect
 from dlwatch._log import get_logger
 from dlwatch.model import Finding, ProcSample
 from dlwatch.playbooks import Hint, Playbook, Signal
