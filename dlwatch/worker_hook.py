@@ -85,15 +85,19 @@ class WorkerHook:
             dataset = info.dataset if info is not None else None
             snap = rngcheck.snapshot(dataset, depth=self.rng_depth)
             if events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=self.epoch,
-                           stage="start", fingerprints=_pairs(snap.prints)):
+                           stage="start", fingerprints=snap.prints, states=_pairs(snap.prints)):
                 _start[self.events_path] = (worker_id, self.epoch, snap)
         except Exception:
             pass
 
 
 def _pairs(prints: dict[str, str]) -> list[list[str]]:
-    """[[path, hash], ...]: paths are not dict keys in the event, so redaction (which masks the
-    value of a key such as ``dataset.tokenizer.rng``) cannot make all workers' hashes '***'."""
+    """The event's ``states``, [[path, hash], ...]: the hashes as the detector reads them.
+
+    ``fingerprints`` ({path: hash}, the form every reader of the events accepts) goes through
+    redaction, which masks the value of a secret-looking key such as ``dataset.tokenizer.rng``
+    to '***' in every worker, which would read as identical state.  In pairs no path is a key.
+    """
     return [[path, h] for path, h in sorted(prints.items())]
 
 
@@ -130,6 +134,7 @@ class CollateHook:
             snap = rngcheck.snapshot(info.dataset, depth=self.rng_depth)
             drew, rebound = rngcheck.drawn(first, snap)
             events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=epoch,
-                        stage="after_first_batch", fingerprints=_pairs(snap.prints), drawn=drew, rebound=rebound)
+                        stage="after_first_batch", fingerprints=snap.prints, states=_pairs(snap.prints),
+                        drawn=drew, rebound=rebound)
         except Exception:
             pass

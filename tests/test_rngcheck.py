@@ -712,3 +712,14 @@ def test_watch_iterable_dataset_unbatched(tmp_path, no_leftovers) -> None:
     top = reports[0]["findings"][0]
     assert top["playbook"] == "rng-duplication"
     assert [d["attribute"] for d in top["evidence"]["duplicates"]] == ["dataset.rng"]
+
+
+def test_fingerprints_of_prefers_the_unredacted_states() -> None:
+    from dlwatch.detect.rng import fingerprints_of
+
+    ev = {"fingerprints": {"dataset.tokenizer.rng": "***", "dataset.rng": "a"},
+          "states": [["dataset.tokenizer.rng", "b"], ["dataset.rng", "a"]]}
+    assert fingerprints_of(ev) == {"dataset.tokenizer.rng": "b", "dataset.rng": "a"}
+    ev.pop("states")  # an older event: a masked hash says nothing about the state
+    assert fingerprints_of(ev) == {"dataset.rng": "a"}
+    assert fingerprints_of({"fingerprints": None}) is None

@@ -14,8 +14,7 @@ dlwatch.shapes and dlwatch.rngcheck), matched by their ``signal`` key (or by
 ``event`` for the same name):
 ``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate"
 | "rng_epoch_repeat", ...}`` and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "epoch",
-"stage", "fingerprints": [[path, hash], ...], "drawn", "rebound"}`` (judged by
-:func:`dlwatch.detect.rng.judge`).
+"stage", "fingerprints", "states", "drawn", "rebound"}`` (judged by :func:`dlwatch.detect.rng.judge`).
 """
 
 from __future__ import annotations

@@ -54,13 +54,15 @@ class _Worker:
 
 
 def fingerprints_of(ev: Mapping[str, Any]) -> dict[str, str] | None:
-    """An event's fingerprints: ``[[path, hash], ...]`` (paths kept out of dict keys, where
-    redaction would mask a hash under a name like ``tokenizer``), or a ``{path: hash}`` mapping."""
+    """An event's hashes by path: from ``states`` (``[[path, hash], ...]``, never redacted) when
+    present, else from ``fingerprints`` (``{path: hash}``; redaction masks the hash of a path
+    with a secret-looking name, e.g. ``tokenizer``, so such a path is left out)."""
+    states = ev.get("states")
+    if isinstance(states, (list, tuple)):
+        return {str(p[0]): str(p[1]) for p in states if isinstance(p, (list, tuple)) and len(p) == 2}
     raw = ev.get("fingerprints")
     if isinstance(raw, Mapping):
-        return {str(k): str(v) for k, v in raw.items()}
-    if isinstance(raw, (list, tuple)):
-        return {str(p[0]): str(p[1]) for p in raw if isinstance(p, (list, tuple)) and len(p) == 2}
+        return {str(k): str(v) for k, v in raw.items() if v != "***"}
     return None
 
 
