@@ -2,8 +2,8 @@
 
 Each worker sends two ``rng_fingerprint`` events (see :mod:`dlwatch.worker_hook` and
 :mod:`dlwatch.rngcheck`): ``stage="start"`` after the user's ``worker_init_fn``, and
-``stage="after_first_batch"`` with the paths it ``drawn`` from since (their state moved)
-and those of them ``rebound`` (a generator re-created, or created in the worker).
+``stage="after_first_batch"``, listing in ``drawn`` the paths whose state moved since and
+in ``rebound`` those of them bound to a new generator (re-created, or created in the worker).
 Events carry the worker's ``pid``, ``worker_id`` and the watch's ``epoch`` in which the
 worker started.  Two failures, both judged only on streams the workers draw from:
 
