@@ -288,6 +288,8 @@ class Watch:
         except Exception:
             self._shape_probe = None
         if self._hook.fingerprint and loader.num_workers > 0:
+            from dlwatch import rngcheck  # noqa: F401  (imported once here, forked workers inherit it)
+
             # the second RNG fingerprint, after each worker's first batch (see worker_hook)
             self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "",
                                              rng_depth=self._hook.rng_depth)
