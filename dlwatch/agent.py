@@ -30,7 +30,7 @@ from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make
 from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
-from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
+from dlwatch.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
 
 
 MONITOR_STOP_TIMEOUT_S = 10.0
@@ -96,6 +96,9 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
     user_init = loader.worker_init_fn
     if isinstance(user_init, WorkerHook):
         user_init = user_init.user_fn
+    collate = loader.collate_fn
+    if isinstance(collate, CollateHook):
+        collate = collate.user_fn
     return {
         "class": _qualname(type(loader)),
         "batch_size": loader.batch_size,
@@ -107,7 +110,7 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
         "timeout": loader.timeout,
         "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None,
         "sharing_strategy": strategy,
-        "collate_fn": _qualname(loader.collate_fn),
+        "collate_fn": _qualname(collate),
         "worker_init_fn": _qualname(user_init),
         "sampler": _qualname(type(loader.sampler)) if getattr(loader, "sampler", None) is not None else None,
         "dataset": _qualname(type(dataset)),
@@ -201,6 +204,7 @@ class Watch:
         self._monitor_warned = False
         self._swapped = False
         self._hook: WorkerHook | None = None
+        self._collate_hook: CollateHook | None = None
         self._loader_error: BaseException | None = None
         self._shape_probe: Any = None
         self._worker_pids: tuple[int, ...] = ()
@@ -345,6 +349,13 @@ class Watch:
                     sample_every=int(self.thresholds.get("sample_every", 64)), ignore_keys=self.options.ignored_batch_keys)
         except Exception:
             self._shape_probe = None
+        if self._hook.fingerprint and loader.num_workers > 0:
+            from dlwatch import rngcheck  # noqa: F401  (imported once here, forked workers inherit it)
+
+            # the second RNG fingerprint, after each worker's first batch (see worker_hook)
+            self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "",
+                                             rng_depth=self._hook.rng_depth)
+            loader.collate_fn = self._collate_hook
         existing = getattr(loader, "_iterator", None)
         if existing is not None:  # persistent workers already running: the hook won't run in them
             self._note_workers(existing)
@@ -379,6 +390,12 @@ class Watch:
             except Exception:
                 pass
         self._hook = None
+        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
+            try:
+                loader.collate_fn = self._collate_hook.user_fn
+            except Exception:
+                pass
+        self._collate_hook = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if not self._active:
@@ -491,8 +508,11 @@ class Watch:
         return self._instrument(iter(loader))
 
     def _before_iter(self) -> None:
-        if self._hook is not None and self._generations >= FINGERPRINT_GENERATIONS:
-            self._hook.fingerprint = False
+        if self._hook is not None:
+            if self._generations >= FINGERPRINT_GENERATIONS:
+                self._hook.fingerprint = False
+            # workers started by this iterator stamp their RNG fingerprints with its epoch
+            self._hook.epoch = self._hb.epochs + 1 if self._hb is not None else None
 
     def _note_workers(self, it: Any) -> None:
         workers = getattr(it, "_workers", None)

@@ -128,6 +128,20 @@ def test_rng_duplication(report_dir):
     assert "global:random" not in dups and "global:numpy" not in dups and "global:torch" not in dups
 
 
+def test_rng_epoch_repeat(report_dir):
+    run = run_example("rng_epoch_repeat", report_dir)
+    epochs = [line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 2 and epochs[0] == epochs[1]  # the same jitters both epochs, for real
+    _only_playbook(run, "rng-duplication")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "threshold"
+    ev = r["findings"][0]["evidence"]
+    assert ev["repeats"] == [{"attribute": "global:random", "workers": [0, 1], "epochs": [1, 2], "kind": "global"}]
+    assert "duplicates" not in ev  # each worker has its own stream; it is the epochs that repeat
+    assert ev["worker_init_fn"].endswith("seed_worker") and ev["persistent_workers"] is False
+
+
 def test_fd_exhaustion(report_dir):
     run = run_example("fd_exhaustion", report_dir)
     assert "training loop failed" in run.stdout

@@ -36,6 +36,7 @@ EXAMPLES: dict[str, str | None] = {
     "deadlock": "worker-deadlock",
     "cat_collate": "batch-dim-mismatch",
     "rng_duplication": "rng-duplication",
+    "rng_epoch_repeat": "rng-duplication",
     "fd_exhaustion": "fd-exhaustion",
     "shm_exhaustion": "shm-exhaustion",
     "healthy_fast": None,

@@ -12,8 +12,9 @@ no finding, so a healthy report makes none at all.
 Detector events it reads (emitted by the monitor, see dlwatch.detect.thresholds,
 dlwatch.shapes and dlwatch.rngcheck), matched by their ``signal`` key (or by
 ``event`` for the same name):
-``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate", ...}``
-and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "fingerprints"}``.
+``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate"
+| "rng_epoch_repeat", ...}`` and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "epoch",
+"stage", "fingerprints", "states", "drawn", "rebound"}`` (judged by :func:`dlwatch.detect.rng.judge`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dlwatch import _regex
 from dlwatch.detect import thresholds as th
+from dlwatch.detect import rng as rng_detect
 from dlwatch._log import get_logger
 from dlwatch.model import Finding, ProcSample
 from dlwatch.playbooks import Hint, Playbook, Signal
-from dlwatch.rngcheck import duplicates
 
 __all__ = ["match", "errnos_in"]
 
@@ -156,13 +157,12 @@ class _Context:
             if not isinstance(ev, Mapping):
                 continue
             key = (ev.get("ts"), ev.get("event"), ev.get("signal"), ev.get("pid"), ev.get("worker_id"),
-                   ev.get("batch_index"))
+                   ev.get("batch_index"), ev.get("stage"))
             if key in seen:
                 continue
             seen.add(key)
             out.append(ev)
-        if not self._signal_events(out, "rng_duplicate"):
-            out.extend(self._rng_from_fingerprints(out))
+        out.extend(self._rng_from_fingerprints(out))
         if not self._signal_events(out, "fd_pressure"):
             out.extend(self._fd_from_timeline(report))
         return out
@@ -174,17 +174,21 @@ class _Context:
     def signal_events(self, name: str) -> list[Mapping[str, Any]]:
         return self._signal_events(self.events, name)
 
-    @staticmethod
-    def _rng_from_fingerprints(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        by_worker: dict[int, Mapping[str, str]] = {}
-        for ev in events:
-            if ev.get("event") == "rng_fingerprint" and isinstance(ev.get("fingerprints"), Mapping):
-                by_worker[ev.get("worker_id", ev.get("pid"))] = ev["fingerprints"]
-        dups = duplicates(by_worker) if len(by_worker) >= 2 else []
-        if not dups:
+    @classmethod
+    def _rng_from_fingerprints(cls, events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The rng detector's signals, judged again from raw fingerprint events (the same rule),
+        for each signal the report does not already hold."""
+        prints = [ev for ev in events if ev.get("event") == "rng_fingerprint"]
+        if not prints:
             return []
-        return [{"event": "threshold", "signal": "rng_duplicate", "duplicates": dups,
-                 "num_workers_checked": len(by_worker), "derived": "rng_fingerprint events"}]
+        dups, repeats = rng_detect.judge(prints)
+        checked = len({(ev.get("pid"), ev.get("worker_id")) for ev in prints})
+        out = []
+        for name, key, found in (("rng_duplicate", "duplicates", dups), ("rng_epoch_repeat", "repeats", repeats)):
+            if found and not cls._signal_events(events, name):
+                out.append({"event": "threshold", "signal": name, key: found,
+                            "num_workers_checked": checked, "derived": "rng_fingerprint events"})
+        return out
 
     def _fd_from_timeline(self, report: Mapping[str, Any]) -> list[dict[str, Any]]:
         histories: dict[int, list[ProcSample]] = {}
@@ -524,16 +528,27 @@ def _enrich_batch(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None
 
 
 def _enrich_rng(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
-    dups: list[Any] = []
-    for e in ctx.signal_events("rng_duplicate"):
-        for d in e.get("duplicates") or ():
-            if d not in dups:
-                dups.append(d)
-    if dups:
-        ev["duplicates"] = dups
+    for signal, key in (("rng_duplicate", "duplicates"), ("rng_epoch_repeat", "repeats")):
+        found: list[Any] = []
+        for e in ctx.signal_events(signal):
+            for d in e.get(key) or ():
+                if d not in found:
+                    found.append(d)
+        if found:
+            ev[key] = found
+    if ev.get("repeats"):
+        # workers restart each epoch; a sequential sampler means the very same samples get the
+        # very same draws (on purpose only for a validation loader seeded alike every epoch)
+        for key in ("persistent_workers", "sampler"):
+            if ctx.loader.get(key) is not None:
+                ev[key] = ctx.loader.get(key)
     if ctx.loader.get("worker_init_fn") is not None:
         ev["worker_init_fn"] = ctx.loader.get("worker_init_fn")
-    return None
+    if ev.get("duplicates") and not ev.get("repeats"):
+        return "worker-copies"
+    if ev.get("repeats") and not ev.get("duplicates"):
+        return "epoch-repeat"
+    return None  # both (or neither measured): every variant is shown
 
 
 def _strip_event(e: Mapping[str, Any]) -> dict[str, Any]:
