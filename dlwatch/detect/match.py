@@ -495,6 +495,39 @@ def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | N
     return None
 
 
+def _enrich_io(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    """Which workers wait, in which thread, on what (peer ip:port or file), and for how long."""
+    waiting = [p for p in ctx.processes if isinstance(p.get("io_wait"), Mapping)]
+    waiting.sort(key=lambda p: (p.get("role") != "worker", p.get("worker_id") if isinstance(p.get("worker_id"), int) else 1 << 30))
+    views = []
+    peers: dict[str, int] = {}
+    for p in waiting:
+        w = p["io_wait"]
+        view = {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
+                "kind": w.get("kind"), "thread": w.get("thread"), "tid": w.get("tid"), "via": w.get("via"),
+                "peer": w.get("peer"), "tcp_state": w.get("tcp_state"), "file": w.get("file"),
+                "syscall": w.get("syscall"), "basis": w.get("basis"), "where": p.get("where")}
+        if not view["peer"] and w.get("sockets"):  # poll on one of several sockets: name them all
+            view["sockets"] = [f"{s.get('remote')} {s.get('tcp_state')}" for s in w["sockets"][:4]
+                               if isinstance(s, Mapping)]
+        views.append({k: v for k, v in view.items() if v is not None})
+        key = w.get("peer") or w.get("file")
+        if key:
+            peers[str(key)] = peers.get(str(key), 0) + 1
+    if views:
+        ev["workers"] = views[:_MAX_WORKERS]
+        if len(views) > _MAX_WORKERS:
+            ev["workers_not_shown"] = len(views) - _MAX_WORKERS
+    if peers:
+        ev["peers"] = [{"peer": k, "workers": n} for k, n in sorted(peers.items(), key=lambda kv: -kv[1])]
+    stall_s = (ctx.report.get("progress") or {}).get("stall_s")
+    if stall_s is not None:
+        ev["stall_s"] = stall_s
+    if ctx.loader.get("timeout") is not None:
+        ev["timeout"] = ctx.loader.get("timeout")
+    return None
+
+
 def _enrich_batch(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     events = ctx.signal_events("batch_shape")
     if events:
@@ -531,6 +564,7 @@ _ENRICHERS = {
     "fd-exhaustion": _enrich_fd,
     "shm-exhaustion": _enrich_shm,
     "worker-deadlock": _enrich_deadlock,
+    "io-stall": _enrich_io,
     "batch-dim-mismatch": _enrich_batch,
     "rng-duplication": _enrich_rng,
 }
