@@ -47,7 +47,7 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
     """
     live = {pid: t for pid, t in procs.items() if not t.gone}
     started = time.monotonic()
-    before = {pid: procfs.read_proc(pid) for pid in live}
+    before = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
     between: dict[int, list[ProcSample]] = {pid: [] for pid in live}
     steps = max(1, WINDOW_READS - 1)
     for i in range(1, steps):
@@ -56,11 +56,11 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
             time.sleep(delay)
         for pid in live:
             if not before[pid].gone:
-                between[pid].append(procfs.read_proc(pid))
+                between[pid].append(procfs.read_proc(pid, sched_detail=True))
     remaining = interval_s - (time.monotonic() - started)
     if remaining > 0:
         time.sleep(remaining)
-    after = {pid: procfs.read_proc(pid) for pid in live}
+    after = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
     for pid, sample in after.items():
         seen = [r for r in between[pid] if not r.gone]
         if sample.gone and not before[pid].gone and seen:

@@ -157,6 +157,12 @@ def test_unreadable_counters_fall_back_to_cpu_ticks() -> None:
     assert v.status == "blocked" and v.alive_by == ()
 
 
+def test_a_few_microseconds_on_the_run_queue_is_a_wake_not_starving() -> None:
+    rs = [sample(21, 100.0 + 0.25 * i, delay=10**6 + 30_000 * (i >= 3), count=100 + (i >= 3)) for i in range(5)]
+    v = judge_process(obs(21, reads=rs, stack=threads(21, ("MainThread", 21, LOCKED))), machine=M)
+    assert (v.status, v.alive_by) == ("blocked", ("run-delay", "wakes"))
+
+
 def test_alive_signs_need_two_reads() -> None:
     only = sample(21, 100.0, state="S")
     o = ProcessObservation(pid=21, role="worker", before=None, after=only)
@@ -394,5 +400,7 @@ def test_read_io_of_a_real_socket_pair_and_a_gone_pid() -> None:
     finally:
         srv.close()
     assert procfs.read_io(2 ** 22 + 12345).gone
-    s = procfs.read_proc(os.getpid())
+    s = procfs.read_proc(os.getpid(), sched_detail=True)
     assert s.run_ns is not None and s.num_ctx_switches_voluntary is not None and s.read_chars is not None
+    plain = procfs.read_proc(os.getpid())  # every poll: not these (they cost ~35 us a process)
+    assert plain.run_ns is None and plain.num_ctx_switches_voluntary is None and plain.read_chars is None

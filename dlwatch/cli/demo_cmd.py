@@ -37,6 +37,7 @@ EXAMPLES: dict[str, str | None] = {
     "rng_duplication": "rng-duplication",
     "fd_exhaustion": "fd-exhaustion",
     "shm_exhaustion": "shm-exhaustion",
+    "io_stall": "io-stall",
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,

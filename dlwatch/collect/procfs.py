@@ -2,9 +2,10 @@
 
 Every poll (tens of microseconds a process): /proc/<pid>/stat (state, CPU time,
 threads), statm (RSS), the fd count, the soft RLIMIT_NOFILE, syscall, wchan.
-Also every poll (about 35 us more): schedstat (ns on a CPU, run delay, times
-switched in), the context switches of status and the byte counts of io, so that a stall can tell a
-starved or periodically waking process from a dead one.
+On a stall (``sched_detail``, about 35 us more, so not every poll): schedstat
+(ns on a CPU, run delay, times switched in), the context switches of status and
+the byte counts of io, so that a stall can tell a starved or periodically
+waking process from a dead one.
 On request (``fd_detail``: one readlink per fd; ``mem_detail``: smaps_rollup and
 maps, about 2.4 ms a process): what the fds point to, USS/PSS, /dev/shm mappings.
 On a stall only (``read_io``): each thread's state and syscall with its fd, and
@@ -290,8 +291,13 @@ def fd_limit(pid: int) -> int | None:
         return None
 
 
-def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) -> ProcSample:
-    """One sample of one process; never raises for a process that vanished or a refused read."""
+def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
+              sched_detail: bool = False) -> ProcSample:
+    """One sample of one process; never raises for a process that vanished or a refused read.
+
+    ``sched_detail`` adds schedstat, context switches and byte counts (about 35 us more a
+    process: read on a stall, across the observation window, not every poll).
+    """
     ts = time.time()
     fields: dict[str, object] = {}
     try:
@@ -307,23 +313,6 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
             fields["rss"] = int(_read(f"/proc/{pid}/statm").split()[1]) * PAGE_SIZE
         except (ValueError, IndexError):
             pass
-        try:  # absent without CONFIG_SCHED_INFO: that is not a gone process
-            sched = parse_schedstat(_read(f"/proc/{pid}/schedstat"))
-            if sched is not None:
-                fields["run_ns"], fields["run_delay_ns"], fields["run_count"] = sched
-        except (_Gone, OSError):
-            pass
-        try:
-            vol, invol = parse_ctx_switches(_read(f"/proc/{pid}/status"))
-            fields["num_ctx_switches_voluntary"] = vol
-            fields["num_ctx_switches_involuntary"] = invol
-        except PermissionError:
-            pass
-        try:
-            io = parse_io_chars(_read(f"/proc/{pid}/io"))
-            fields["read_chars"], fields["write_chars"] = io
-        except PermissionError:
-            pass
         for key, path in (("syscall", "syscall"), ("wchan", "wchan")):
             try:
                 text = _read(f"/proc/{pid}/{path}")
@@ -333,6 +322,24 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
                 fields[key] = parse_syscall(text)
             else:
                 fields[key] = text.strip() if text.strip() not in ("", "0") else None
+        if sched_detail:
+            try:  # absent without CONFIG_SCHED_INFO: that is not a gone process
+                sched = parse_schedstat(_read(f"/proc/{pid}/schedstat"))
+                if sched is not None:
+                    fields["run_ns"], fields["run_delay_ns"], fields["run_count"] = sched
+            except (_Gone, OSError):
+                pass
+            try:
+                vol, invol = parse_ctx_switches(_read(f"/proc/{pid}/status"))
+                fields["num_ctx_switches_voluntary"] = vol
+                fields["num_ctx_switches_involuntary"] = invol
+            except PermissionError:
+                pass
+            try:
+                io = parse_io_chars(_read(f"/proc/{pid}/io"))
+                fields["read_chars"], fields["write_chars"] = io
+            except PermissionError:
+                pass
         if fd_detail:
             fields["fds"] = _fd_summary(pid)
         if mem_detail:

@@ -101,6 +101,7 @@ class IoWait(_ToDict):
     tcp_state: str | None = None
     sockets: tuple[SocketPeer, ...] = ()  # the process's TCP sockets other than listeners
     file: str | None = None  # the regular file read (fd of the syscall), else None
+    where: str | None = None  # innermost frame of the program's own code in the waiting thread
 
 
 @dataclass(frozen=True)
@@ -340,12 +341,12 @@ def _is_own_code(frame: Frame) -> bool:
                      and not _path(frame).startswith(_DLWATCH_DIR + "_examples/")))
 
 
-def _where(thread: ThreadStack | None) -> str | None:
+def _where(thread: ThreadStack | None, *, skip: tuple[str, ...] = ()) -> str | None:
     """Innermost frame of the program's own code (a dataset, the loop body)."""
     if thread is None:
         return None
     for f in thread.frames:
-        if _is_own_code(f):
+        if _is_own_code(f) and not any(part in _path(f) for part in skip):
             file = (f.filename or "?").replace("\\", "/").rsplit("/", 1)[-1]
             return f"{f.function} ({file}:{f.line})" if f.line is not None else f"{f.function} ({file})"
     return None
@@ -419,6 +420,13 @@ def alive_signs(obs: ProcessObservation) -> tuple[str, ...]:
     if _grew(reads, "read_chars", "write_chars"):
         signs.append("io")
     return tuple(signs)
+
+
+def _run_delay_s(obs: ProcessObservation) -> float:
+    reads = [r for r in _window(obs) if r.run_delay_ns is not None]
+    if len(reads) < 2:
+        return 0.0
+    return max(0, reads[-1].run_delay_ns - reads[0].run_delay_ns) / 1e9  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------- io waits
@@ -546,7 +554,8 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
                       syscall=nr, peer=peer.remote if peer else None,
                       tcp_state=peer.tcp_state if peer else None,
                       sockets=sockets if kind.startswith("socket") else (),
-                      file=target if _regular_file(target) else None)
+                      file=target if _regular_file(target) else None,
+                      where=_where(stack, skip=_NET_FILES))
 
     def socket_wait(tid: int, stack: ThreadStack | None, nr: int | None, target: str | None) -> IoWait | None:
         if stack is not None and _is_queue_get_wait(stack):
@@ -660,8 +669,9 @@ def judge_process(obs: ProcessObservation, *, machine: str | None = None) -> Pro
         io = io_wait(obs, machine=machine)
         if io is not None:
             return verdict("blocked", "io", io)
-    if "runnable" in alive or "run-delay" in alive:
-        # it wants a CPU: starved (many workers on few cores), not stuck
+    if "runnable" in alive or _run_delay_s(obs) >= CPU_PROGRESS_MIN_S:
+        # it wants a CPU: starved (many workers on few cores), not stuck.  A sleeper that
+        # wakes waits a few microseconds on the run queue too: that is a wake, not starving
         return verdict("running", None)
     if after.state == "D":
         # uninterruptible sleep is I/O (disk, NFS, page faults); it accrues no CPU

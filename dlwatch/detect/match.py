@@ -506,7 +506,7 @@ def _enrich_io(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
         view = {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
                 "kind": w.get("kind"), "thread": w.get("thread"), "tid": w.get("tid"), "via": w.get("via"),
                 "peer": w.get("peer"), "tcp_state": w.get("tcp_state"), "file": w.get("file"),
-                "syscall": w.get("syscall"), "basis": w.get("basis"), "where": p.get("where")}
+                "syscall": w.get("syscall"), "basis": w.get("basis"), "where": w.get("where") or p.get("where")}
         if not view["peer"] and w.get("sockets"):  # poll on one of several sockets: name them all
             view["sockets"] = [f"{s.get('remote')} {s.get('tcp_state')}" for s in w["sockets"][:4]
                                if isinstance(s, Mapping)]
