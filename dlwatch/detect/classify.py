@@ -49,12 +49,11 @@ __all__ = [
     "main_thread",
 ]
 
-# CPU seconds between the two reads below which a process counts as making no
-# progress.  /proc's clock tick is 10 ms, and a hung process still wakes now and
-# then (torch's worker and main loops poll with a 5 s timeout, py-spy's attach
-# costs a tick or two), so a few ticks are noise.  Five ticks separate that
-# noise from real work for the >= 0.5 s intervals the monitor samples a stall
-# over (a busy worker burns ~interval seconds).
+# CPU seconds between the first and last read of the window at or above which a
+# process is "running".  /proc's clock tick is 10 ms; five ticks separate real work
+# from a process that only wakes now and then.  Below it a process is not running,
+# but any CPU time at all is still a sign of life (see alive_signs): the window is
+# read before py-spy attaches, so a stuck process gains none.
 CPU_PROGRESS_MIN_S = 0.05
 
 CLASSIFICATIONS = ("deadlock", "lost-batch", "slow", "main-blocked", "dead-worker", "io-wait")
@@ -109,7 +108,7 @@ class ProcessVerdict(_ToDict):
     pid: int
     status: str  # running | blocked | idle | gone
     waiting_in: str | None  # lock acquire | queue get | poll | sleep | io | native: <fn> | ...
-    cpu_progress_s: float | None  # CPU seconds between the two reads; None if unreadable
+    cpu_progress_s: float | None  # CPU seconds over the window; None if unreadable
     role: str = "other"
     worker_id: int | None = None
     where: str | None = None  # innermost frame of the program's own code: "func (file:line)"
