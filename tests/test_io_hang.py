@@ -125,6 +125,61 @@ def test_worker_waiting_through_a_thread_pool_is_io_wait(tmp_path, target):
     assert all(w["via"] == "thread pool" and w["thread"].startswith("fetch") for w in ev["workers"])
 
 
+def ready_or_skip(t, timeout: float) -> None:
+    """Wait for READY; skip the test with the target's reason if it printed SKIP: instead."""
+    import selectors
+    import time
+
+    sel = selectors.DefaultSelector()
+    sel.register(t.proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                continue
+            line = t.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("SKIP: "):
+                pytest.skip(line[len("SKIP: "):].strip())
+            if line.startswith("READY"):
+                t.remember()
+                return
+    finally:
+        sel.close()
+    raise AssertionError(f"target printed neither READY nor SKIP within {timeout}s")
+
+
+def test_read_stuck_in_state_d_on_a_fuse_mount_is_io_wait(tmp_path, target):
+    # a FUSE filesystem (served by the target itself, in its own mount namespace) that never
+    # answers READ; a signal moves the readers from FUSE's interruptible wait to state D, as
+    # a read from a hard-mounted NFS server that went away sits
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    reports = tmp_path / "reports"
+    t = target("fuse_hang.py", str(reports), str(mnt))
+    ready_or_skip(t, timeout=60)
+    found = wait_for(lambda: incidents(str(reports)), timeout=40)
+    t.remember()
+    assert found, "no stall incident"
+    report = load(found[0])
+    assert report["trigger"] == "stall"
+    assert report["classification"] == "io-wait", report["classification_reason"]
+    assert top(report) == "io-stall"
+    assert all(f["playbook"] != "worker-deadlock" for f in report["findings"])
+    ws = workers(report)
+    assert len(ws) == 2
+    for w in ws:
+        io = w["io_wait"]
+        assert io is not None and w["status"] == "blocked", w
+        assert io["kind"] == "file read" and io["basis"] == "state D"
+        assert io["file"].startswith(str(mnt) + "/shard-") and io["tid"] == w["pid"]
+        assert w["sample"]["state"] == "D" and w["alive_by"] == []
+    ev = report["findings"][0]["evidence"]
+    assert {x["worker_id"] for x in ev["workers"]} == {0, 1}
+    assert all(p["peer"].startswith(str(mnt)) for p in ev["peers"])
+
+
 def test_lock_wait_that_wakes_every_second_is_not_deadlock(tmp_path, target):
     t = target("io_hang.py", "wakes", str(tmp_path), "--workers", "1")
     report = first_stall(tmp_path, t)
