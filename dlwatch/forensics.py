@@ -41,13 +41,16 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
                 native: bool = True, interval_s: float = SECOND_READ_AFTER_S) -> dict[str, bytes]:
     """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
-    /proc is read ``WINDOW_READS`` times across ``interval_s``, then each
-    process's threads and sockets (``procfs.read_io``), then the stacks.
+    /proc is read ``WINDOW_READS`` times across ``interval_s``, each process's
+    threads and sockets (``procfs.read_io``) at both ends, then the stacks.
     Returns extra files for the incident directory (raw fallback dumps).
     """
     live = {pid: t for pid, t in procs.items() if not t.gone}
     started = time.monotonic()
     before = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
+    # threads' syscalls and schedstat at both ends: a thread waiting on a socket that woke
+    # in between got data (recv() bytes are not in /proc/<pid>/io)
+    io_before = {pid: procfs.read_io(pid) for pid, s in before.items() if not s.gone}
     between: dict[int, list[ProcSample]] = {pid: [] for pid in live}
     steps = max(1, WINDOW_READS - 1)
     for i in range(1, steps):
@@ -98,7 +101,7 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
     observations = [
         ProcessObservation(pid=pid, role=t.role, before=before[pid], after=after[pid],
                            stack=dumps.get(pid), worker_id=t.worker_id, reads=tuple(between[pid]),
-                           io=io.get(pid))
+                           io=io.get(pid), io_before=io_before.get(pid))
         for pid, t in live.items()
     ]
     verdict = classify_stall(observations, main_waiting_for_data=main_waiting_for_data,

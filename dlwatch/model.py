@@ -106,6 +106,8 @@ class ThreadIo(_ToDict):
     args: tuple[int, ...] = ()  # the syscall's six arguments, raw
     fd: int | None = None  # the fd argument, for the syscalls whose first argument is one
     fd_target: str | None = None  # readlink of that fd: a path, "socket:[inode]", "pipe:[inode]"
+    run_ns: int | None = None  # /proc/<pid>/task/<tid>/schedstat: ns on a CPU
+    run_count: int | None = None  # times switched in (a wake: data arrived, a timeout fired)
 
 
 @dataclass(frozen=True)

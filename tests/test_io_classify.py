@@ -250,6 +250,23 @@ def test_bytes_arriving_is_a_slow_transfer_not_a_stall() -> None:
     assert v.processes[1].io_wait is None and "io" in v.processes[1].alive_by
 
 
+def test_pool_thread_that_woke_in_the_window_is_a_transfer_in_progress() -> None:
+    # recv() bytes are not in /proc/<pid>/io: the waiting thread's own schedstat says data came
+    stack = threads(21, ("fetch_0", 25, POOL_RECV), ("MainThread", 21, FUTURE_RESULT))
+
+    def io(count: int) -> IoSample:
+        return io_of(21, ThreadIo(tid=21, state="S", syscall=FUTEX, run_count=40),
+                     ThreadIo(tid=25, state="S", syscall=POLL, run_count=count, run_ns=count * 1000))
+    o = obs(21, stack=stack, io=io(130))
+    moving = ProcessObservation(**{**o.__dict__, "io_before": io(120)})
+    stuck = ProcessObservation(**{**o.__dict__, "io_before": io(130)})
+    v = classify_stall([main_obs(), moving], machine=M)
+    assert v.classification == "slow"
+    assert (v.processes[1].status, v.processes[1].waiting_in, v.processes[1].io_wait) == ("running", "io", None)
+    assert "io" in v.processes[1].alive_by
+    assert classify_stall([main_obs(), stuck], machine=M).classification == "io-wait"
+
+
 def test_socket_wait_with_cpu_progress_is_running() -> None:
     rs = [sample(21, 100.0 + 0.25 * i, cpu=1.0 + 0.1 * i, syscall=POLL) for i in range(5)]
     w = obs(21, reads=rs, stack=threads(21, ("MainThread", 21, SOCKET_POLL)), io=io_of(21))

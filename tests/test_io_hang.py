@@ -28,19 +28,33 @@ def top(report) -> str | None:
 
 
 @contextlib.contextmanager
-def silent_listener() -> Iterator[int]:
-    """A TCP listener on 127.0.0.1 that accepts every connection and never answers; closed in finally."""
+def silent_listener(trickle_s: float | None = None) -> Iterator[int]:
+    """A TCP listener on 127.0.0.1 that accepts every connection and never answers; closed in finally.
+
+    With ``trickle_s``, it answers one byte every ``trickle_s`` seconds instead: a slow store.
+    """
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     held: list[socket.socket] = []
     stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        while not stop.wait(trickle_s):
+            try:
+                conn.sendall(b"x")
+            except OSError:
+                return
 
     def accept() -> None:
         while not stop.is_set():
             try:
                 conn, _ = srv.accept()
+            except TimeoutError:
+                continue  # look at `stop` again
             except OSError:
-                return
+                return  # closed
             held.append(conn)
+            if trickle_s is not None:
+                threading.Thread(target=drip, args=(conn,), daemon=True).start()
 
     try:
         srv.bind(("127.0.0.1", 0))
@@ -123,6 +137,29 @@ def test_worker_waiting_through_a_thread_pool_is_io_wait(tmp_path, target):
         assert io["peer"] == f"127.0.0.1:{port}"
     ev = report["findings"][0]["evidence"]
     assert all(w["via"] == "thread pool" and w["thread"].startswith("fetch") for w in ev["workers"])
+
+
+def test_slow_store_trickling_bytes_is_slow_not_io_wait(tmp_path, target):
+    # the healthy look-alike of a silent store: a sample takes 40 s to arrive, but bytes arrive
+    with silent_listener(trickle_s=0.1) as port:
+        t = target("io_hang.py", "trickle", str(tmp_path), "--port", str(port))
+        report = first_stall(tmp_path, t)
+    assert report["classification"] == "slow", report["classification_reason"]
+    assert top(report) not in ("worker-deadlock", "io-stall")
+    for w in workers(report):
+        assert w["io_wait"] is None and (w["status"], w["waiting_in"]) == ("running", "io"), w
+        assert "io" in w["alive_by"]
+
+
+def test_fork_held_lock_is_still_deadlock_with_no_sign_of_life(tmp_path, target):
+    # the deadlock that io-wait and alive_by must not hide: tests/targets/hang.py deadlock
+    t = target("hang.py", "deadlock", str(tmp_path))
+    report = first_stall(tmp_path, t)
+    assert report["classification"] == "deadlock" and top(report) == "worker-deadlock"
+    assert all(f["playbook"] != "io-stall" for f in report["findings"])
+    for w in workers(report):
+        assert w["alive_by"] == [] and w["io_wait"] is None and w["cpu_progress_s"] == 0
+        assert w["sample"]["run_ns"] is not None  # the window's counters were read, and stayed flat
 
 
 def ready_or_skip(t, timeout: float) -> None:

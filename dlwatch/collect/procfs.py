@@ -417,7 +417,15 @@ def read_io(pid: int) -> IoSample:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 pass
-        threads.append(ThreadIo(tid=tid, state=state, syscall=nr, args=args, fd=fd, fd_target=target))
+        run_ns = run_count = None
+        try:
+            sched = parse_schedstat(_read(f"{base}/schedstat"))
+            if sched is not None:
+                run_ns, _delay, run_count = sched
+        except (_Gone, OSError):
+            pass
+        threads.append(ThreadIo(tid=tid, state=state, syscall=nr, args=args, fd=fd, fd_target=target,
+                                run_ns=run_ns, run_count=run_count))
     socket_fds: dict[int, int] = {}
     files: list[str] = []
     try:

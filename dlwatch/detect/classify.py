@@ -84,6 +84,7 @@ class ProcessObservation:
     worker_id: int | None = None
     reads: tuple[ProcSample, ...] = ()
     io: IoSample | None = None
+    io_before: IoSample | None = None  # the same at the start of the window
 
 
 @dataclass(frozen=True)
@@ -617,6 +618,17 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
     return None
 
 
+def _thread_woke(obs: ProcessObservation, tid: int | None) -> bool:
+    """Whether the thread was switched in between the two IoSamples (unknown: no)."""
+    if tid is None or obs.io is None or obs.io_before is None:
+        return False
+    start = next((t for t in obs.io_before.threads if t.tid == tid), None)
+    end = next((t for t in obs.io.threads if t.tid == tid), None)
+    if start is None or end is None or start.run_count is None or end.run_count is None:
+        return False
+    return end.run_count > start.run_count or (end.run_ns or 0) > (start.run_ns or 0)
+
+
 def _is_queue_get_wait(thread: ThreadStack) -> bool:
     return waiting_in_from_stack(thread) == "queue get"
 
@@ -666,6 +678,11 @@ def judge_process(obs: ProcessObservation, *, machine: str | None = None) -> Pro
         return verdict("blocked", "stopped")
     if "io" not in alive:  # bytes moving: a slow transfer, judged below as alive
         io = io_wait(obs, machine=machine)
+        if io is not None and _thread_woke(obs, io.tid):
+            # the thread in the socket wait woke in the window: data arrives (a slow
+            # transfer) or a short timeout fires and the client retries; alive, not stuck
+            alive = (*alive, "io")
+            return verdict("running", "io")
         if io is not None:
             return verdict("blocked", "io", io)
     if "runnable" in alive or _run_delay_s(obs) >= CPU_PROGRESS_MIN_S:

@@ -8,6 +8,8 @@ usage: io_hang.py MODE REPORT_DIR [--port P] [--stall-timeout S] [--workers N] [
            Future.result, a pool thread in recv() with no timeout (recvfrom)
   wakes    each worker waits on a threading.Condition with a 1 s timeout, in a loop, for
            something that never comes: it wakes every second
+  trickle  each worker reads a 400-byte sample from 127.0.0.1:P, which sends a byte every
+           0.1 s (a slow store, healthy): through a thread pool, with a 600 s socket timeout
 
 Prints READY once the loader is iterating; then stalls.  The listener on P (socket, pool)
 is the test's: it accepts and never answers.
@@ -41,9 +43,10 @@ class Burn(Dataset):
 class Remote(Dataset):
     """Samples from a remote store at 127.0.0.1:port that never answers."""
 
-    def __init__(self, port, via_pool):
+    def __init__(self, port, via_pool, whole=False):
         self.port = port
         self.via_pool = via_pool
+        self.whole = whole
         self.pool = None
 
     def __len__(self):
@@ -53,13 +56,21 @@ class Remote(Dataset):
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
             s.sendall(b"GET /shard-%d HTTP/1.0\r\n\r\n" % i)
             s.settimeout(timeout)
-            return s.recv(65536)
+            if not self.whole:
+                return s.recv(65536)
+            data = b""
+            while len(data) < 400:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            return data
 
     def __getitem__(self, i):
         if self.via_pool:
             if self.pool is None:  # created in the worker, after the fork
                 self.pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="fetch")
-            data = self.pool.submit(self.fetch, i, None).result()
+            data = self.pool.submit(self.fetch, i, 600.0 if self.whole else None).result()
         else:
             data = self.fetch(i, 600.0)
         return torch.tensor(len(data))
@@ -84,7 +95,7 @@ class Waits(Dataset):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["starved", "socket", "pool", "wakes"])
+    ap.add_argument("mode", choices=["starved", "socket", "pool", "wakes", "trickle"])
     ap.add_argument("report_dir")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--stall-timeout", type=float, default=1.5)
@@ -95,6 +106,8 @@ if __name__ == "__main__":
         ds = Burn()
     elif args.mode in ("socket", "pool"):
         ds = Remote(args.port, via_pool=args.mode == "pool")
+    elif args.mode == "trickle":
+        ds = Remote(args.port, via_pool=True, whole=True)
     else:
         ds = Waits()
     dl = DataLoader(ds, batch_size=1, num_workers=args.workers, multiprocessing_context="fork")
