@@ -370,6 +370,7 @@ def test_parse_tcp_tables_ipv4_ipv6_and_garbage() -> None:
             + f"   1: {v4} {v6} 02 00000000:00000000 00:00000000 00000000  1000        0 4343 1 0 20 4 30 10 -1\n"
             + f"   2: {v4} {mapped} 08 0 0 0 0 0 4444\n"
             + "   3: ZZZZ:1 0:0 01 0 0 0 0 0 77\n"  # garbage address
+            + f"   6: -0000001:0050 {v4r} 01 0 0 0 0 0 78\n"  # parses as a negative int
             + "   4: short line\n"
             + f"   5: {v4} {v4r} 01 0 0 0 0 0 notanumber\n")
     table = procfs.parse_tcp_table(text)
@@ -421,3 +422,30 @@ def test_read_io_of_a_real_socket_pair_and_a_gone_pid() -> None:
     assert s.run_ns is not None and s.num_ctx_switches_voluntary is not None and s.read_chars is not None
     plain = procfs.read_proc(os.getpid())  # every poll: not these (they cost ~35 us a process)
     assert plain.run_ns is None and plain.num_ctx_switches_voluntary is None and plain.read_chars is None
+
+
+# --------------------------------------------------------------------------- fuzz: /proc text is untrusted
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+REAL_TCP = open(f"/proc/{__import__('os').getpid()}/net/tcp").read()[:3000]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=len(REAL_TCP)), st.text(max_size=60))
+def test_parse_tcp_table_never_raises(cut, junk):
+    for text in (REAL_TCP[:cut], REAL_TCP[:cut] + junk, junk + REAL_TCP[cut:], junk):
+        for inode, (local, remote, state) in procfs.parse_tcp_table(text).items():
+            assert inode > 0 and ":" in local and ":" in remote and state
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=120))
+def test_small_parsers_never_raise(text):
+    nr, args = procfs.parse_syscall_args(text)
+    assert nr is None or isinstance(nr, int)
+    assert all(isinstance(a, int) for a in args)
+    assert procfs.parse_schedstat(text) is None or len(procfs.parse_schedstat(text)) == 3
+    procfs.parse_ctx_switches(text)
+    procfs.parse_io_chars(text)

@@ -142,7 +142,7 @@ def _hex_addr(text: str) -> str | None:
     try:
         raw = b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(addr), 8))
         portnum = int(port, 16)
-    except ValueError:
+    except (ValueError, OverflowError):  # "-0000001" parses as an int and overflows 4 bytes
         return None
     if not 0 <= portnum <= 0xFFFF:
         return None
