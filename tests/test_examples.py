@@ -205,6 +205,7 @@ def test_io_stall(report_dir):
         assert w["peer"] == peer["peer"] and w["tcp_state"] == "ESTABLISHED"
         assert w["where"].startswith("RemoteShards._get (") and "io_stall.py" in w["where"]
     assert ev["stall_s"] >= 3
+    assert ev["wait"].startswith("worker ") and f"socket poll on {peer['peer']} ESTABLISHED for " in ev["wait"]
     assert run.seconds < 30
 
 

@@ -340,6 +340,8 @@ def test_io_stall_finding_names_worker_thread_kind_peer_and_duration() -> None:
     assert (w["worker_id"], w["pid"], w["thread"], w["kind"], w["via"], w["peer"]) == \
         (3, 21, "fetch_0", "socket recv", "thread pool", "10.0.0.9:9000")
     assert ev["peers"] == [{"peer": "10.0.0.9:9000", "workers": 1}] and ev["stall_s"] == 42.0
+    assert ev["wait"] == ("worker 3 (pid 21, thread fetch_0 via thread pool): socket recv on 10.0.0.9:9000 "
+                          "ESTABLISHED for 42.0 s")
     text = findings[0].remediation.lower()
     assert "timeout" in text and "cache" in text and "add workers" in text and "store can serve" in text
 

@@ -514,13 +514,21 @@ def _enrich_io(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
         key = w.get("peer") or w.get("file")
         if key:
             peers[str(key)] = peers.get(str(key), 0) + 1
-    if views:
+    stall_s = (ctx.report.get("progress") or {}).get("stall_s")
+    if views:  # one line for people first: who waits, on what, how, for how long
+        v0 = views[0]
+        who = (f"worker {v0['worker_id']}" if v0.get("worker_id") is not None else str(v0.get("role") or "process"))
+        more = f" (+{len(views) - 1} more)" if len(views) > 1 else ""
+        thread = f", thread {v0.get('thread') or v0.get('tid')}" + (f" via {v0['via']}" if v0.get("via") else "")
+        on = v0.get("peer") or v0.get("file") or ", ".join(v0.get("sockets") or ()) or "?"
+        state = f" {v0['tcp_state']}" if v0.get("tcp_state") else ""
+        since = f" for {stall_s:.1f} s" if isinstance(stall_s, (int, float)) else ""
+        ev["wait"] = f"{who} (pid {v0.get('pid')}{thread}): {v0.get('kind')} on {on}{state}{since}{more}"
         ev["workers"] = views[:_MAX_WORKERS]
         if len(views) > _MAX_WORKERS:
             ev["workers_not_shown"] = len(views) - _MAX_WORKERS
     if peers:
         ev["peers"] = [{"peer": k, "workers": n} for k, n in sorted(peers.items(), key=lambda kv: -kv[1])]
-    stall_s = (ctx.report.get("progress") or {}).get("stall_s")
     if stall_s is not None:
         ev["stall_s"] = stall_s
     if ctx.loader.get("timeout") is not None:
