@@ -163,6 +163,17 @@ def test_a_few_microseconds_on_the_run_queue_is_a_wake_not_starving() -> None:
     assert (v.status, v.alive_by) == ("blocked", ("run-delay", "wakes"))
 
 
+def test_single_process_loader_polling_a_lock_is_slow() -> None:
+    frames = LOCKED[:4] + [py("_SingleProcessDataLoaderIter._next_data", DL, 790), py("<module>", "/job/train.py", 18)]
+    waking = [sample(10, 100.0 + 0.25 * i, count=100 + i) for i in range(5)]
+    v = classify_stall([obs(10, "main", worker_id=None, reads=waking, stack=threads(10, ("MainThread", 10, frames)))],
+                       expected_workers=0, machine=M)
+    assert v.classification == "slow"
+    stuck = classify_stall([obs(10, "main", worker_id=None, stack=threads(10, ("MainThread", 10, frames)))],
+                           expected_workers=0, machine=M)
+    assert stuck.classification == "deadlock"
+
+
 def test_alive_signs_need_two_reads() -> None:
     only = sample(21, 100.0, state="S")
     o = ProcessObservation(pid=21, role="worker", before=None, after=only)

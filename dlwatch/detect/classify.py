@@ -460,7 +460,7 @@ def _socket_frames(thread: ThreadStack | None) -> bool:
             if _SOCKET_NATIVE.search(frame.function.split("(", 1)[0].strip()):
                 return True
             continue
-        return _path(frame).endswith(_NET_FILES) or any(n in _path(frame) for n in _NET_FILES)
+        return any(part in _path(frame) for part in _NET_FILES)
     return False
 
 
@@ -832,7 +832,7 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
         if main.status == "idle" and waiting:
             return out("dead-worker", "the main process waits for data from workers but no "
                                       f"live worker was observed: {_describe(main)}")
-        if main.waiting_in in _TRANSIENT_WAITS:
+        if main.waiting_in in _TRANSIENT_WAITS or (main.status == "blocked" and _wakes(main)):
             return out("slow", f"no workers; the main process waits in {main.waiting_in} "
                                f"while loading data: {_describe(main)}")
         if waiting:
