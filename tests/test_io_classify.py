@@ -241,7 +241,9 @@ def test_background_socket_thread_does_not_hide_a_fork_held_lock() -> None:
     # a metrics thread polling its socket beside a main thread stuck on a lock: a deadlock
     stack = threads(21, ("metrics", 26, METRICS_THREAD), ("MainThread", 21, LOCKED))
     io = io_of(21, ThreadIo(tid=21, state="S", syscall=FUTEX), ThreadIo(tid=26, state="S", syscall=POLL))
-    v = classify_stall([main_obs(), obs(21, stack=stack, io=io)], machine=M)
+    o = obs(21, stack=stack, io=io)
+    assert io_wait(o, machine=M) is None
+    v = classify_stall([main_obs(), o], machine=M)
     assert v.classification == "deadlock"
     assert v.processes[1].io_wait is None
 

@@ -22,6 +22,7 @@ thread waits for through ``Future.result``/``Event.wait``) is ``io-wait``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -548,9 +549,9 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
         return sockets[0] if len(sockets) == 1 else None
 
     def build(kind: str, basis: str, tid: int | None, stack: ThreadStack | None, nr: int | None,
-              target: str | None, via: str | None = None) -> IoWait:
+              target: str | None) -> IoWait:
         peer = peer_of(target) if kind.startswith("socket") else None
-        return IoWait(kind=kind, basis=basis, tid=tid, thread=stack.name if stack else None, via=via,
+        return IoWait(kind=kind, basis=basis, tid=tid, thread=stack.name if stack else None,
                       syscall=nr, peer=peer.remote if peer else None,
                       tcp_state=peer.tcp_state if peer else None,
                       sockets=sockets if kind.startswith("socket") else (),
@@ -606,15 +607,15 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
         if found is None and t.state == "D":
             found = build("uninterruptible", "state D", t.tid, stack, t.syscall, t.fd_target)
         if found is not None:
-            return IoWait(**{**found.__dict__, "via": "thread pool"})
+            return dataclasses.replace(found, via="thread pool")
     if dump is not None:  # no IoSample thread list (unreadable): the stacks alone
         for st in dump.threads:
             if st is main_t or st.native_tid == obs.pid:
                 continue
             if _socket_frames(st):
                 kind = _native_socket_kind(st) or "socket recv"
-                return IoWait(**{**build(kind, "stack", st.native_tid, st, None, None).__dict__,
-                                 "via": "thread pool"})
+                return dataclasses.replace(build(kind, "stack", st.native_tid, st, None, None),
+                                           via="thread pool")
     return None
 
 
