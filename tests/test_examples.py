@@ -200,6 +200,29 @@ def test_deadlock(report_dir):
     assert run.seconds < 30
 
 
+def test_io_stall(report_dir):
+    run = run_example("io_stall", report_dir)
+    _only_playbook(run, "io-stall")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "stall" and r["classification"] == "io-wait"
+    assert r["progress"]["batches"] == 0 and r["progress"]["stall_s"] >= 3
+    assert all(f["playbook"] != "worker-deadlock" for f in r["findings"])
+    ev = r["findings"][0]["evidence"]
+    workers = ev["workers"]
+    assert {w["worker_id"] for w in workers} == {0, 1}
+    (peer,) = ev["peers"]
+    assert peer["workers"] == 2 and peer["peer"].startswith("127.0.0.1:")
+    for w in workers:
+        assert w["via"] == "thread pool" and w["thread"].startswith("fetch") and w["tid"] != w["pid"]
+        assert w["kind"] == "socket poll"  # http.client's 600 s timeout: the read waits in poll
+        assert w["peer"] == peer["peer"] and w["tcp_state"] == "ESTABLISHED"
+        assert w["where"].startswith("RemoteShards._get (") and "io_stall.py" in w["where"]
+    assert ev["stall_s"] >= 3
+    assert ev["wait"].startswith("worker ") and f"socket poll on {peer['peer']} ESTABLISHED for " in ev["wait"]
+    assert run.seconds < 30
+
+
 @pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0", "healthy_eval_pause",
                                   "healthy_detection_collate"])
 def test_healthy_examples_raise_nothing(name, report_dir):

@@ -1,4 +1,4 @@
-"""Loading and validating playbook files: the shipped five, user directories, malformed files."""
+"""Loading and validating playbook files: the shipped six, user directories, malformed files."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
-IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication"}
+IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication", "io-stall"}
 
 MINIMAL = """
 id = "my-thing"

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report directory root; the incident goes to DIR/<id>/ (default: $DLWATCH_DIR or ./dlwatch-reports)")
     parser.add_argument("--json", action="store_true", help="print the report JSON instead of a summary")
     parser.add_argument("--duration", type=float, default=forensics.SECOND_READ_AFTER_S, metavar="SECONDS",
-                        help="time between the two /proc reads that measure CPU progress (default %(default)s)")
+                        help="observation window: /proc is read across it for CPU progress and signs of life (default %(default)s)")
     parser.add_argument("--no-native", action="store_true", help="Python frames only (faster: ~10 ms a process instead of ~110 ms)")
 
 

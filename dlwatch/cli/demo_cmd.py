@@ -39,6 +39,7 @@ EXAMPLES: dict[str, str | None] = {
     "rng_epoch_repeat": "rng-duplication",
     "fd_exhaustion": "fd-exhaustion",
     "shm_exhaustion": "shm-exhaustion",
+    "io_stall": "io-stall",
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
