@@ -192,6 +192,7 @@ class Watch:
                 if pb.id == "batch-dim-mismatch":
                     self.thresholds["check_first"] = pb.threshold("check_first", 8)
                     self.thresholds["sample_every"] = pb.threshold("sample_every", 64)
+                    self.thresholds["confirm_batches"] = pb.threshold("confirm_batches", 8)
                 elif pb.id == "rng-duplication":
                     self.thresholds["attribute_depth"] = pb.threshold("attribute_depth", 2)
         self._loader: Any = loader
@@ -346,7 +347,9 @@ class Watch:
                 self._shape_probe = BatchShapeProbe(
                     loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",
                     check_first=int(self.thresholds.get("check_first", 8)),
-                    sample_every=int(self.thresholds.get("sample_every", 64)), ignore_keys=self.options.ignored_batch_keys)
+                    sample_every=int(self.thresholds.get("sample_every", 64)),
+                    confirm_batches=int(self.thresholds.get("confirm_batches", 8)),
+                    ignore_keys=self.options.ignored_batch_keys)
         except Exception:
             self._shape_probe = None
         if self._hook.fingerprint and loader.num_workers > 0:

@@ -165,3 +165,33 @@ def test_batch_bytes_are_measured_without_a_shape_probe(tmp_path, no_leftovers):
         with open(os.path.join(w.run_dir, "events.jsonl")) as f:
             sizes = [json.loads(line)["batch_bytes"] for line in f if '"batch_bytes"' in line]
     assert sizes == [4 * 8 * 4]
+
+
+def test_batch_check_confirmation_is_a_playbook_threshold(tmp_path, no_leftovers):
+    """A user who wants the cat-collate finding sooner lowers confirm_batches in their own copy."""
+    import shutil
+
+    import torch
+
+    from dlwatch.playbooks import builtin_dir
+
+    mine = tmp_path / "playbooks"
+    mine.mkdir()
+    text = (builtin_dir() / "batch-dim-mismatch.toml").read_text()
+    assert "confirm_batches = 8" in text
+    (mine / "batch-dim-mismatch.toml").write_text(text.replace("confirm_batches = 8", "confirm_batches = 2"))
+
+    def cat_collate(samples):
+        return torch.cat([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+    data = [(torch.zeros(3, 8, 8), i) for i in range(12)]  # (12, 8, 8) next to 4 labels
+    loader = DataLoader(data, batch_size=4, num_workers=1, collate_fn=cat_collate)
+    rd = tmp_path / "r"
+    with dlwatch.watch(loader, report_dir=str(rd), playbooks=[str(mine)], poll_interval=0.1) as w:
+        assert w.thresholds["confirm_batches"] == 2
+        assert sum(1 for _ in w) == 3  # 3 batches: the shipped 8 would never confirm
+        assert wait_for(lambda: incidents(str(rd)), timeout=15)
+    (inc,) = incidents(str(rd))
+    ev = load(inc)["findings"][0]["evidence"]
+    assert ev["confirmed_batches"] == 2 and ev["confirmed_at_index"] == 1
+    shutil.rmtree(mine)
