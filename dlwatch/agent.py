@@ -407,6 +407,11 @@ class Watch:
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
+            from dlwatch.loader_exit import worker_exitcodes
+
+            codes = worker_exitcodes(exc)  # how the workers behind the error ended (worker-killed)
+            if codes:
+                events.emit(self._events_path, "worker_exits", exitcodes=codes)
             events.emit(self._events_path, "exception", exception=info)
         self._pending_exception = info
 
