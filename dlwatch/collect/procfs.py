@@ -163,6 +163,19 @@ def _fd_limit(pid: int) -> int | None:
     return None
 
 
+CAP_IPC_LOCK = 14
+
+
+def _has_cap(status_text: str, cap: int) -> bool:
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split()[1], 16) >> cap & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
 def _memlock_limit(pid: int) -> int | None:
     try:
         soft, _hard = resource.prlimit(pid, resource.RLIMIT_MEMLOCK)
@@ -250,11 +263,15 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
                     fields["uss_ts"] = ts
             except PermissionError:
                 pass
+            cap_ipc_lock = False
             try:
-                fields["vm_lck"] = parse_kv_kib(_read(f"/proc/{pid}/status"), ("VmLck",)).get("VmLck")
+                status = _read(f"/proc/{pid}/status")
+                fields["vm_lck"] = parse_kv_kib(status, ("VmLck",)).get("VmLck")
+                cap_ipc_lock = _has_cap(status, CAP_IPC_LOCK)
             except PermissionError:
                 pass
-            fields["memlock_limit"] = _memlock_limit(pid)
+            # CAP_IPC_LOCK lifts RLIMIT_MEMLOCK: the process then has no lock limit to approach
+            fields["memlock_limit"] = None if cap_ipc_lock else _memlock_limit(pid)
             try:
                 fields["shm_maps"], fields["shm_map_bytes"] = shm_mappings(_read(f"/proc/{pid}/maps"))
             except PermissionError:

@@ -6,8 +6,8 @@ memory: the host's ``Mlocked`` (/proc/meminfo, every poll) and each process's
 watched process that holds locked memory (another user's mlock on a shared host is
 not this job's), and either Mlocked growing steadily (see
 :func:`dlwatch.detect.growth.steady_growth`) or a process's VmLck rising to
-``limit_share`` of its RLIMIT_MEMLOCK.  A near limit (RLIMIT_MEMLOCK, MemAvailable)
-within ``horizon_s`` is a ``threshold`` incident; a far one is advice for the run
+``limit_share`` of its RLIMIT_MEMLOCK.  A near limit (RLIMIT_MEMLOCK, the cgroup's, MemAvailable)
+within ``horizon_s`` (locked pages count toward the cgroup's memory too) is a ``threshold`` incident; a far one is advice for the run
 summary.  Flat locked memory, however large, stays quiet.
 """
 
@@ -69,6 +69,8 @@ class PinnedMemoryGrowth(Detector):
         options = []
         if sysm is not None and sysm.mem_available is not None:
             options.append((sysm.mem_available, "MemAvailable"))
+        if sysm is not None and sysm.cgroup_memory_limit and sysm.cgroup_memory_usage is not None:
+            options.append((max(0, sysm.cgroup_memory_limit - sysm.cgroup_memory_usage), "cgroup memory limit"))
         for x in rising:
             if x["memlock_limit"]:
                 options.append((max(0, x["memlock_limit"] - x["vm_lck"]), f"RLIMIT_MEMLOCK of pid {x['pid']}"))
