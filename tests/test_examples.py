@@ -245,7 +245,7 @@ def test_copy_on_read_caught_before_any_kill(report_dir):
     r = load(path)
     assert r["trigger"] == "threshold" and r["exception"] is None
     ev = r["findings"][0]["evidence"]
-    assert ev["copy_on_read"] is True and ev["workers_growing"] == 2
+    assert ev["copy_on_read"] is True and ev["workers_growing"] >= 1 and ev["workers"] == 2
     assert ev["limit"] == "cgroup memory limit" and ev["limit_in_s"] <= ev["horizon_s"]
     for g in ev["growth"]:
         assert g["uss"]["rise_bytes"] >= 64 << 20

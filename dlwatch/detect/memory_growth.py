@@ -79,7 +79,10 @@ class WorkerMemoryGrowth(Detector):
         evidence: dict[str, Any] = {
             "signal": "worker_memory_growth",
             "workers_growing": len(growing), "workers": len(workers),
-            "copy_on_read": bool(cor and len(growing) >= min(2, len(workers))),
+            # USS up with RSS flat can only be shared pages turning private: the signature holds per
+            # worker; the other workers may still lack the USS reads to be judged
+            "copy_on_read": bool(cor),
+            "all_workers_growing": len(growing) == len(workers),
             "rate_bytes_per_s": rate,
             "headroom_bytes": left, "limit": limit_name, "limit_bytes": limit,
             "limit_in_s": None if eta is None else round(eta, 1), "horizon_s": t["horizon_s"],
