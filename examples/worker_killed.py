@@ -39,7 +39,7 @@ def main():
                 if i == 40:  # the "outside" kill: what `kill -9 <worker pid>` does
                     os.kill(it._workers[0].pid, signal.SIGKILL)
     except Exception as exc:  # RuntimeError from torch, or a ConnectionResetError when the crash cut a transfer
-        print(f"training loop failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
+        print(f"training loop failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}")
     print_reports(args.report_dir, before)
 
 

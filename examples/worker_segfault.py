@@ -36,7 +36,7 @@ def main():
             for _ in batches:
                 pass
     except Exception as exc:  # RuntimeError from torch, or a ConnectionResetError when the crash cut a transfer
-        print(f"training loop failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
+        print(f"training loop failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}")
     print_reports(args.report_dir, before)
 
 

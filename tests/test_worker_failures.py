@@ -230,3 +230,61 @@ def test_zombie_exit_status_and_minflt(tmp_path):
         child.wait()
     me = procfs.read_proc(os.getpid(), mem_detail=True)
     assert me.minflt and me.minflt > 0 and me.uss_ts is not None and me.vm_lck is not None
+
+
+# --------------------------------------------------------------------------- the matcher on hand-built reports
+
+
+def _report(**kw):
+    base = {"trigger": "exception", "exception": None, "classification": None, "loader": {}, "system": {},
+            "processes": [], "events": [], "timeline": []}
+    base.update(kw)
+    return base
+
+
+def _worker(pid, status=None, crash=None, frames=None):
+    stack = {"source": "faulthandler-crash", "threads": [{"thread_id": 1, "frames": frames}]} if frames else None
+    p = {"pid": pid, "role": "worker", "worker_id": 0, "sample": {"ts": 1000.0, "rss": 300 * MiB},
+         "status": status, "stack": stack}
+    if crash:
+        p["crash"] = crash
+    return p
+
+
+def test_match_killed_by_signal_text_and_dead_worker_stall():
+    from dlwatch.detect.match import match
+    from dlwatch.playbooks import load_playbooks
+
+    pbs = load_playbooks()
+    exc = {"type": "builtins.RuntimeError", "message": "DataLoader worker (pid 4301) is killed by signal: Killed. ",
+           "traceback": "", "from_loader": True}
+    top = match(_report(exception=exc, processes=[_worker(4301, status="gone")]), pbs)[0]
+    assert top.playbook == "worker-killed" and top.evidence["exit_signal"] == "SIGKILL"
+    assert top.evidence["pid"] == 4301
+    # no cgroup, no OOM count, no memory figure: SIGKILL alone is not called an OOM kill
+    assert top.evidence["cause"] == "external-kill"
+    # the loop hung instead (dead-worker stall), and the worker had written its crash stack
+    frames = [{"function": "string_at", "filename": "/usr/lib/python3.11/ctypes/__init__.py", "line": 519},
+              {"function": "__getitem__", "filename": "/home/u/train/data.py", "line": 42},
+              {"function": "_worker_loop", "filename": "/x/site-packages/torch/utils/data/_utils/worker.py"}]
+    r = _report(trigger="stall", classification="dead-worker",
+                processes=[_worker(77, status="gone", crash={"signal": "SIGSEGV", "fatal_error": "Segmentation fault"},
+                                   frames=frames)])
+    top = match(r, pbs)[0]
+    assert top.playbook == "worker-killed" and top.evidence["cause"] == "native-crash"
+    assert top.evidence["crash_frame"] == "__getitem__ (/home/u/train/data.py:42)"
+    assert "native crash" in top.remediation.lower()
+
+
+def test_match_bus_error_stays_shm_and_healthy_report_matches_nothing_new():
+    from dlwatch.detect.match import match
+    from dlwatch.playbooks import load_playbooks
+
+    pbs = load_playbooks()
+    exc = {"type": "builtins.RuntimeError", "message": "DataLoader worker (pid 4301) is killed by signal: Bus error. "
+           "It is possible that dataloader's workers are out of shared memory.", "traceback": "", "from_loader": True}
+    assert [f.playbook for f in match(_report(exception=exc), pbs)] == ["shm-exhaustion"]
+    # an advice event alone (long projection) makes no finding in a later report
+    advice = {"event": "advice", "playbook": "worker-memory-growth", "advice": "worker_memory_growth",
+              "limit_in_s": 5000.0}
+    assert match(_report(trigger="stall", classification="slow", events=[advice]), pbs) == []
