@@ -67,6 +67,7 @@ class Tracked:
     last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
     detail_poll: int = -(10**9)
     crash: dict[str, Any] | None = None  # the stack a crashed process left in its crash file (faultdump)
+    minflt_at_detail: int | None = None  # minor faults when USS was last read (see Monitor._faulting)
 
     @property
     def last(self) -> ProcSample | None:
@@ -330,6 +331,8 @@ class Monitor:
             if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
                 detail, fast = True, fast + 1
             s = procfs.read_proc(t.pid, mem_detail=detail)
+            if s.uss_ts is not None:
+                t.minflt_at_detail = s.minflt
             if not s.gone and self._wants_fd_detail(t, s):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
@@ -372,7 +375,7 @@ class Monitor:
         last = t.last
         if last is None or last.uss_ts is None or now - last.uss_ts < MEM_FAST_EVERY_S or last.minflt is None:
             return False
-        base = next((x.minflt for x in t.history if x.uss_ts == last.uss_ts and x.minflt is not None), None)
+        base = t.minflt_at_detail
         return base is not None and (last.minflt - base) * procfs.PAGE_SIZE >= MEM_FAST_FAULT_BYTES
 
     def _wants_fd_detail(self, t: Tracked, s: ProcSample) -> bool:

@@ -46,12 +46,22 @@ class WorkerMemoryGrowth(Detector):
     def __init__(self, thresholds: Any = None) -> None:
         super().__init__(thresholds)
         self.advised = False
+        self.judged: dict[int, tuple[float, dict[str, Any] | None]] = {}  # pid -> (last USS read, its growth)
 
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
         t = self.thresholds
         growing = []
         workers = [p for p in view.procs.values() if p.role == "worker" and not p.gone]
         for p in workers:
+            last = p.last
+            if last is None or last.uss_ts is None:
+                continue
+            cached = self.judged.get(p.pid)
+            if cached is not None and cached[0] == last.uss_ts:  # no new USS read since: same judgement
+                if cached[1] is not None:
+                    growing.append(cached[1])
+                continue
+            self.judged[p.pid] = (last.uss_ts, None)
             reads = {}
             for s in p.history:  # one point per USS read (the monitor carries the figure forward between reads)
                 if s.uss_ts is not None and s.uss is not None and not s.gone and view.now - s.uss_ts <= t["window_s"]:
@@ -65,9 +75,13 @@ class WorkerMemoryGrowth(Detector):
                 continue
             rss = [(s.uss_ts, float(s.rss)) for s in pts if s.rss is not None]
             rss_rate = slope(rss) if len(rss) >= 2 else None
-            growing.append({"pid": p.pid, "worker_id": p.worker_id, "uss": g, "rss_first": pts[0].rss,
-                            "rss_last": pts[-1].rss,
-                            "rss_rate_bytes_per_s": None if rss_rate is None else round(rss_rate)})
+            found = {"pid": p.pid, "worker_id": p.worker_id, "uss": g, "rss_first": pts[0].rss,
+                     "rss_last": pts[-1].rss, "rss_rate_bytes_per_s": None if rss_rate is None else round(rss_rate)}
+            self.judged[p.pid] = (last.uss_ts, found)
+            growing.append(found)
+        if len(self.judged) > 4 * max(1, len(workers)) + 64:  # forget workers long gone
+            live = {p.pid for p in workers}
+            self.judged = {pid: v for pid, v in self.judged.items() if pid in live}
         if not growing:
             return ()
         rate = sum(g["uss"]["rate_bytes_per_s"] for g in growing)

@@ -29,11 +29,23 @@ class PinnedMemoryGrowth(Detector):
         super().__init__(thresholds)
         self.mlocked: collections.deque[tuple[float, float]] = collections.deque(maxlen=600)
         self.advised = False
+        self.lockers: dict[int, tuple[float, dict[str, Any] | None]] = {}  # pid -> (last USS read, its view)
 
     def _lockers(self, view: View) -> list[dict[str, Any]]:
         """Watched processes holding locked memory, with how much it rose in the window."""
         out = []
         for p in view.procs.values():
+            last = p.last
+            if last is None or last.uss_ts is None:
+                continue
+            cached = self.lockers.get(p.pid)
+            if cached is not None and cached[0] == last.uss_ts:  # no new read since: same view
+                if cached[1] is not None:
+                    out.append(dict(cached[1], gone=p.gone))
+                continue
+            self.lockers[p.pid] = (last.uss_ts, None)
+            if not last.vm_lck and (cached is None or cached[1] is None):
+                continue  # holds no locked memory, and held none at the last read
             reads = {s.uss_ts: s for s in p.history
                      if s.uss_ts is not None and s.vm_lck is not None and view.now - s.uss_ts <= self.thresholds["window_s"]}
             if not reads:
@@ -42,10 +54,14 @@ class PinnedMemoryGrowth(Detector):
             last = pts[-1]
             if not last.vm_lck:
                 continue
-            out.append({"pid": p.pid, "role": p.role, "worker_id": p.worker_id, "gone": p.gone,
-                        "vm_lck": last.vm_lck, "vm_lck_rise": last.vm_lck - min(s.vm_lck for s in pts),
-                        "memlock_limit": last.memlock_limit,
-                        "memlock_share": round(last.vm_lck / last.memlock_limit, 4) if last.memlock_limit else None})
+            found = {"pid": p.pid, "role": p.role, "worker_id": p.worker_id, "gone": p.gone,
+                     "vm_lck": last.vm_lck, "vm_lck_rise": last.vm_lck - min(s.vm_lck for s in pts),
+                     "memlock_limit": last.memlock_limit,
+                     "memlock_share": round(last.vm_lck / last.memlock_limit, 4) if last.memlock_limit else None}
+            self.lockers[p.pid] = (last.uss_ts, found)
+            out.append(found)
+        if len(self.lockers) > 4 * len(view.procs) + 64:
+            self.lockers = {pid: v for pid, v in self.lockers.items() if pid in view.procs}
         return out
 
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
