@@ -288,3 +288,23 @@ def test_match_bus_error_stays_shm_and_healthy_report_matches_nothing_new():
     advice = {"event": "advice", "playbook": "worker-memory-growth", "advice": "worker_memory_growth",
               "limit_in_s": 5000.0}
     assert match(_report(trigger="stall", classification="slow", events=[advice]), pbs) == []
+
+
+def test_dead_worker_stall_is_worker_killed_with_the_zombies_signal(tmp_path, target):
+    """The loop hangs on a killed worker (iterated in a thread: torch's SIGCHLD handler is not there,
+    its own check comes only after 5 s): the stall incident names worker-killed, SIGKILL from the zombie."""
+    import pytest  # noqa: F401
+
+    from conftest import incidents, load, wait_for
+
+    t = target("dead_worker_stall.py", str(tmp_path))
+    victim = int(t.wait_line("READY", timeout=60).split()[1])
+    found = wait_for(lambda: [p for p in incidents(str(tmp_path)) if "-stall-" in p], timeout=30)
+    assert found, "no stall incident"
+    r = load(found[0])
+    assert r["classification"] == "dead-worker"
+    top = r["findings"][0]
+    assert top["playbook"] == "worker-killed"
+    ev = top["evidence"]
+    assert ev["pid"] == victim and ev["exit_signal"] == "SIGKILL" and ev["cause"] == "external-kill"
+    t.communicate(timeout=60)
