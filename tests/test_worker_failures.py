@@ -293,9 +293,9 @@ def test_match_bus_error_stays_shm_and_healthy_report_matches_nothing_new():
 def test_dead_worker_stall_is_worker_killed_with_the_zombies_signal(tmp_path, target):
     """The loop hangs on a killed worker (iterated in a thread: torch's SIGCHLD handler is not there,
     its own check comes only after 5 s): the stall incident names worker-killed, SIGKILL from the zombie."""
-    import pytest  # noqa: F401
 
     from conftest import incidents, load, wait_for
+
 
     t = target("dead_worker_stall.py", str(tmp_path))
     victim = int(t.wait_line("READY", timeout=60).split()[1])
