@@ -308,3 +308,14 @@ def test_dead_worker_stall_is_worker_killed_with_the_zombies_signal(tmp_path, ta
     ev = top["evidence"]
     assert ev["pid"] == victim and ev["exit_signal"] == "SIGKILL" and ev["cause"] == "external-kill"
     t.communicate(timeout=60)
+
+
+def test_torch_messages_are_parsed_without_regex():
+    from dlwatch.detect.worker_killed import torch_worker_exit
+
+    assert torch_worker_exit("RuntimeError: DataLoader worker (pid 4301) is killed by signal: Killed. ") == \
+        ([4301], "SIGKILL")
+    assert torch_worker_exit("DataLoader worker (pid 7) is killed by signal: Segmentation fault.") == ([7], "SIGSEGV")
+    assert torch_worker_exit("x\nDataLoader worker (pid(s) 12, 13) exited unexpectedly\n") == ([12, 13], None)
+    assert torch_worker_exit("DataLoader worker (pid(s) ) exited") == ([], None)
+    assert torch_worker_exit("(" * 10000 + "DataLoader worker (pid ") == ([], None)

@@ -527,13 +527,6 @@ def _strip_event(e: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in e.items() if k not in ("event", "kind")}
 
 
-_TORCH_SIGNALS = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
-                  "Aborted": "SIGABRT", "Floating point exception": "SIGFPE", "Terminated": "SIGTERM",
-                  "Illegal instruction": "SIGILL", "Interrupt": "SIGINT"}
-_KILLED_BY = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([A-Za-z ]+?)\.?(?:\s|$)")
-_EXITED = re.compile(r"DataLoader worker \(pid\(s\) ([0-9, ]+)\) exited unexpectedly")
-
-
 def _samples_of(ctx: _Context, pid: Any) -> list[Mapping[str, Any]]:
     out = []
     for rec in ctx.report.get("timeline") or ():
@@ -545,17 +538,10 @@ def _samples_of(ctx: _Context, pid: Any) -> list[Mapping[str, Any]]:
 
 
 def _enrich_worker_killed(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
-    from dlwatch.detect.worker_killed import exit_cause
+    from dlwatch.detect.worker_killed import exit_cause, torch_worker_exit
 
     obs = [e for e in ctx.signal_events("worker_exit") if e.get("event") == "observation"]
-    sig_text, pids = None, []
-    m = _KILLED_BY.search(ctx.text)
-    if m:
-        pids, sig_text = [int(m.group(1))], _TORCH_SIGNALS.get(m.group(2).strip(), m.group(2).strip())
-    else:
-        m2 = _EXITED.search(ctx.text)
-        if m2:
-            pids = [int(x) for x in re.findall(r"\d+", m2.group(1))]
+    pids, sig_text = torch_worker_exit(ctx.text)
     crashed = [p for p in ctx.processes if p.get("role") == "worker" and p.get("crash")]
     gone = [p for p in ctx.processes if p.get("role") == "worker" and p.get("status") == "gone"]
     pid = (pids[0] if pids else None) or next((e.get("pid") for e in obs), None) \

@@ -20,11 +20,43 @@ from typing import Any, Iterable, Mapping
 from dlwatch.detect.base import Detector, View
 from dlwatch.model import SystemSample
 
-__all__ = ["WorkerKilled", "exit_cause", "signal_name", "wait_status_signal"]
+__all__ = ["WorkerKilled", "exit_cause", "signal_name", "torch_worker_exit", "wait_status_signal"]
 
 CRASH = ("SIGSEGV", "SIGABRT", "SIGFPE", "SIGILL")
 NEAR_LIMIT_SHARE = 0.9  # memory at this share of its limit: the OOM killer's territory
 HISTORY_SHOWN = 12
+
+
+TORCH_SIGNALS = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+                 "Aborted": "SIGABRT", "Floating point exception": "SIGFPE", "Terminated": "SIGTERM",
+                 "Illegal instruction": "SIGILL", "Interrupt": "SIGINT", "Hangup": "SIGHUP", "Quit": "SIGQUIT"}
+
+
+def torch_worker_exit(text: str) -> tuple[list[int], str | None]:
+    """(worker pids, signal) from torch's messages, found with plain string search (no regex on
+    untrusted text): "DataLoader worker (pid N) is killed by signal: Killed." and
+    "DataLoader worker (pid(s) N, M) exited unexpectedly"."""
+    head = "DataLoader worker (pid "
+    killed = " is killed by signal: "
+    i = text.find(head)
+    while i >= 0:
+        j = text.find(")", i + len(head))
+        if j < 0:
+            break
+        inner = text[i + len(head):j]
+        if text.startswith(killed, j + 1) and inner.isdigit():
+            rest = text[j + 1 + len(killed):j + 1 + len(killed) + 40]
+            name = rest.split(".", 1)[0].split("\n", 1)[0].strip()
+            return [int(inner)], TORCH_SIGNALS.get(name, name or None)
+        i = text.find(head, j)
+    head_s = "DataLoader worker (pid(s) "
+    i = text.find(head_s)
+    if i >= 0:
+        j = text.find(")", i + len(head_s))
+        if j > 0 and text.startswith(" exited unexpectedly", j + 1):
+            pids = [int(x) for x in text[i + len(head_s):j].replace(",", " ").split() if x.isdigit()]
+            return pids, None
+    return [], None
 
 
 def signal_name(num: int | None) -> str | None:
