@@ -36,7 +36,7 @@ def main():
         with dlwatch.watch(loader, report_dir=args.report_dir, poll_interval=0.2):
             it = iter(loader)
             for i, _ in enumerate(it):
-                if i == 40:  # the "outside" kill: what `kill -9 <worker pid>` does
+                if i == 100:  # the "outside" kill: what `kill -9 <worker pid>` does
                     os.kill(it._workers[0].pid, signal.SIGKILL)
     except Exception as exc:  # RuntimeError from torch, or a ConnectionResetError when the crash cut a transfer
         print(f"training loop failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}")

