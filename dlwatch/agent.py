@@ -18,8 +18,10 @@ import multiprocessing
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -165,6 +167,23 @@ def _watched_class(cls: type) -> type:
                                           "__qualname__": cls.__qualname__, "_dlwatch_original": cls})
         _WATCHED_CLASSES[cls] = sub
     return sub
+
+
+def _hold_sigchld() -> Any:
+    """Set a Python-level SIGCHLD handler (torch's) aside; return it, or None where there was none.
+
+    SIG_DFL, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
+    """
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            return None  # handlers can be set, and run, in the main thread only
+        current = signal.getsignal(signal.SIGCHLD)
+        if not callable(current):
+            return None
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        return current
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 class Watch:
@@ -404,6 +423,20 @@ class Watch:
         if not self._active:
             self._loader = None
             return False
+        # torch's SIGCHLD handler raises "DataLoader worker ... killed by signal" in whatever Python code
+        # runs when a worker dies, here too: it would cut the exception report and the monitor's stop
+        # short and replace the user's exception. Its handler is set aside while leaving, then restored.
+        held = _hold_sigchld()
+        try:
+            return self._exit(exc)
+        finally:
+            if held is not None:
+                try:
+                    signal.signal(signal.SIGCHLD, held)
+                except (OSError, ValueError, TypeError):
+                    pass
+
+    def _exit(self, exc: BaseException | None) -> bool:
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if self._in_place_warning and not self._iterated:
@@ -435,6 +468,11 @@ class Watch:
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
+            from dlwatch.loader_exit import worker_exitcodes
+
+            codes = worker_exitcodes(exc)  # how the workers behind the error ended (worker-killed)
+            if codes:
+                events.emit(self._events_path, "worker_exits", exitcodes=codes)
             events.emit(self._events_path, "exception", exception=info)
         self._pending_exception = info
 

@@ -82,6 +82,11 @@ class ProcSample(_ToDict):
     # thread, sockets and pipes included; None without ptrace-read access to the process
     read_chars: int | None = None
     write_chars: int | None = None
+    minflt: int | None = None  # minor page faults so far (/proc/<pid>/stat); copy-on-write copies fault here
+    exit_code: int | None = None  # a zombie's wait status (/proc/<pid>/stat field 52): low 7 bits = the signal
+    uss_ts: float | None = None  # when uss/pss/vm_lck were read (they are carried forward between reads)
+    vm_lck: int | None = None  # bytes locked in memory (VmLck, /proc/<pid>/status), slow cadence
+    memlock_limit: int | None = None  # soft RLIMIT_MEMLOCK, bytes; None = unlimited or unreadable; slow cadence
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class SystemSample(_ToDict):
     cgroup_memory_limit: int | None = None  # bytes; None = unlimited or unreadable
     cgroup_memory_usage: int | None = None
     cgroup_oom_kills: int | None = None
+    vm_oom_kills: int | None = None  # the host's OOM kills so far (/proc/vmstat oom_kill): no cgroup limit needed
 
 
 @dataclass(frozen=True)

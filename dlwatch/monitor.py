@@ -26,10 +26,10 @@ from typing import Any
 from dlwatch import heartbeat as hbmod
 from dlwatch._fs import create_private, json_line, open_private
 from dlwatch._log import configure_own_process, get_logger
-from dlwatch.collect import procfs
+from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
-from dlwatch.detect.base import Detector, View
+from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.detect.classify import syscall_category
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
@@ -45,6 +45,11 @@ TIMELINE_CAP_BYTES = 8 << 20  # then rotate to timeline.1.jsonl: at most twice t
 FD_DETAIL_EVERY = 30  # polls between fd breakdowns when the count does not move (a readlink per fd)
 DISCOVER_EVERY = 5  # polls between scans for new child processes (workers also announce themselves)
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
+# A process faulting in pages (copy-on-write copies, mlock, a growing heap) gets its USS read this
+# often instead, so that growth is seen in seconds; at most MEM_FAST_MAX processes a poll.
+MEM_FAST_EVERY_S = 2.0
+MEM_FAST_FAULT_BYTES = 16 << 20  # minor faults x page size since the last read that make a process "faulting"
+MEM_FAST_MAX = 8
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
 WORKER_COMM = "pt_data_worker"
@@ -62,6 +67,8 @@ class Tracked:
     fds_at_detail: int | None = None  # num_fds when the fd breakdown was last read
     last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
     detail_poll: int = -(10**9)
+    crash: dict[str, Any] | None = None  # the stack a crashed process left in its crash file (faultdump)
+    minflt_at_detail: int | None = None  # minor faults when USS was last read (see Monitor._faulting)
 
     @property
     def last(self) -> ProcSample | None:
@@ -256,7 +263,10 @@ class Monitor:
                 self._warn_once("detector_failed", f"{type(det).__name__}.{method}: {type(exc).__name__}: {exc}")
                 continue
             for sig in signals:
-                self._threshold_incident(sig)
+                if sig.get("event") in NOTE_EVENTS:
+                    self._note(sig)  # advice and observations: in the timeline and every later report
+                else:
+                    self._threshold_incident(sig)
 
     # ------------------------------------------------------------------ sampling
 
@@ -312,20 +322,29 @@ class Monitor:
         mem_detail = now - self.last_mem_detail >= MEM_DETAIL_EVERY_S
         if mem_detail:
             self.last_mem_detail = now
+        fast = 0
         samples = []
         for t in list(self.procs.values()):
             if t.gone:
                 continue
             prev = t.last
-            s = procfs.read_proc(t.pid, mem_detail=mem_detail)
+            detail = mem_detail
+            if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
+                detail, fast = True, fast + 1
+            s = procfs.read_proc(t.pid, mem_detail=detail)
+            if s.uss_ts is not None:
+                t.minflt_at_detail = s.minflt
             if not s.gone and self._wants_fd_detail(t, s):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
             if not s.gone and prev is not None and s.uss is None:
                 s = dataclasses.replace(s, uss=prev.uss, pss=prev.pss, shm_maps=prev.shm_maps,
-                                        shm_map_bytes=prev.shm_map_bytes)
+                                        shm_map_bytes=prev.shm_map_bytes, uss_ts=prev.uss_ts,
+                                        vm_lck=prev.vm_lck, memlock_limit=prev.memlock_limit)
             if s.gone or s.state == "Z":
                 t.gone = s.gone or t.role != "main"
+                if t.gone and t.crash is None:  # its last words, if it died of a fatal signal
+                    t.crash = faultdump.read_crash(faultdump.crash_path(os.path.join(self.run_dir, "dumps"), t.pid))
             t.history.append(s)
             samples.append(s)
         try:
@@ -350,6 +369,15 @@ class Monitor:
         self.ring.append(record)
         self.timeline.append(record)
         self._detect(hb, self._activity(samples))
+
+    @staticmethod
+    def _faulting(t: Tracked, now: float) -> bool:
+        """Pages faulted in since the last USS read: read it again sooner than the slow cadence."""
+        last = t.last
+        if last is None or last.uss_ts is None or now - last.uss_ts < MEM_FAST_EVERY_S or last.minflt is None:
+            return False
+        base = t.minflt_at_detail
+        return base is not None and (last.minflt - base) * procfs.PAGE_SIZE >= MEM_FAST_FAULT_BYTES
 
     def _wants_fd_detail(self, t: Tracked, s: ProcSample) -> bool:
         """The fd breakdown costs a readlink per fd: read it when the count really moved.
@@ -475,6 +503,10 @@ class Monitor:
             sample=build.compact(last.to_dict()) if last else None)
         if entry["sample"] is not None and "fds" not in entry["sample"] and t.last_fds is not None:
             entry["sample"]["fds"] = t.last_fds.to_dict()
+        if t.crash is not None:
+            entry["crash"] = {k: t.crash.get(k) for k in ("signal", "fatal_error")}
+            if entry.get("stack") is None:
+                entry["stack"] = t.crash.get("stack")
         if t.gone:
             entry["status"] = "gone"
             if entry["sample"] is not None:

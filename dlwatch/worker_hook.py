@@ -71,8 +71,20 @@ class WorkerHook:
                 dump_path = faultdump.install(os.path.join(self.run_dir, "dumps"))
             except Exception:
                 pass
+            self._crash_dump()
             events.emit(self.events_path, "worker_registered", worker_id=worker_id,
                         start_method=self.start_method, ppid=os.getppid(), dump_path=dump_path)
+        except Exception:
+            pass
+
+    def _crash_dump(self) -> None:
+        """faulthandler on the fatal signals, into ``dumps/<pid>.crash.txt`` that the monitor reads
+        when this worker is gone: a native crash in ``__getitem__`` then leaves its Python line.
+        A program that enabled faulthandler itself keeps its own setting."""
+        try:
+            from dlwatch.collect import faultdump
+
+            faultdump.install_crash(os.path.join(self.run_dir, "dumps"))
         except Exception:
             pass
 

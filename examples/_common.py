@@ -38,3 +38,86 @@ def print_reports(report_dir: str, before: set[str]) -> int:
     if not new:
         print(f"no incident (nothing written to {report_dir})", flush=True)
     return len(new)
+
+
+IN_CGROUP = "DLWATCH_EXAMPLE_IN_CGROUP"
+
+
+def skip(reason: str) -> None:
+    print(f"SKIP: {reason}", flush=True)
+    raise SystemExit(0)
+
+
+def _memory_cgroup_root() -> tuple[str, str] | None:
+    """(directory, limit file) of a writable memory cgroup hierarchy: v1 or v2."""
+    v1 = "/sys/fs/cgroup/memory"
+    if os.path.isfile(os.path.join(v1, "memory.limit_in_bytes")) and os.access(v1, os.W_OK):
+        return v1, "memory.limit_in_bytes"
+    v2 = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(v2, "cgroup.subtree_control")) as f:
+            if "memory" in f.read().split() and os.access(v2, os.W_OK):
+                return v2, "memory.max"
+    except OSError:
+        pass
+    return None
+
+
+def rerun_in_memory_cgroup(limit_bytes: int) -> None:
+    """Run this script again inside a new memory cgroup limited to ``limit_bytes``; exit with its status.
+
+    Returns (does nothing) when already inside.  Needs a writable cgroup hierarchy (root,
+    or a delegated subtree); where there is none, prints SKIP with the reason and exits 0.
+    """
+    import subprocess
+    import sys
+    import time
+
+    if os.environ.get(IN_CGROUP) == "1":
+        return
+    root = _memory_cgroup_root()
+    if root is None:
+        skip("no writable memory cgroup (v1 or v2) here: creating one needs root or a delegated subtree")
+    base, limit_file = root
+    cg = os.path.join(base, f"dlwatch-example-{os.getpid()}")
+    try:
+        os.mkdir(cg)
+    except OSError as exc:
+        skip(f"cannot create a memory cgroup ({exc.strerror})")
+    try:
+        with open(os.path.join(cg, limit_file), "w") as f:
+            f.write(str(limit_bytes))
+        env = dict(os.environ, **{IN_CGROUP: "1"})
+        script = f'echo $$ > "{cg}/cgroup.procs" && exec "$0" "$@"'
+        code = subprocess.call(["sh", "-c", script, sys.executable, *sys.argv], env=env)
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the cgroup can only go once it is empty
+            try:
+                with open(os.path.join(cg, "cgroup.procs")) as f:
+                    left = [int(x) for x in f.read().split()]
+            except OSError:
+                left = []
+            for pid in left:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(cg)
+                break
+            except OSError:
+                time.sleep(0.1)
+    raise SystemExit(code)
+
+
+def wait_for_incident(report_dir: str, before: set[str], timeout_s: float) -> bool:
+    """Whether an incident appeared in report_dir since ``before`` (polled, at most timeout_s)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if incidents(report_dir) - before:
+            return True
+        time.sleep(0.2)
+    return bool(incidents(report_dir) - before)

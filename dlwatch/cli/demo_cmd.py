@@ -40,11 +40,19 @@ EXAMPLES: dict[str, str | None] = {
     "fd_exhaustion": "fd-exhaustion",
     "shm_exhaustion": "shm-exhaustion",
     "io_stall": "io-stall",
+    "worker_segfault": "worker-killed",
+    "worker_killed": "worker-killed",
+    "worker_oom": "worker-killed",
+    "copy_on_read": "worker-memory-growth",
+    "pinned_growth": "pinned-memory-growth",
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
     "healthy_eval_pause": None,
     "healthy_detection_collate": None,
+    "healthy_numpy_dataset": None,
+    "healthy_warmup": None,
+    "healthy_pinned_flat": None,
 }
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s

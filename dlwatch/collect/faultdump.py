@@ -29,7 +29,8 @@ from typing import Callable, Mapping
 
 from dlwatch.model import Frame, StackDump, ThreadStack
 
-__all__ = ["DUMP_SIGNAL", "install", "is_handler_installed", "request_dumps", "parse_faulthandler"]
+__all__ = ["DUMP_SIGNAL", "crash_path", "install", "install_crash", "is_handler_installed", "read_crash",
+           "request_dumps", "parse_faulthandler"]
 
 # SIGUSR1/2 are often taken by users and schedulers (SLURM, torchelastic); glibc
 # reserves the first two real-time signals for itself (SIGRTMIN already skips
@@ -310,3 +311,94 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             break
         time.sleep(0.01 if read is None else 0.05)
     return results
+
+
+# --------------------------------------------------------------------------- a crashed process's last stack
+
+CRASH_SUFFIX = ".crash.txt"
+_FATAL = re.compile(r"^Fatal Python error: (?P<what>[^\n]*)$", re.MULTILINE)
+# faulthandler's names for the fatal signals it handles
+CRASH_SIGNALS = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
+                 "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                 "Illegal instruction": "SIGILL"}
+
+# (pid, fd, path) of the crash file this process enabled
+_crash: tuple[int, int, str] | None = None
+
+
+def crash_path(dump_dir: str, pid: int) -> str:
+    return os.path.join(dump_dir, f"{int(pid)}{CRASH_SUFFIX}")
+
+
+def install_crash(dump_dir: str) -> str | None:
+    """In a DataLoader worker: faulthandler on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL into a private file.
+
+    The worker then writes every thread's Python stack before it dies of a native crash,
+    the line of the dataset that torch's "killed by signal" never names.  When the
+    program already enabled faulthandler (``-X faulthandler``, ``PYTHONFAULTHANDLER``,
+    pytest), its own choice stays as it is and this returns None.  Never raises.
+    """
+    global _crash
+    try:
+        import faulthandler
+
+        pid = os.getpid()
+        if _crash is not None and _crash[0] == pid:
+            return _crash[2]
+        if faulthandler.is_enabled() and _crash is None:
+            return None  # the program's own setting: not ours to change
+        os.makedirs(dump_dir, mode=0o700, exist_ok=True)
+        path = crash_path(dump_dir, pid)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            faulthandler.enable(file=fd, all_threads=True)
+        except Exception:
+            os.close(fd)
+            return None
+        inherited, _crash = _crash, (pid, fd, path)
+        if inherited is not None:  # a forked child of a process that had its own crash file
+            try:
+                os.close(inherited[1])
+            except OSError:
+                pass
+        return path
+    except Exception:
+        return None
+
+
+def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
+    """The stack a crashed process left in its crash file, or None when it wrote nothing.
+
+    Reads only a regular file (no symlink followed), at most ``limit`` bytes.  Returns
+    ``{"signal": "SIGSEGV", "fatal_error": "Segmentation fault", "stack": StackDump dict}``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat as _stat
+
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not data.strip():
+        return None
+    text = data.decode("utf-8", errors="replace")
+    m = _FATAL.search(text)
+    what = m.group("what").strip() if m else None
+    threads = parse_faulthandler(text)
+    if what is None and not threads:
+        return None
+    dump = StackDump(pid=_pid_of(path), source="faulthandler-crash", threads=threads)
+    return {"signal": CRASH_SIGNALS.get(what or ""), "fatal_error": what, "stack": dump.to_dict()}
+
+
+def _pid_of(path: str) -> int:
+    name = os.path.basename(path)
+    head = name[: -len(CRASH_SUFFIX)] if name.endswith(CRASH_SUFFIX) else name
+    return int(head) if head.isdigit() else 0

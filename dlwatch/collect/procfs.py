@@ -54,14 +54,19 @@ def parse_stat(text: str) -> dict[str, object]:
     rest = text[rpar + 2:].split()
     if len(rest) < 20:
         raise ValueError("truncated stat")
-    return {
+    out: dict[str, object] = {
         "name": text[lpar + 1:rpar],
         "state": rest[0],
         "ppid": int(rest[1]),
+        "minflt": int(rest[7]),
         "cpu_s": (int(rest[11]) + int(rest[12])) / CLK_TCK,
         "num_threads": int(rest[17]),
         "starttime": int(rest[19]),
     }
+    # field 52 (Linux >= 3.5): the wait status; meaningful for a zombie (its parent has not reaped it)
+    if rest[0] == "Z" and len(rest) >= 50 and rest[49].lstrip("-").isdigit():
+        out["exit_code"] = int(rest[49])
+    return out
 
 
 def parse_syscall(text: str) -> int | None:
@@ -262,6 +267,37 @@ def _fd_limit(pid: int) -> int | None:
     return None
 
 
+CAP_IPC_LOCK = 14
+
+
+def _has_cap(status_text: str, cap: int) -> bool:
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split()[1], 16) >> cap & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
+def _memlock_limit(pid: int) -> int | None:
+    try:
+        soft, _hard = resource.prlimit(pid, resource.RLIMIT_MEMLOCK)
+        return None if soft == resource.RLIM_INFINITY else int(soft)
+    except ProcessLookupError:
+        raise _Gone from None
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in _read(f"/proc/{pid}/limits").splitlines():
+            if line.startswith("Max locked memory"):
+                soft = line.split()[3]
+                return None if soft == "unlimited" else int(soft)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def num_fds(pid: int) -> int:
     """Open fds of ``pid``.  Linux >= 6.2 reports the count as the size of /proc/<pid>/fd
     (one stat, ~1 us, instead of a listdir that grows with the fd count: forked workers
@@ -303,7 +339,9 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
     try:
         stat = parse_stat(_read(f"/proc/{pid}/stat"))
         fields.update(name=stat["name"], state=stat["state"], cpu_s=stat["cpu_s"],
-                      num_threads=stat["num_threads"])
+                      num_threads=stat["num_threads"], minflt=stat["minflt"])
+        if "exit_code" in stat:
+            fields["exit_code"] = stat["exit_code"]
         try:
             fields["num_fds"] = num_fds(pid)
         except PermissionError:
@@ -349,8 +387,18 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
                 if "Pss" in roll:
                     fields["pss"] = roll["Pss"]
                     fields["uss"] = roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
+                    fields["uss_ts"] = ts
             except PermissionError:
                 pass
+            cap_ipc_lock = False
+            try:
+                status = _read(f"/proc/{pid}/status")
+                fields["vm_lck"] = parse_kv_kib(status, ("VmLck",)).get("VmLck")
+                cap_ipc_lock = _has_cap(status, CAP_IPC_LOCK)
+            except PermissionError:
+                pass
+            # CAP_IPC_LOCK lifts RLIMIT_MEMLOCK: the process then has no lock limit to approach
+            fields["memlock_limit"] = None if cap_ipc_lock else _memlock_limit(pid)
             try:
                 fields["shm_maps"], fields["shm_map_bytes"] = shm_mappings(_read(f"/proc/{pid}/maps"))
             except PermissionError:

@@ -596,6 +596,91 @@ def _strip_event(e: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in e.items() if k not in ("event", "kind")}
 
 
+def _samples_of(ctx: _Context, pid: Any) -> list[Mapping[str, Any]]:
+    out = []
+    for rec in ctx.report.get("timeline") or ():
+        if isinstance(rec, Mapping) and rec.get("kind") == "sample":
+            for p in rec.get("procs") or ():
+                if isinstance(p, Mapping) and p.get("pid") == pid and not p.get("gone"):
+                    out.append(p)
+    return out
+
+
+def _enrich_worker_killed(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    from dlwatch.detect.worker_killed import exit_cause, torch_worker_exit
+
+    obs = [e for e in ctx.signal_events("worker_exit") if e.get("event") == "observation"]
+    pids, sig_text = torch_worker_exit(ctx.text)
+    crashed = [p for p in ctx.processes if p.get("role") == "worker" and p.get("crash")]
+    gone = [p for p in ctx.processes if p.get("role") == "worker" and p.get("status") == "gone"]
+    pid = (pids[0] if pids else None) or next((e.get("pid") for e in obs), None) \
+        or next((p.get("pid") for p in crashed + gone), None)
+    if pid is None:
+        return None
+    mine = [e for e in obs if e.get("pid") == pid]
+    merged: dict[str, Any] = {}
+    for e in mine:  # later observations add what earlier ones lacked (an exit code read after torch raised)
+        merged.update({k: v for k, v in e.items() if v is not None})
+    proc = next((p for p in ctx.processes if p.get("pid") == pid), None)
+    crash = (proc or {}).get("crash") or merged.get("crash") or {}
+    sig = merged.get("exit_signal") or sig_text or crash.get("signal")
+    share = merged.get("memory_share")
+    before, after = merged.get("oom_kills_before") or {}, merged.get("oom_kills_after") or {}
+    cg_b, cg_a = before.get("cgroup"), after.get("cgroup")
+    if cg_b is not None and cg_a is not None:
+        oom = cg_a > cg_b
+    else:
+        oom = (before.get("host") is not None and after.get("host") is not None and after["host"] > before["host"])
+    cause, basis = exit_cause(sig, oom_rose=oom, memory_share=share, crash_signal=crash.get("signal"),
+                              near_share=pb.threshold("near_limit_share", 0.9))
+    ev.update({"pid": pid, "worker_id": (proc or {}).get("worker_id", merged.get("worker_id")),
+               "exit_signal": sig, "cause": cause, "cause_basis": basis})
+    if merged.get("exit_status") is not None:
+        ev["exit_status"] = merged["exit_status"]
+    if merged.get("last_seen_ts") is not None:
+        ev["last_seen_ts"] = merged["last_seen_ts"]
+    memory = merged.get("memory") or [{"ts": s.get("ts"), "rss": s.get("rss"), "uss": s.get("uss")}
+                                      for s in _samples_of(ctx, pid)][-12:]
+    if memory:
+        ev["memory"] = memory
+    limits = {k: merged.get(k, ctx.system.get(k)) for k in ("cgroup_memory_limit", "cgroup_memory_usage",
+                                                            "mem_available")}
+    ev["memory_limit"] = {k: v for k, v in limits.items() if v is not None}
+    if share is not None:
+        ev["memory_share"] = share
+    if before or after:
+        ev["oom_kills"] = {"before": before or None, "after": after or None,
+                           "at_start": merged.get("oom_kills_at_start")}
+    shm = {k: merged.get(k, ctx.system.get(k)) for k in ("shm_total", "shm_free")}
+    if any(v is not None for v in shm.values()):
+        ev["shm"] = shm
+    if crash:
+        ev["crash"] = {"signal": crash.get("signal"), "fatal_error": crash.get("fatal_error")}
+    if proc is not None and crash:
+        threads = _threads(proc)  # the thread that crashed in the dataset's code first
+        threads.sort(key=lambda t: not any(_is_user_frame(f) for f in t))
+        frames = threads[0] if threads else []
+        ev["crash_stack"] = [_frame_str(f) for f in frames[:_MAX_FRAMES]]
+        user = next((f for f in frames if _is_user_frame(f)), None)
+        if user is not None:
+            ev["crash_frame"] = _frame_str(user)
+    if cause == "sigbus":
+        ev["see_also"] = "shm-exhaustion"
+    growth = ctx.signal_events("worker_memory_growth") + [
+        e for e in ctx.events if e.get("event") == "advice" and e.get("playbook") == "worker-memory-growth"]
+    if growth:
+        ev["memory_growth_before"] = _strip_event(growth[-1])
+    return cause if cause != "unknown" else None
+
+
+def _enrich_growth(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    name = "worker_memory_growth" if pb.id == "worker-memory-growth" else "pinned_memory_growth"
+    events = ctx.signal_events(name)
+    if events:
+        ev.update({k: v for k, v in _strip_event(events[-1]).items() if k not in ev})
+    return None
+
+
 _ENRICHERS = {
     "fd-exhaustion": _enrich_fd,
     "shm-exhaustion": _enrich_shm,
@@ -603,4 +688,7 @@ _ENRICHERS = {
     "io-stall": _enrich_io,
     "batch-dim-mismatch": _enrich_batch,
     "rng-duplication": _enrich_rng,
+    "worker-killed": _enrich_worker_killed,
+    "worker-memory-growth": _enrich_growth,
+    "pinned-memory-growth": _enrich_growth,
 }
