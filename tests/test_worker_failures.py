@@ -98,6 +98,28 @@ def test_flat_and_plateauing_workers_stay_quiet():
                                                   now=1015.0))) == []
 
 
+def test_warmup_slowing_to_a_plateau_is_quiet_even_with_a_limit_in_reach():
+    """Measured on a loaded machine (examples/healthy_warmup.py): a worker filling a cache,
+    30 -> 264 MiB over 10 s at a rate that halves in the later half, MemAvailable 22 GiB.
+    Its later half still climbs, but slowing: a plateau to come, not a leak."""
+    values = [30, 95, 150, 200, 235, 250, 258, 264]
+    warm = P(11, "worker", uss_series(11, [v * MiB for v in values], step=2.0), worker_id=0)
+    assert growth.steady_growth([(s.uss_ts, float(s.uss)) for s in warm.history], min_rate=MiB,
+                                min_rise=64 * MiB, min_window_s=8) is None
+    assert list(WorkerMemoryGrowth().on_poll(view([warm], system(avail=22 << 30), now=1015.0))) == []
+
+
+def test_a_short_trend_projected_far_waits_to_be_watched_longer():
+    """35 MiB/s seen for 10 s against 22 GiB of MemAvailable projects ~11 minutes: not yet an
+    incident (10 s is under a tenth of it); the same trend watched for 70 s is one."""
+    short = P(10, "worker", uss_series(10, [20 * MiB + i * 70 * MiB for i in range(6)]), worker_id=0)
+    det = WorkerMemoryGrowth()
+    assert list(det.on_poll(view([short], system(avail=22 << 30), now=1011.0))) == []
+    long_ = P(10, "worker", uss_series(10, [20 * MiB + i * 70 * MiB for i in range(36)]), worker_id=0)
+    (sig,) = WorkerMemoryGrowth().on_poll(view([long_], system(avail=22 << 30), now=1071.0))
+    assert sig["event"] == "threshold" and sig["observed_s"] >= 0.1 * sig["limit_in_s"]
+
+
 def test_pinned_growth_needs_a_watched_locker():
     det = PinnedMemoryGrowth()
     locker = P(1, "main", [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=(i + 1) * 40 * MiB)

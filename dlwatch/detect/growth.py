@@ -34,8 +34,8 @@ def steady_growth(points: Sequence[tuple[float, float]], *, min_rate: float, min
 
     Steady: at least ``min_points`` over ``min_window_s``; the whole window's slope at
     least ``min_rate``; the last value at least ``min_rise`` above the window's lowest;
-    and the later half of the window still rising at ``late_share`` of ``min_rate``
-    (a plateau after start-up fails this).
+    and the later half of the window still rising at ``late_share`` of the whole window's
+    rate (and of ``min_rate``): a curve flattening into a plateau after start-up fails this.
     """
     if len(points) < min_points:
         return None
@@ -51,8 +51,8 @@ def steady_growth(points: Sequence[tuple[float, float]], *, min_rate: float, min
     mid = points[0][0] + window_s / 2
     late = [p for p in points if p[0] >= mid]
     late_rate = slope(late) if len(late) >= 2 else None
-    if late_rate is None or late_rate < late_share * min_rate:
-        return None
+    if late_rate is None or late_rate < late_share * max(min_rate, rate):
+        return None  # still rising, but slowing to a plateau: start-up, a cache filling up
     return {"rate_bytes_per_s": round(rate), "late_rate_bytes_per_s": round(late_rate),
             "rise_bytes": int(rise), "window_s": round(window_s, 1), "points": len(points),
             "first": int(points[0][1]), "last": int(points[-1][1])}

@@ -41,7 +41,8 @@ def headroom(system: SystemSample | None) -> tuple[int | None, str | None, int |
 class WorkerMemoryGrowth(Detector):
     playbook = "worker-memory-growth"
     defaults = {"min_rate_bytes_per_s": float(1 << 20), "min_rise_bytes": float(64 << 20),
-                "min_window_s": 8.0, "window_s": 120.0, "horizon_s": 900.0, "flat_rss_share": 0.3}
+                "min_window_s": 8.0, "window_s": 120.0, "horizon_s": 900.0, "flat_rss_share": 0.3,
+                "min_observed_share": 0.1}
 
     def __init__(self, thresholds: Any = None) -> None:
         super().__init__(thresholds)
@@ -106,6 +107,13 @@ class WorkerMemoryGrowth(Detector):
             evidence["mem_available"] = view.system.mem_available
             evidence["cgroup_memory_usage"] = view.system.cgroup_memory_usage
         if eta is not None and eta <= t["horizon_s"]:
+            # A projection is only as good as the trend behind it: 10 s of growth says little about
+            # the next 10 minutes.  Wait until the trend was watched for a share of the time it
+            # projects (a real leak keeps growing and gets there well before the limit).
+            observed_s = max(g["uss"]["window_s"] for g in growing)
+            evidence["observed_s"] = observed_s
+            if observed_s < t["min_observed_share"] * eta:
+                return ()
             return [{"ts": view.now, "event": "threshold", "reason": "limit_soon", **evidence}]
         if self.advised:
             return ()
