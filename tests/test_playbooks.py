@@ -15,7 +15,7 @@ from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
-IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication", "io-stall"}
+IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication", "io-stall", "straggler-rank"}
 
 MINIMAL = """
 id = "my-thing"

@@ -4,6 +4,8 @@
   dlwatch demo NAME         run one example and show its report
   dlwatch demo --list       list the examples
   dlwatch demo all          run every example; print expected vs found, one line each
+  dlwatch demo ddp          two ranks under torchrun (gloo, CPU): rank 1's workers deadlock, rank 0
+                            blocks in all_reduce; shows `dlwatch report --job` (alias of ddp_deadlock)
 
 Each example is a short script (see `dlwatch demo --list` for where they are) that
 runs a real DataLoader under dlwatch.watch, ends by itself, and prints `REPORT <path>`
@@ -40,12 +42,17 @@ EXAMPLES: dict[str, str | None] = {
     "fd_exhaustion": "fd-exhaustion",
     "shm_exhaustion": "shm-exhaustion",
     "io_stall": "io-stall",
+    "ddp_deadlock": "worker-deadlock",  # judged on the job view: the rank that stalled first
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
     "healthy_eval_pause": None,
     "healthy_detection_collate": None,
 }
+ALIASES = {"ddp": "ddp_deadlock"}
+# examples of a multi-rank job: judged by the job view's origin (the rank that stalled first),
+# and a waiting rank must be named too
+JOB_EXAMPLES = frozenset({"ddp_deadlock"})
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
 PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.toml package-dir)
@@ -110,6 +117,7 @@ class Outcome:
     error: str | None = None  # exit status, timeout, unreadable report
     seconds: float = 0.0
     output: list[str] = field(default_factory=list)
+    job: dict | None = None  # the job view, for a multi-rank example
 
     @property
     def matched(self) -> bool | None:
@@ -206,7 +214,25 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
             continue
         top = findings[0] if findings and isinstance(findings[0], dict) else {}
         out.top_findings.append(top.get("playbook"))
+    if name in JOB_EXAMPLES and out.reports:
+        _judge_job(out, report_dir)
     return out
+
+
+def _judge_job(out: Outcome, report_dir: str) -> None:
+    """A multi-rank example: its result is the job view's origin; every other rank must only wait."""
+    from dlwatch.report.jobview import job_view
+
+    try:
+        job_id = (store.load_report(out.reports[-1]).get("rank") or {}).get("job_id")
+        out.job = job_view(report_dir, job_id)
+    except DlwatchError as exc:
+        out.error = out.error or f"no job view: {exc}"
+        return
+    origin = out.job.get("origin") or {}
+    out.top_findings = [origin.get("top_finding")]
+    if not out.job.get("waiting"):
+        out.error = out.error or "no rank was found waiting in a collective"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -259,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
         for line in list_lines(directory):
             print(line)
         return 0
+    args.name = ALIASES.get(args.name, args.name)
     if args.name != "all" and args.name not in EXAMPLES:
         raise UsageError(f"no example named {args.name!r}",
                          help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
@@ -299,6 +326,17 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print("no incident: dlwatch found nothing wrong" if o.expected is None
               else f"no incident was written (expected {o.expected})")
         return 0 if o.matched else 1
+    if o.job is not None:
+        from dlwatch.report.jobview import job_lines
+
+        for line in job_lines(outbound(o.job)):
+            print(render.terminal_safe(line))
+        print()
+        print(f"see it again: dlwatch report --job {report_dir}")
+        if not o.matched:
+            print(f"expected {o.expected} on the rank that stalled first, found {o.top}")
+            return 1
+        return 0
     for path in o.reports[:-1]:  # earlier incidents of the same run (e.g. a threshold before the crash)
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report
