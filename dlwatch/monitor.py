@@ -577,6 +577,8 @@ class Monitor:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _close(self, *, clean: bool = True) -> None:
+        if self.sinks:  # the batches since the last poll count too
+            self.last_hb = hbmod.read(self.hb_path) or self.last_hb
         state = self._poll_state() if self.sinks else None
         for sink in self.sinks:
             try:

@@ -11,6 +11,10 @@ The figures (from the heartbeat, which the training loop writes):
 - ``data_wait_share``: time inside ``next(loader)`` over the loop's time
   (waiting plus loop body); a rank whose data is slow waits more;
 - ``batch_rate_per_s``: batches over the loop's time;
+
+  both in the steady state: counted from the first poll that saw a batch, so that
+  worker start-up (seconds, and noisy on a loaded node) is left to ``first_batch_s``
+  and does not swamp a short run's figures;
 - ``first_batch_s``: the wait for the first batch of the run (worker start-up and
   the first samples).  Exact when the monitor saw the heartbeat with exactly one
   batch; otherwise an upper bound (the whole wait up to the batches first seen),
@@ -67,17 +71,24 @@ def replace_private(path: str, data: bytes) -> None:
         raise
 
 
-def figures(hb: hbmod.Heartbeat | None) -> dict[str, Any]:
-    """batches, data_wait_share, batch_rate_per_s of a heartbeat (None where not measurable yet)."""
+def figures(hb: hbmod.Heartbeat | None, since: tuple[int, float, float] | None = None) -> dict[str, Any]:
+    """batches, data_wait_share, batch_rate_per_s of a heartbeat (None where not measurable yet).
+
+    ``since``: (batches, wait_s, step_s) of an earlier read: the share and rate are then
+    those of the batches after it (the steady state), when there are any.
+    """
     if hb is None:
         return {"batches": 0, "epochs": 0, "data_wait_s": 0.0, "step_s": 0.0,
                 "data_wait_share": None, "batch_rate_per_s": None}
-    loop_s = hb.total_wait_s + hb.total_step_s
+    batches, wait_s, step_s = hb.batches, hb.total_wait_s, hb.total_step_s
+    if since is not None and hb.batches > since[0]:
+        batches, wait_s, step_s = hb.batches - since[0], wait_s - since[1], step_s - since[2]
+    loop_s = wait_s + step_s
     return {
         "batches": hb.batches, "epochs": hb.epochs,
         "data_wait_s": round(hb.total_wait_s, 6), "step_s": round(hb.total_step_s, 6),
-        "data_wait_share": round(hb.total_wait_s / loop_s, 4) if loop_s > 0 and hb.batches else None,
-        "batch_rate_per_s": round(hb.batches / loop_s, 4) if loop_s > 0 and hb.batches else None,
+        "data_wait_share": round(wait_s / loop_s, 4) if loop_s > 0 and batches else None,
+        "batch_rate_per_s": round(batches / loop_s, 4) if loop_s > 0 and batches else None,
     }
 
 
@@ -98,6 +109,7 @@ class RankFiguresSink(Sink):
         self.pid = pid
         self.first_batch_s: float | None = None
         self.first_batch_exact = False
+        self.steady_from: tuple[int, float, float] | None = None
         self.last_write = 0.0
 
     def _track_first(self, hb: hbmod.Heartbeat | None) -> None:
@@ -105,6 +117,7 @@ class RankFiguresSink(Sink):
             return
         self.first_batch_s = round(hb.total_wait_s, 6)  # batches == 1: exactly the first wait
         self.first_batch_exact = hb.batches == 1
+        self.steady_from = (hb.batches, hb.total_wait_s, hb.total_step_s)
 
     def record(self, state: PollState, *, ended: bool) -> dict[str, Any]:
         return {
@@ -113,7 +126,7 @@ class RankFiguresSink(Sink):
             "local_rank": self.rank.get("local_rank"), "world_size": self.rank.get("world_size"),
             "host": self.host, "pid": self.pid,
             "started_at": state.started_at, "updated_at": round(state.now, 3), "ended": ended,
-            **figures(state.heartbeat),
+            **figures(state.heartbeat, self.steady_from),
             "first_batch_s": self.first_batch_s, "first_batch_exact": self.first_batch_exact,
             "stalls": state.stalls, "incidents": state.incidents, "stalled": state.stalled,
         }
