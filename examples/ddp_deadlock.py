@@ -23,18 +23,14 @@ ranks, their workers and monitors. Run under torchrun yourself, it is one rank
 
 import datetime
 import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from _common import incidents, parse_args, print_reports
+from _common import incidents, parse_args, print_reports, run_torchrun
 
 GIVE_UP_S = 60.0
 GLOO_TIMEOUT_S = 120
@@ -86,56 +82,10 @@ def train(report_dir):
     dist.destroy_process_group()
 
 
-def _kill_job(root_pid):
-    """SIGKILL torchrun and everything under it: each rank runs in its own session (torchrun's choice)."""
-    import psutil
-
-    try:
-        procs = psutil.Process(root_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        procs = []
-    groups = {root_pid}
-    for p in procs:
-        try:
-            groups.add(os.getpgid(p.pid))
-        except ProcessLookupError:
-            pass
-    for g in groups:
-        try:
-            os.killpg(g, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-
-
 def supervise(report_dir):
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below still kills the job
     before = incidents(report_dir)
-    here = os.path.dirname(os.path.abspath(__file__))
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlwatch.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (here, package_parent, os.environ.get("PYTHONPATH")) if p))
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
-        env.pop(var, None)
-    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                              os.path.abspath(__file__), "--report-dir", report_dir],
-                             env=env, start_new_session=True)
-    deadline = time.monotonic() + GIVE_UP_S
-    try:
-        while child.poll() is None and time.monotonic() < deadline and len(incidents(report_dir) - before) < 2:
-            time.sleep(0.2)
-        time.sleep(0.3)  # let the monitors finish their one-line notices on stderr
-        if child.poll() is None:
-            print("both ranks are hung and their reports are written: killing the job "
-                  "(as a scheduler's time limit would)", flush=True)
-    finally:
-        _kill_job(child.pid)
-        child.wait()
+    job_id = run_torchrun(__file__, report_dir, until_incidents=2, give_up_s=GIVE_UP_S)
+    print(f"JOB {job_id}", flush=True)
     if print_reports(report_dir, before):
         print(f"the whole job: dlwatch report --job {report_dir}", flush=True)
 

@@ -80,7 +80,8 @@ def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:
         by_rank[r["rank"]["rank"]] = r
     assert set(by_rank) == {0, 1}
     r0, r1 = by_rank[0], by_rank[1]
-    assert r0["rank"]["job_id"] == r1["rank"]["job_id"] and r0["rank"]["job_id_source"] == "TORCHELASTIC_RUN_ID"
+    job_line = next(line for line in out.splitlines() if line.startswith("JOB "))
+    assert r0["rank"]["job_id"] == r1["rank"]["job_id"] == job_line[len("JOB "):]
     assert r0["rank"]["world_size"] == 2 and r1["rank"]["local_world_size"] == 2
     assert "-r1-" in r1["id"] and "-r0-" in r0["id"]
     # rank 1: its own failure
@@ -112,6 +113,8 @@ def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) 
     assert incidents == [], "a healthy job raised an incident"
     view = jobview.job_view(report_dir)
     assert sorted(f["rank"] for f in view["ranks"]) == [0, 1]
+    # plain torchrun: the job id is its rendezvous id, the same on both ranks
+    assert len({f["job_id"] for f in view["ranks"]}) == 1 and view["job_id"] != "none"
     assert all(f["ended"] and f["batches"] == 60 for f in view["ranks"])
     figures = {f["rank"]: f for f in view["ranks"]}
     assert [s["rank"] for s in view["stragglers"]] == stragglers, (figures, view["stragglers"])
@@ -119,3 +122,13 @@ def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) 
         assert figures[1]["data_wait_share"] > figures[0]["data_wait_share"]
         text = "\n".join(jobview.job_lines(view))
         assert "straggler-rank: rank 1" in text and "no incident: no rank stalled" in text
+
+
+def test_ddp_straggler_example(tmp_path) -> None:
+    report_dir = str(tmp_path / "reports")
+    rc, out, err = _run([sys.executable, os.path.join(REPO, "examples", "ddp_straggler.py"),
+                         "--report-dir", report_dir], report_dir)
+    assert rc == 0 and "no incident" in out, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
+    job_id = next(line for line in out.splitlines() if line.startswith("JOB "))[len("JOB "):]
+    view = jobview.job_view(report_dir, job_id)
+    assert [s["rank"] for s in view["stragglers"]] == [1] and view["incidents"] == []

@@ -43,6 +43,7 @@ EXAMPLES: dict[str, str | None] = {
     "shm_exhaustion": "shm-exhaustion",
     "io_stall": "io-stall",
     "ddp_deadlock": "worker-deadlock",  # judged on the job view: the rank that stalled first
+    "ddp_straggler": "straggler-rank",  # judged on the job view, and no incident at all
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
@@ -50,9 +51,10 @@ EXAMPLES: dict[str, str | None] = {
     "healthy_detection_collate": None,
 }
 ALIASES = {"ddp": "ddp_deadlock"}
+STRAGGLER = "straggler-rank"
 # examples of a multi-rank job: judged by the job view's origin (the rank that stalled first),
 # and a waiting rank must be named too
-JOB_EXAMPLES = frozenset({"ddp_deadlock"})
+JOB_EXAMPLES = frozenset({"ddp_deadlock", "ddp_straggler"})
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
 PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.toml package-dir)
@@ -118,6 +120,7 @@ class Outcome:
     seconds: float = 0.0
     output: list[str] = field(default_factory=list)
     job: dict | None = None  # the job view, for a multi-rank example
+    job_top: str | None = None  # what the job view found: the origin's top finding, or straggler-rank
 
     @property
     def matched(self) -> bool | None:
@@ -126,6 +129,8 @@ class Outcome:
             return None
         if self.error is not None:
             return False
+        if self.job is not None:
+            return self.job_top == self.expected
         if self.expected is None:
             return not self.reports
         return bool(self.reports) and all(t == self.expected for t in self.top_findings)
@@ -136,6 +141,8 @@ class Outcome:
             return f"skipped: {self.skipped}"
         if self.error is not None:
             return f"error: {self.error}"
+        if self.job is not None:
+            return self.job_top or "-"
         if not self.reports:
             return "-"
         return ", ".join(dict.fromkeys(t or "no playbook matched" for t in self.top_findings))
@@ -214,25 +221,33 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
             continue
         top = findings[0] if findings and isinstance(findings[0], dict) else {}
         out.top_findings.append(top.get("playbook"))
-    if name in JOB_EXAMPLES and out.reports:
+    if name in JOB_EXAMPLES and out.error is None and out.skipped is None:
         _judge_job(out, report_dir)
     return out
 
 
 def _judge_job(out: Outcome, report_dir: str) -> None:
-    """A multi-rank example: its result is the job view's origin; every other rank must only wait."""
+    """A multi-rank example is judged on its job view (the job id is its ``JOB <id>`` line):
+    the rank that stalled first and a rank waiting for it, or a straggler and no incident."""
     from dlwatch.report.jobview import job_view
 
+    job_id = next((line[len("JOB "):].strip() for line in out.output if line.startswith("JOB ")), None)
+    if job_id is None:
+        out.error = "the example printed no JOB line"
+        return
     try:
-        job_id = (store.load_report(out.reports[-1]).get("rank") or {}).get("job_id")
         out.job = job_view(report_dir, job_id)
     except DlwatchError as exc:
-        out.error = out.error or f"no job view: {exc}"
+        out.error = f"no job view: {exc}"
         return
-    origin = out.job.get("origin") or {}
-    out.top_findings = [origin.get("top_finding")]
+    if out.expected == STRAGGLER:
+        out.job_top = STRAGGLER if out.job.get("stragglers") else None
+        if out.reports:
+            out.error = f"a healthy job wrote {len(out.reports)} incident(s)"
+        return
+    out.job_top = (out.job.get("origin") or {}).get("top_finding")
     if not out.job.get("waiting"):
-        out.error = out.error or "no rank was found waiting in a collective"
+        out.error = "no rank was found waiting in a collective"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -322,7 +337,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         return 0
     if o.error is not None:
         print(f"the example failed: {o.error}")
-    if not o.reports:
+    if not o.reports and o.job is None:
         print("no incident: dlwatch found nothing wrong" if o.expected is None
               else f"no incident was written (expected {o.expected})")
         return 0 if o.matched else 1
@@ -334,7 +349,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print()
         print(f"see it again: dlwatch report --job {report_dir}")
         if not o.matched:
-            print(f"expected {o.expected} on the rank that stalled first, found {o.top}")
+            print(f"expected {o.expected} in the job view, found {o.top}")
             return 1
         return 0
     for path in o.reports[:-1]:  # earlier incidents of the same run (e.g. a threshold before the crash)

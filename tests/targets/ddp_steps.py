@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
 
-SAMPLE_S = 0.004
+SAMPLE_S = 0.01
 BATCHES = 60
 
 
