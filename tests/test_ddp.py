@@ -120,6 +120,7 @@ def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) 
     assert [s["rank"] for s in view["stragglers"]] == stragglers, (figures, view["stragglers"])
     if stragglers:
         assert figures[1]["data_wait_share"] > figures[0]["data_wait_share"]
+        assert figures[0]["worker_idle_share"] > figures[1]["worker_idle_share"]
         text = "\n".join(jobview.job_lines(view))
         assert "straggler-rank: rank 1" in text and "no incident: no rank stalled" in text
 

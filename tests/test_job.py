@@ -203,14 +203,15 @@ def _write(rdir: str, r: dict) -> str:
 
 
 def _figures(rdir: str, job: str, rank: int, *, share: float, rate: float, batches: int = 100,
-             first: float | None = 1.0) -> None:
+             first: float | None = 1.0, idle: float | None = 0.1) -> None:
     d = os.path.join(rdir, rankfigures.JOBS_DIR, safe_name(job))
     os.makedirs(d, mode=0o700, exist_ok=True)
     rec = {"kind": "dlwatch-rank-figures", "version": 1, "job_id": job, "rank": rank, "local_rank": rank,
            "world_size": 2, "host": f"node{rank}", "pid": 100 + rank, "started_at": 1.0,
            "updated_at": time.time(), "ended": True, "batches": batches, "epochs": 1, "data_wait_s": 1.0,
            "step_s": 1.0, "data_wait_share": share, "batch_rate_per_s": rate, "first_batch_s": first,
-           "first_batch_exact": True, "stalls": 0, "incidents": 0, "stalled": False}
+           "first_batch_exact": True, "stalls": 0, "incidents": 0, "stalled": False,
+           "worker_idle_share": idle, "worker_reads": 40 if idle is not None else 0}
     rankfigures.replace_private(os.path.join(d, f"rank{rank}-node{rank}-{100 + rank}.json"), json.dumps(rec).encode())
 
 
@@ -284,17 +285,28 @@ def test_no_job_is_a_clear_error(tmp_path) -> None:
 # --------------------------------------------------------------------------- stragglers
 
 
-def ranks(*rows: tuple[float, float, float | None]) -> list[dict]:
-    return [{"rank": i, "host": f"node{i}", "batches": 200, "data_wait_share": s, "batch_rate_per_s": r,
-             "first_batch_s": f} for i, (s, r, f) in enumerate(rows)]
+def ranks(*rows: tuple) -> list[dict]:
+    """(data_wait_share, batch_rate_per_s, first_batch_s[, worker_idle_share]) per rank; idle defaults to 10%,
+    None for a rank without workers."""
+    out = []
+    for i, row in enumerate(rows):
+        s, r, f = row[:3]
+        idle = row[3] if len(row) > 3 else 0.1
+        out.append({"rank": i, "host": f"node{i}", "batches": 200, "data_wait_share": s, "batch_rate_per_s": r,
+                    "first_batch_s": f, "worker_idle_share": idle, "worker_reads": 0 if idle is None else 100})
+    return out
 
 
 def test_straggler_rank_three_times_slower_data() -> None:
-    # synchronous DDP: same rate everywhere, the straggler waits for data, the others in all_reduce
-    found = straggler.judge(ranks((0.08, 4.0, 1.1), (0.72, 4.0, 2.9)))
+    # synchronous DDP: same rate everywhere; the straggler waits for data, the others in all_reduce
+    # while their workers idle (figures as measured by test_ddp.py's 3x run)
+    found = straggler.judge(ranks((0.08, 4.0, 1.1, 0.66), (0.72, 4.0, 2.9, 0.03)))
     assert [f["rank"] for f in found] == [1]
-    assert "waits for data 72%" in found[0]["reason"]
+    assert "waits for data 72%" in found[0]["reason"] and "workers idle 66%" in found[0]["reason"]
     assert len(found[0]["evidence"]["ranks"]) == 2
+    # ranks without workers load in their own loop: the wait share alone is their loading cost
+    found = straggler.judge(ranks((0.1, 4.0, 1.0, None), (0.7, 4.0, 1.0, None)))
+    assert [f["rank"] for f in found] == [1]
     # without a collective between ranks: its rate is a third of the others', and it is data-bound
     found = straggler.judge(ranks((0.3, 6.0, 1.0), (0.35, 6.2, 1.0), (0.5, 2.0, 1.0), (0.3, 5.9, 1.0)))
     assert [f["rank"] for f in found] == [2] and "batches/s" in found[0]["reason"]
@@ -312,6 +324,9 @@ def test_straggler_rank_three_times_slower_data() -> None:
     [(0.80, 1.0, 5.0), (0.82, 1.0, 5.5), (0.78, 1.1, 4.8)],
     # first-batch jitter of seconds (worker start-up under load)
     [(0.1, 4.0, 0.5), (0.1, 4.0, 2.4), (0.1, 4.0, 0.6)],
+    # lock-step ranks whose data is equally slow: one rank a hair behind always waits for data, the
+    # other in all_reduce; nobody's workers idle (figures as measured by test_ddp.py's even run)
+    [(0.08, 40.0, 0.2, 0.04), (0.68, 40.0, 0.2, 0.02)],
 ])
 def test_straggler_lookalikes_stay_quiet(rows) -> None:
     assert straggler.judge(ranks(*rows)) == []
@@ -333,8 +348,8 @@ def test_straggler_thresholds_come_from_the_playbook() -> None:
 def test_job_view_shows_straggler_without_incident(tmp_path) -> None:
     rdir = str(tmp_path / "r")
     store.prepare_report_dir(rdir)
-    _figures(rdir, "j", 0, share=0.07, rate=4.0)
-    _figures(rdir, "j", 1, share=0.70, rate=4.0)
+    _figures(rdir, "j", 0, share=0.07, rate=4.0, idle=0.6)
+    _figures(rdir, "j", 1, share=0.70, rate=4.0, idle=0.02)
     v = jobview.job_view(rdir)
     assert v["incidents"] == [] and v["origin"] is None
     assert [s["rank"] for s in v["stragglers"]] == [1]

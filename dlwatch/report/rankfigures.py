@@ -20,6 +20,13 @@ The figures (from the heartbeat, which the training loop writes):
   batch; otherwise an upper bound (the whole wait up to the batches first seen),
   and ``first_batch_exact`` is false.
 
+- ``worker_idle_share``: of the polls (after the first batch, inside the loop) that
+  read a DataLoader worker, the share that found it idle (asleep in a poll: torch's
+  wait for the next index); a rank whose workers idle has data to spare.  This is
+  what tells a real straggler from ranks in lock-step that are all data-bound (there
+  one rank, a hair behind, always waits for data while the others wait in the
+  collective, and nobody's workers idle).
+
 (When the per-run summary of issue 10 lands, these figures can come from it; this
 file stays the job view's input.)
 """
@@ -36,6 +43,7 @@ from typing import Any, Mapping
 from dlwatch import heartbeat as hbmod
 from dlwatch._fs import _write_all, create_private, make_private_dir
 from dlwatch.errors import ReportError
+from dlwatch.detect.classify import syscall_category
 from dlwatch.job import safe_name
 from dlwatch.redact import outbound
 from dlwatch.report.sinks import PollState, Sink
@@ -110,6 +118,8 @@ class RankFiguresSink(Sink):
         self.first_batch_s: float | None = None
         self.first_batch_exact = False
         self.steady_from: tuple[int, float, float] | None = None
+        self.worker_reads = 0
+        self.worker_idle = 0
         self.last_write = 0.0
 
     def _track_first(self, hb: hbmod.Heartbeat | None) -> None:
@@ -128,6 +138,8 @@ class RankFiguresSink(Sink):
             "started_at": state.started_at, "updated_at": round(state.now, 3), "ended": ended,
             **figures(state.heartbeat, self.steady_from),
             "first_batch_s": self.first_batch_s, "first_batch_exact": self.first_batch_exact,
+            "worker_idle_share": round(self.worker_idle / self.worker_reads, 4) if self.worker_reads else None,
+            "worker_reads": self.worker_reads,
             "stalls": state.stalls, "incidents": state.incidents, "stalled": state.stalled,
         }
 
@@ -136,8 +148,20 @@ class RankFiguresSink(Sink):
         replace_private(self.path, data)
         self.last_write = state.monotonic
 
+    def _track_workers(self, state: PollState) -> None:
+        hb = state.heartbeat
+        if hb is None or self.steady_from is None or hb.state not in (hbmod.STATE_WAITING, hbmod.STATE_BODY):
+            return  # before the first batch (workers start) or outside the loop (between epochs)
+        for p in state.procs:
+            if p.role != "worker" or p.sample.gone:
+                continue
+            self.worker_reads += 1
+            if p.sample.state == "S" and syscall_category(p.sample.syscall) == "poll":
+                self.worker_idle += 1
+
     def on_poll(self, state: PollState) -> None:
         self._track_first(state.heartbeat)
+        self._track_workers(state)
         if state.monotonic - self.last_write >= WRITE_EVERY_S or not self.last_write:
             self._write(state, ended=False)
 
