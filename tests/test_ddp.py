@@ -108,14 +108,14 @@ def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) 
     rc, out, err = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                          os.path.join(TARGETS, "ddp_steps.py"), report_dir, str(factor)], report_dir)
     assert rc == 0, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
-    assert "DONE 0 60" in out and "DONE 1 60" in out
+    assert "DONE 0 120" in out and "DONE 1 120" in out
     incidents = [n for n in os.listdir(report_dir) if not n.startswith(".")]
     assert incidents == [], "a healthy job raised an incident"
     view = jobview.job_view(report_dir)
     assert sorted(f["rank"] for f in view["ranks"]) == [0, 1]
     # plain torchrun: the job id is its rendezvous id, the same on both ranks
     assert len({f["job_id"] for f in view["ranks"]}) == 1 and view["job_id"] != "none"
-    assert all(f["ended"] and f["batches"] == 60 for f in view["ranks"])
+    assert all(f["ended"] and f["batches"] == 120 for f in view["ranks"])
     figures = {f["rank"]: f for f in view["ranks"]}
     assert [s["rank"] for s in view["stragglers"]] == stragglers, (figures, view["stragglers"])
     if stragglers:

@@ -36,7 +36,8 @@ DEFAULTS: dict[str, float] = {
     "min_batches": 20,  # each rank: fewer batches say nothing about its pace
     "wait_share_gap": 0.25,  # its data-wait share exceeds the others' median by this much (absolute) ...
     "wait_share_min": 0.4,  # ... and is at least this (a data-bound rank) ...
-    "idle_gap": 0.3,  # ... and the others' workers idle this much more of the time than its own
+    "idle_gap": 0.4,  # ... and the others' workers idle this much more of the time than its own
+    "min_worker_reads": 20,  # polls x workers behind an idle share: fewer say nothing (a 1 s poll, a short run)
     "rate_ratio": 2.0,  # without a collective: others' median rate / its rate
     "rate_wait_gap": 0.1,  # ... and its wait share exceeds the others' by this much (data, not its loop body)
     "first_batch_ratio": 3.0,  # its first batch over the others' median ...
@@ -87,8 +88,12 @@ def judge(ranks: Sequence[Mapping[str, Any]], t: Mapping[str, float] | None = No
         o_share = _median([float(o["data_wait_share"]) for o in others]) or 0.0
         o_rate = _median([float(o["batch_rate_per_s"]) for o in others]) or 0.0
         reasons = []
-        idle = _num(r.get("worker_idle_share"))
-        o_idle = _median([i for i in (_num(o.get("worker_idle_share")) for o in others) if i is not None])
+        def idle_of(x: Mapping[str, Any]) -> float | None:
+            enough = (_num(x.get("worker_reads")) or 0) >= th["min_worker_reads"]
+            return _num(x.get("worker_idle_share")) if enough else None
+
+        idle = idle_of(r)
+        o_idle = _median([i for i in (idle_of(o) for o in others) if i is not None])
         spare = (idle is None and not r.get("worker_reads")) or (
             idle is not None and o_idle is not None and o_idle - idle >= th["idle_gap"])
         if share - o_share >= th["wait_share_gap"] and share >= th["wait_share_min"] and spare:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 import dlwatch
 
 SAMPLE_S = 0.01
-BATCHES = 60
+BATCHES = 120
 
 
 class Samples(Dataset):
