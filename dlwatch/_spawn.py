@@ -20,7 +20,7 @@ import sys
 from typing import Sequence
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-MONITOR_DEPS = ("psutil", "structlog", "pynvml", "tomli")
+MONITOR_DEPS = ("psutil", "structlog", "pynvml", "tomli", "prometheus_client")  # the last only if installed
 
 # Runs under -I: argv[1] is a JSON spec; the rest is the program's own argv.
 _BOOTSTRAP = (

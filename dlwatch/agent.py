@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
+from dlwatch.job import rank_info
 from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
@@ -214,6 +215,11 @@ class Watch:
                     self.thresholds["confirm_batches"] = pb.threshold("confirm_batches", 8)
                 elif pb.id == "rng-duplication":
                     self.thresholds["attribute_depth"] = pb.threshold("attribute_depth", 2)
+        self._prometheus: dict[str, Any] = {}
+        if self.options.enabled:
+            from dlwatch.report.prom import prom_options
+
+            self._prometheus = prom_options()  # a bad DLWATCH_PROM_* value: ValueError now, naming the fix
         self._loader: Any = loader
         self._active = False
         self.run_dir: str | None = None
@@ -327,6 +333,8 @@ class Watch:
             "main_dump_path": dump_path,
             "argv": redact_argv(list(sys.argv)),
             "python": sys.executable,
+            "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
+            "prometheus": self._prometheus,
         })
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)

@@ -169,6 +169,15 @@ class Monitor:
             {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=self.ignore)
         self.warned: set[str] = set()
         self.cgroup_paths: tuple[str | None, str | None] | None = None
+        # which rank of which job (read by the training process: see dlwatch.job)
+        rank = self.cfg.get("rank")
+        self.rank: dict[str, Any] = dict(rank) if isinstance(rank, dict) else store.rank_info()
+        self.started_at = float(self.cfg.get("started_at") or time.time())
+        self.stalls = 0
+        self.stalled = False
+        from dlwatch.report import sinks
+
+        self.sinks = sinks.build(self.cfg, self.report_dir, self.rank, self._warn_once)
 
     # ------------------------------------------------------------------ loop
 
@@ -369,6 +378,27 @@ class Monitor:
         self.ring.append(record)
         self.timeline.append(record)
         self._detect(hb, self._activity(samples))
+        self._feed_sinks()
+
+    def _poll_state(self) -> Any:
+        from dlwatch.report.sinks import PollState, ProcState
+
+        procs = tuple(ProcState(t.pid, t.role, t.worker_id, t.last) for t in self.procs.values()
+                      if not t.gone and t.last is not None)
+        return PollState(now=time.time(), monotonic=time.monotonic(), pid=self.main_pid,
+                         started_at=self.started_at, rank=self.rank, heartbeat=self.last_hb, procs=procs,
+                         system=self.last_system, stalls=self.stalls, incidents=len(self.incidents),
+                         stalled=self.stalled)
+
+    def _feed_sinks(self) -> None:
+        if not self.sinks:
+            return
+        state = self._poll_state()
+        for sink in self.sinks:
+            try:
+                sink.on_poll(state)
+            except Exception as exc:  # metrics that cannot be written never stop the watch
+                self._warn_once(f"{sink.name}_failed", f"{type(exc).__name__}: {exc}")
 
     @staticmethod
     def _faulting(t: Tracked, now: float) -> bool:
@@ -398,7 +428,9 @@ class Monitor:
     def _detect(self, hb: hbmod.Heartbeat | None, activity: Activity | None = None) -> None:
         ev = self.stall.update(hb, time.monotonic(), activity)
         if ev is not None:
+            self.stalled = ev.kind == "stall"
             if ev.kind == "stall":
+                self.stalls += 1
                 self._on_stall(ev, hb)
             else:
                 self._note({"ts": time.time(), "event": "progress_resumed", "stall_s": round(ev.stall_s, 3),
@@ -465,6 +497,7 @@ class Monitor:
     def _report(self, trigger: str, *, findings: bool = True) -> dict[str, Any]:
         now = time.time()
         report = store.skeleton(trigger=trigger, pid=self.main_pid, now=now)
+        report["rank"] = dict(self.rank)
         report["loader"] = self.loader
         report["config"] = {k: (self.cfg.get("options") or {}).get(k) for k in ("poll_interval", "stall_timeout")}
         report["config"]["report_dir"] = self.report_dir
@@ -522,6 +555,9 @@ class Monitor:
             return None
         self.incidents.append(path)
         top = report["findings"][0]["playbook"] if report.get("findings") else "no playbook matched"
+        job = report.get("job") or {}
+        if job.get("role") == "waiting":  # the cause is another rank's: say where to look
+            top = f"this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
         print(outbound(f"dlwatch: {report['trigger']} incident ({top}): {path}"), file=sys.stderr, flush=True)
         try:
             fd = open_private(os.path.join(self.run_dir, "incidents"))  # 0600, like every file
@@ -540,7 +576,7 @@ class Monitor:
             except Exception:
                 pass
             self._write(self._report("exception"))
-        self._close()
+        self._close(clean=True)
 
     def _finish_vanished(self) -> None:
         self.procs[self.main_pid].gone = True
@@ -568,11 +604,19 @@ class Monitor:
         report["events"] = list(self.notable)
         self._add_findings(report)
         self._write(report)
-        self._close()
+        self._close(clean=False)
         # nobody else will: the training process is gone. What mattered is in the incident.
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _close(self) -> None:
+    def _close(self, *, clean: bool = True) -> None:
+        if self.sinks:  # the batches since the last poll count too
+            self.last_hb = hbmod.read(self.hb_path) or self.last_hb
+        state = self._poll_state() if self.sinks else None
+        for sink in self.sinks:
+            try:
+                sink.close(state, clean=clean)
+            except Exception as exc:
+                self._warn_once(f"{sink.name}_failed", f"{type(exc).__name__}: {exc}")
         self.timeline.close()
         if self.gpu is not None:
             self.gpu.close()

@@ -121,3 +121,72 @@ def wait_for_incident(report_dir: str, before: set[str], timeout_s: float) -> bo
             return True
         time.sleep(0.2)
     return bool(incidents(report_dir) - before)
+
+
+def run_torchrun(script: str, report_dir: str, *, nproc: int = 2, until_incidents: int | None = None,
+                 give_up_s: float = 60.0) -> str:
+    """Play the job scheduler for a multi-rank example: start ``torchrun --standalone`` on ``script``,
+    wait until it ends (or ``until_incidents`` new incidents are written, or ``give_up_s``), then kill
+    torchrun and everything under it. Returns the job id the ranks ran under (DLWATCH_JOB_ID)."""
+    import secrets
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import dlwatch
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below still kills the job
+    job_id = f"example-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+    before = incidents(report_dir)
+    here = os.path.dirname(os.path.abspath(script))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlwatch.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", DLWATCH_JOB_ID=job_id,
+               PYTHONPATH=os.pathsep.join(p for p in (here, package_parent, os.environ.get("PYTHONPATH")) if p))
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(var, None)
+    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node", str(nproc), os.path.abspath(script), "--report-dir", report_dir],
+                             env=env, start_new_session=True)
+    deadline = time.monotonic() + give_up_s
+    try:
+        while child.poll() is None and time.monotonic() < deadline and (
+                until_incidents is None or len(incidents(report_dir) - before) < until_incidents):
+            time.sleep(0.2)
+        time.sleep(0.3)  # let the monitors finish their one-line notices on stderr
+        if child.poll() is None:
+            print("the job is hung and the reports are written: killing it "
+                  "(as a scheduler's time limit would)", flush=True)
+    finally:
+        _kill_job(child.pid)
+        child.wait()
+    return job_id
+
+
+def _kill_job(root_pid: int) -> None:
+    """SIGKILL torchrun and everything under it: torchrun runs each rank in a session of its own."""
+    import signal
+
+    import psutil
+
+    try:
+        procs = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    groups = {root_pid}
+    for p in procs:
+        try:
+            groups.add(os.getpgid(p.pid))
+        except ProcessLookupError:
+            pass
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=5)

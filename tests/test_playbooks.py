@@ -16,7 +16,7 @@ from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
 IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication", "io-stall",
-       "worker-killed", "worker-memory-growth", "pinned-memory-growth"}
+       "worker-killed", "worker-memory-growth", "pinned-memory-growth", "straggler-rank"}
 
 MINIMAL = """
 id = "my-thing"

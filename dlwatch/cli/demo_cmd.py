@@ -4,6 +4,8 @@
   dlwatch demo NAME         run one example and show its report
   dlwatch demo --list       list the examples
   dlwatch demo all          run every example; print expected vs found, one line each
+  dlwatch demo ddp          two ranks under torchrun (gloo, CPU): rank 1's workers deadlock, rank 0
+                            blocks in all_reduce; shows `dlwatch report --job` (alias of ddp_deadlock)
 
 Each example is a short script (see `dlwatch demo --list` for where they are) that
 runs a real DataLoader under dlwatch.watch, ends by itself, and prints `REPORT <path>`
@@ -45,6 +47,8 @@ EXAMPLES: dict[str, str | None] = {
     "worker_oom": "worker-killed",
     "copy_on_read": "worker-memory-growth",
     "pinned_growth": "pinned-memory-growth",
+    "ddp_deadlock": "worker-deadlock",  # judged on the job view: the rank that stalled first
+    "ddp_straggler": "straggler-rank",  # judged on the job view, and no incident at all
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
@@ -54,6 +58,11 @@ EXAMPLES: dict[str, str | None] = {
     "healthy_warmup": None,
     "healthy_pinned_flat": None,
 }
+ALIASES = {"ddp": "ddp_deadlock"}
+STRAGGLER = "straggler-rank"
+# examples of a multi-rank job: judged by the job view's origin (the rank that stalled first),
+# and a waiting rank must be named too
+JOB_EXAMPLES = frozenset({"ddp_deadlock", "ddp_straggler"})
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
 PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.toml package-dir)
@@ -118,6 +127,8 @@ class Outcome:
     error: str | None = None  # exit status, timeout, unreadable report
     seconds: float = 0.0
     output: list[str] = field(default_factory=list)
+    job: dict | None = None  # the job view, for a multi-rank example
+    job_top: str | None = None  # what the job view found: the origin's top finding, or straggler-rank
 
     @property
     def matched(self) -> bool | None:
@@ -126,6 +137,8 @@ class Outcome:
             return None
         if self.error is not None:
             return False
+        if self.job is not None:
+            return self.job_top == self.expected
         if self.expected is None:
             return not self.reports
         return bool(self.reports) and all(t == self.expected for t in self.top_findings)
@@ -136,6 +149,8 @@ class Outcome:
             return f"skipped: {self.skipped}"
         if self.error is not None:
             return f"error: {self.error}"
+        if self.job is not None:
+            return self.job_top or "-"
         if not self.reports:
             return "-"
         return ", ".join(dict.fromkeys(t or "no playbook matched" for t in self.top_findings))
@@ -214,7 +229,33 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
             continue
         top = findings[0] if findings and isinstance(findings[0], dict) else {}
         out.top_findings.append(top.get("playbook"))
+    if name in JOB_EXAMPLES and out.error is None and out.skipped is None:
+        _judge_job(out, report_dir)
     return out
+
+
+def _judge_job(out: Outcome, report_dir: str) -> None:
+    """A multi-rank example is judged on its job view (the job id is its ``JOB <id>`` line):
+    the rank that stalled first and a rank waiting for it, or a straggler and no incident."""
+    from dlwatch.report.jobview import job_view
+
+    job_id = next((line[len("JOB "):].strip() for line in out.output if line.startswith("JOB ")), None)
+    if job_id is None:
+        out.error = "the example printed no JOB line"
+        return
+    try:
+        out.job = job_view(report_dir, job_id)
+    except DlwatchError as exc:
+        out.error = f"no job view: {exc}"
+        return
+    if out.expected == STRAGGLER:
+        out.job_top = STRAGGLER if out.job.get("stragglers") else None
+        if out.reports:
+            out.error = f"a healthy job wrote {len(out.reports)} incident(s)"
+        return
+    out.job_top = (out.job.get("origin") or {}).get("top_finding")
+    if not out.job.get("waiting"):
+        out.error = "no rank was found waiting in a collective"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -267,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
         for line in list_lines(directory):
             print(line)
         return 0
+    args.name = ALIASES.get(args.name, args.name)
     if args.name != "all" and args.name not in EXAMPLES:
         raise UsageError(f"no example named {args.name!r}",
                          help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
@@ -303,10 +345,21 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         return 0
     if o.error is not None:
         print(f"the example failed: {o.error}")
-    if not o.reports:
+    if not o.reports and o.job is None:
         print("no incident: dlwatch found nothing wrong" if o.expected is None
               else f"no incident was written (expected {o.expected})")
         return 0 if o.matched else 1
+    if o.job is not None:
+        from dlwatch.report.jobview import job_lines
+
+        for line in job_lines(outbound(o.job)):
+            print(render.terminal_safe(line))
+        print()
+        print(f"see it again: dlwatch report --job {report_dir}")
+        if not o.matched:
+            print(f"expected {o.expected} in the job view, found {o.top}")
+            return 1
+        return 0
     for path in o.reports[:-1]:  # earlier incidents of the same run (e.g. a threshold before the crash)
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report

@@ -3,6 +3,9 @@
   dlwatch report              list the incidents in the default directory, newest first
   dlwatch report DIR          list the incidents in DIR
   dlwatch report ID|PATH      show one (an id in the default directory, or a directory holding report.json)
+  dlwatch report --job [DIR]  the newest multi-rank job in DIR: which rank stalled first and how, which
+                              ranks only waited for it in a collective, stragglers, the time line
+                              (--job-id ID: another job of DIR)
 
 The default directory is $DLWATCH_DIR or ./dlwatch-reports, as for dlwatch.watch.
 """
@@ -24,10 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="incident id, incident directory, or a report directory to list")
     parser.add_argument("--dir", default=None, help="report directory for ids and listing (default: $DLWATCH_DIR or ./dlwatch-reports)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--job", action="store_true",
+                        help="merge the incidents and figures of every rank of the newest job in DIR")
+    parser.add_argument("--job-id", default=None, metavar="ID", help="with --job: the job to show (default: newest)")
 
 
 def run(args: argparse.Namespace) -> int:
     default_dir = args.dir or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR
+    if args.job or args.job_id:
+        return _job(args.target or default_dir, args.job_id, args.json)
     mode, path = store.resolve_report(args.target, default_dir)
     if mode == "show":
         report = outbound(store.load_report(path))  # a report of an older dlwatch is shown redacted too
@@ -53,4 +61,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in render.list_lines(summaries):
             print(line)
+    return 0
+
+
+def _job(report_dir: str, job_id: str | None, as_json: bool) -> int:
+    from dlwatch.errors import NotFoundError
+    from dlwatch.report.jobview import job_lines, job_view
+
+    if not os.path.isdir(report_dir):
+        raise NotFoundError(f"no report directory {report_dir}",
+                            help="pass the directory the ranks wrote to (DLWATCH_DIR or watch(report_dir=...))")
+    view = outbound(job_view(report_dir, job_id))
+    for w in view.get("warnings") or ():
+        print(render.terminal_safe(f"dlwatch: warning: {w}"), file=sys.stderr)
+    if as_json:
+        json.dump(view, sys.stdout, indent=2)
+        print()
+    else:
+        for line in job_lines(view):
+            print(render.terminal_safe(line))
     return 0

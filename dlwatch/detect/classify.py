@@ -41,6 +41,7 @@ __all__ = [
     "ProcessVerdict",
     "StallVerdict",
     "classify_stall",
+    "collective_from_stack",
     "judge_process",
     "alive_signs",
     "io_wait",
@@ -264,6 +265,68 @@ def _native_wait_kind(name: str) -> str | None:
     return None
 
 
+# A rank waiting for the others: torch.distributed's collectives (Python frames), or the
+# native frames of gloo, NCCL and c10d's process groups under them.
+_DIST_DIR = "/torch/distributed/"
+_COLLECTIVES = frozenset((
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_coalesced", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object",
+    "scatter", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
+    "_reduce_scatter_base", "_all_gather_base", "_coalescing_manager",
+))
+# nccl<Op> / gloo::<op> / c10d::ProcessGroupGloo::Async<Op>Work -> torch's name of the op
+_NATIVE_OPS = (re.compile(r"\bnccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|GroupEnd|CommInitRank)\b"),
+               re.compile(r"ProcessGroupGloo::Async(Allreduce|Allgather|Barrier|Broadcast|Reduce|ReduceScatter|"
+                          r"Gather|Scatter|Alltoall)"),
+               re.compile(r"\bgloo::(allreduce|allgather|allgatherv|barrier|broadcast|reduce|reduce_scatter|gather|"
+                          r"scatter|alltoall)\b"))
+_NATIVE_BACKEND = re.compile(r"\b(?:c10d::ProcessGroup(?:NCCL|Gloo)|gloo::|c10d::Work::wait|c10d::ProcessGroupNCCL)")
+_OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgatherv": "all_gather",
+             "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all",
+             "groupend": "group", "comminitrank": "init_process_group"}
+
+
+def _native_collective(name: str) -> str | None:
+    for rx in _NATIVE_OPS:
+        m = rx.search(name)
+        if m is not None:
+            key = m.group(1).lower()
+            return _OP_NAMES.get(key, key)
+    if _NATIVE_BACKEND.search(name) is None:
+        return None
+    low = name.lower()
+    return "gloo" if "gloo" in low else "nccl" if "nccl" in low else "c10d"
+
+
+def collective_from_stack(thread: ThreadStack | None) -> str | None:
+    """The collective a thread waits in (``all_reduce``, ``barrier``, ...); None if it waits in none.
+
+    Only the innermost frames count, up to the first frame of the program's own code: a
+    loop body that calls ``all_reduce`` and is now waiting for data is not in a collective.
+    A Python frame of ``torch.distributed`` names the op best; native gloo/NCCL/c10d frames
+    (py-spy ``--native``) name it when Python frames are missing.
+    """
+    if thread is None or not thread.frames:
+        return None
+    native: str | None = None
+    for frame in thread.frames:
+        if frame.native:
+            if native is None and not _is_address(frame.function):
+                native = _native_collective(frame.function)
+            continue
+        p = _path(frame)
+        if _DIST_DIR in p:
+            fn = _short_name(frame)
+            if fn in _COLLECTIVES:
+                return fn
+            continue
+        if _is_plumbing(frame) or "/torch/" in p:
+            continue
+        break
+    return native
+
+
 def waiting_in_from_stack(thread: ThreadStack | None) -> str | None:
     """What a thread waits in, from its innermost meaningful frames; None if not telling.
 
@@ -277,6 +340,9 @@ def waiting_in_from_stack(thread: ThreadStack | None) -> str | None:
     """
     if thread is None or not thread.frames:
         return None
+    collective = collective_from_stack(thread)
+    if collective is not None:
+        return f"collective: {collective}"
     python_kind: str | None = None
     native_kind: str | None = None
     native_name: str | None = None
@@ -338,6 +404,7 @@ _DLWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).repla
 
 def _is_own_code(frame: Frame) -> bool:
     return (not frame.native and not _is_plumbing(frame) and _TORCH_DATA not in _path(frame)
+            and _DIST_DIR not in _path(frame)  # a collective's frames: the caller is where it waits
             and not (_path(frame).startswith(_DLWATCH_DIR)
                      and not _path(frame).startswith(_DLWATCH_DIR + "_examples/")))
 
@@ -805,6 +872,15 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
             after = next((o.after for o in obs if o.pid == main.pid), None)
             if syscall_category(after.syscall if after else None, machine) == "poll":
                 waiting, how = True, "syscall"
+
+    if waiting is False and main is not None and (main.waiting_in or "").startswith("collective: ") \
+            and not any(w.status == "blocked" and w.io_wait is None and not _wakes(w) for w in live):
+        op = main.waiting_in[len("collective: "):]  # type: ignore[index]
+        loader = (f"its own DataLoader is healthy (workers: {', '.join(sorted({w.status for w in live}))})"
+                  if live else "it has no DataLoader workers")
+        return out("main-blocked", f"the main process waits in the collective {op} for other ranks; "
+                                   f"{loader}: the rank that stalled first is elsewhere "
+                                   f"(see `dlwatch report --job`): {_describe(main)}")
 
     if waiting is False:
         state = _describe(main) if main else "the main process"

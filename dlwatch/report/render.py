@@ -129,6 +129,10 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     yield f"- trigger: {code(r.get('trigger'))}; created {r.get('created_at')} on {r.get('host')}, pid {r.get('pid')}{rank_txt}"
     if r.get("classification"):
         yield f"- stall classification: {code(r['classification'])}"
+    job = r.get("job") or {}
+    if job.get("job_id") or job.get("role") == "waiting":
+        waits = f"; this rank waits in {code(job.get('waiting_in'))}" if job.get("role") == "waiting" else ""
+        yield f"- job: {code(job.get('job_id'))}{waits}; the whole job: {code(job.get('view'))}"
     prog = r.get("progress") or {}
     if prog:
         yield (f"- progress: {prog.get('batches', 0)} batches, {prog.get('epochs', 0)} epochs; "
@@ -228,6 +232,11 @@ def terminal_lines(r: Mapping[str, Any]) -> Iterator[str]:
     yield f"  {r.get('summary') or ''}"
     if r.get("classification"):
         yield f"  classification: {r['classification']}"
+    job = r.get("job") or {}
+    if job.get("role") == "waiting":
+        yield f"  job: this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
+    elif job.get("job_id"):
+        yield f"  job: {job.get('job_id')}; the whole job: {job.get('view')}"
     exc = r.get("exception")
     if exc:
         first = (str(exc.get("message") or "").splitlines() or [""])[-1]

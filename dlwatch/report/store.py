@@ -35,35 +35,35 @@ TMP_PREFIX = ".tmp-"
 REQUIRED_KEYS = ("schema_version", "id", "created_at", "trigger", "pid")
 
 
-def new_incident_id(trigger: str, pid: int, now: float | None = None) -> str:
+def new_incident_id(trigger: str, pid: int, now: float | None = None, rank: int | None = None) -> str:
+    """``<UTC time>-<trigger>[-r<rank>]-<pid>-<8 hex>``.  Ranks on many hosts may share one report
+    directory: the random part makes a clash unlikely, and :func:`write_incident` makes it impossible
+    (the final rename fails on an existing incident; it then takes a new id)."""
     when = _dt.datetime.fromtimestamp(now, _dt.timezone.utc) if now else _dt.datetime.now(_dt.timezone.utc)
-    return f"{when:%Y%m%dT%H%M%SZ}-{trigger}-{pid}-{secrets.token_hex(2)}"
+    who = f"r{rank}-{pid}" if isinstance(rank, int) and not isinstance(rank, bool) else str(pid)
+    return f"{when:%Y%m%dT%H%M%SZ}-{trigger}-{who}-{secrets.token_hex(4)}"
 
 
-def rank_info(environ: Mapping[str, str] | None = None) -> dict[str, int | None]:
-    env = os.environ if environ is None else environ
+def rank_info(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The report's ``rank`` object (see :mod:`dlwatch.job`)."""
+    from dlwatch.job import rank_info as _rank_info
 
-    def num(name: str) -> int | None:
-        try:
-            return int(env[name])
-        except (KeyError, ValueError):
-            return None
-
-    return {"rank": num("RANK"), "local_rank": num("LOCAL_RANK"), "world_size": num("WORLD_SIZE")}
+    return _rank_info(environ)
 
 
 def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
     """Every top-level key of schema 1, in documented order, with empty values."""
     if trigger not in TRIGGERS:
         raise ValueError(f"unknown trigger {trigger!r}")
+    rank = rank_info()
     return {
         "schema_version": SCHEMA_VERSION,
-        "id": new_incident_id(trigger, pid, now),
+        "id": new_incident_id(trigger, pid, now, rank.get("rank")),
         "created_at": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
         "dlwatch_version": __version__,
         "host": socket.gethostname(),
         "pid": pid,
-        "rank": rank_info(),
+        "rank": rank,
         "trigger": trigger,
         "summary": "",
         "classification": None,
@@ -112,6 +112,25 @@ def write_incident(report_dir: str, report: dict[str, Any], *,
     """Write ``<report_dir>/<id>/`` atomically; return its path.  Raises OSError, leaving nothing."""
     report = outbound(report)
     report_dir = prepare_report_dir(report_dir)
+    for attempt in range(ID_ATTEMPTS):
+        try:
+            return _write_incident_once(report_dir, report, render_markdown, extra_files)
+        except OSError as exc:
+            # another rank or host took this id first (a shared report directory): rename onto
+            # a non-empty directory fails, so nothing was overwritten; take a fresh id
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt == ID_ATTEMPTS - 1:
+                raise
+            head = report["id"].rsplit("-", 1)[0]
+            report = dict(report, id=f"{head}-{secrets.token_hex(4)}")
+    raise AssertionError("unreachable")
+
+
+ID_ATTEMPTS = 8
+
+
+def _write_incident_once(report_dir: str, report: dict[str, Any],
+                         render_markdown: Callable[[Mapping[str, Any]], str],
+                         extra_files: Mapping[str, bytes] | None) -> str:
     final = os.path.join(report_dir, report["id"])
     tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + report["id"] + "-", dir=report_dir)
     try:
@@ -213,7 +232,7 @@ _TOP_TYPES: dict[str, Any] = {
     "classification": _OPT_STR, "classification_reason": _OPT_STR, "rank": _OPT_DICT, "progress": _OPT_DICT,
     "exception": _OPT_DICT, "findings": (list, type(None)), "processes": (list, type(None)), "system": _OPT_DICT,
     "gpus": (list, type(None)), "loader": _OPT_DICT, "notes": (list, type(None)), "timeline": (list, type(None)),
-    "events": (list, type(None)), "config": _OPT_DICT,
+    "events": (list, type(None)), "config": _OPT_DICT, "job": _OPT_DICT,
 }
 _ITEM_TYPES: dict[str, dict[str, Any]] = {
     "exception": {"type": _OPT_STR, "message": _OPT_STR, "traceback": _OPT_STR, "errno": _OPT_INT},
@@ -225,7 +244,9 @@ _ITEM_TYPES: dict[str, dict[str, Any]] = {
     "processes[].stack": {"threads": (list, type(None)), "error": _OPT_STR, "source": _OPT_STR},
     "processes[].stack.threads[]": {"frames": (list, type(None)), "name": _OPT_STR},
     "processes[].stack.threads[].frames[]": {"function": _OPT_STR, "filename": _OPT_STR, "line": _OPT_INT},
-    "gpus[]": {}, "rank": {}, "progress": {}, "system": {}, "loader": {},
+    "gpus[]": {}, "progress": {}, "system": {}, "loader": {},
+    "rank": {"rank": _OPT_INT, "local_rank": _OPT_INT, "world_size": _OPT_INT, "job_id": _OPT_STR},
+    "job": {"role": _OPT_STR, "waiting_in": _OPT_STR, "job_id": _OPT_STR, "view": _OPT_STR},
 }
 
 
@@ -236,7 +257,7 @@ def _type_problem(data: dict[str, Any]) -> str | None:
             return f"{key} is {type(data[key]).__name__}"
     # (where, value, may it be None): an object field may be null, a list item may not
     todo: list[tuple[str, Any, bool]] = [(k, data.get(k), True)
-                                         for k in ("exception", "rank", "progress", "system", "loader")]
+                                         for k in ("exception", "rank", "progress", "system", "loader", "job")]
     todo += [(f"{k}[]", item, False) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
     if any(not isinstance(n, str) for n in data.get("notes") or ()):
         return "notes[] holds a non-string"
