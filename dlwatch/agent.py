@@ -307,6 +307,7 @@ class Watch:
             "main_dump_path": dump_path,
             "argv": redact_argv(list(sys.argv)),
             "python": sys.executable,
+            "program_run": os.environ.get("DLWATCH_PROGRAM_RUN") or None,  # set by `dlwatch run`
         })
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
