@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 
 from dlwatch.config import DEFAULT_REPORT_DIR
@@ -36,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
             print()
         else:
             try:  # load_report checked the types the renderer uses; this is the last line
-                lines = [render.terminal_safe(line) for line in render.terminal_lines(report)]
+                width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
+                lines = list(render.terminal_view(report, color=render.use_color(sys.stdout), width=max(60, width)))
             except Exception as exc:
                 raise ReportError(f"{path} cannot be shown: {type(exc).__name__}: {exc}",
                                   help="it was not written by a complete dlwatch run; remove it") from None
