@@ -3,6 +3,7 @@
   dlwatch report              list the incidents in the default directory, newest first
   dlwatch report DIR          list the incidents in DIR
   dlwatch report ID|PATH      show one (an id in the default directory, or a directory holding report.json)
+  dlwatch report ID --html    print the path of its report.html (charts over the timeline), writing it if missing
 
 The default directory is $DLWATCH_DIR or ./dlwatch-reports, as for dlwatch.watch.
 """
@@ -16,7 +17,7 @@ import shutil
 import sys
 
 from dlwatch.config import DEFAULT_REPORT_DIR
-from dlwatch.errors import ReportError
+from dlwatch.errors import ReportError, UsageError
 from dlwatch.redact import outbound
 from dlwatch.report import render, store
 
@@ -25,11 +26,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="incident id, incident directory, or a report directory to list")
     parser.add_argument("--dir", default=None, help="report directory for ids and listing (default: $DLWATCH_DIR or ./dlwatch-reports)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--html", action="store_true",
+                        help="write the incident's report.html if it is missing (or --force) and print its path")
+    parser.add_argument("--force", action="store_true", help="with --html: write report.html again")
 
 
 def run(args: argparse.Namespace) -> int:
     default_dir = args.dir or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR
     mode, path = store.resolve_report(args.target, default_dir)
+    if args.html or args.force:
+        if mode != "show":
+            raise UsageError("--html needs one incident: dlwatch report ID --html")
+        from dlwatch.report import html
+
+        page = os.path.join(path, html.HTML_NAME)
+        if args.force or not os.path.isfile(page):
+            try:
+                page = html.write_html(path)
+            except OSError as exc:
+                raise ReportError(f"cannot write {page}: {exc.strerror or exc}",
+                                  help="check that the incident directory is yours and writable") from None
+        print(render.terminal_safe(outbound(page)))
+        return 0
     if mode == "show":
         report = outbound(store.load_report(path))  # a report of an older dlwatch is shown redacted too
         if args.json:
