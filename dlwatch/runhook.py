@@ -162,6 +162,7 @@ def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
         from dlwatch.agent import Watch
 
         w = Watch(loader)  # options from the environment that `dlwatch run` set
+        w.stop_in_background = True  # the next iteration need not wait for this one's monitor to exit
         w.__enter__()
     except Exception as exc:
         _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")

@@ -66,6 +66,8 @@ def test_ok_program_same_output_every_iteration_watched(tmp_path):
     assert iter_types(out) == ["RunIterator"] * 4
     assert set(iter_types(pout)) == {"_MultiProcessingDataLoaderIter"}
     assert incidents(str(tmp_path / "reports")) == []  # a healthy program makes no incident
+    # each iteration's monitor stopped and its run directory went, before the program exited
+    assert os.listdir(tmp_path / "reports" / ".runs") == []
 
 
 @pytest.mark.slow

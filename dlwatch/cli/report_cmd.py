@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise ReportError(f"cannot write {page}: {exc.strerror or exc}",
                                   help="check that the incident directory is yours and writable") from None
+            except ReportError:
+                raise
+            except Exception as exc:  # load_report checked the types the page uses; this is the last line
+                raise ReportError(f"{path} cannot be drawn: {type(exc).__name__}: {exc}",
+                                  help="it was not written by a complete dlwatch run; remove it") from None
         print(render.terminal_safe(outbound(page)))
         return 0
     if mode == "show":
