@@ -188,3 +188,21 @@ def test_bad_input_one_line(tmp_path, args, code, text):
     assert rc == code
     assert err.count("\n") == 1 and err.startswith("dlwatch: error: ") and text in err, err
     assert out == ""
+
+
+def test_a_sitecustomize_already_on_the_path_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "sys.stderr.write(f\"USER SITECUSTOMIZE {os.environ['PYTHONPATH'].split(os.pathsep)[0].endswith('_boot')}\\n\")\n")
+    script = tmp_path / "probe.py"
+    script.write_text("import sys, torch.utils.data as d\n"
+                      "print(getattr(d.DataLoader.__iter__, '_dlwatch_run', False), "
+                      "any(p.endswith('_boot') for p in sys.path))\n")
+    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), str(script)],
+                        tmp_path, PYTHONPATH=str(site))
+    assert rc == 0, err
+    # once in the dlwatch command itself (before it becomes the program), once in the program
+    assert err.splitlines() == ["USER SITECUSTOMIZE False", "USER SITECUSTOMIZE True"]
+    assert out.split() == ["True", "False"]  # DataLoader hooked; the bootstrap's directory is off sys.path again
