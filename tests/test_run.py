@@ -126,6 +126,9 @@ def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
         found = wait_for(lambda: incidents(str(reports)), timeout=60)
         known.update(p.pid for p in descendants_of(proc.pid))
         assert found, "no stall incident"
+        # the monitor runs isolated (-I: no PYTHONPATH), so the bootstrap never reaches it
+        monitors = [p.cmdline() for p in descendants_of(proc.pid) if "dlwatch.monitor" in " ".join(p.cmdline())]
+        assert monitors and all(c[1] == "-I" for c in monitors), monitors
         report = load(found[0])
         assert report["trigger"] == "stall"
         assert report["classification"] == "deadlock"

@@ -68,8 +68,19 @@ def test_top_in_tmux_shows_workers_snapshots_and_quits(tmp_path, watched):
     known: set[int] = set()
     try:
         known.update(p.pid for p in descendants_of(proc.pid))
-        workers = [p.pid for p in descendants_of(proc.pid) if p.name() == "pt_data_worker"]
-        assert len(workers) == 2
+
+        def named_workers():  # a worker names itself pt_data_worker once it runs: wait for both
+            found = []
+            for p in descendants_of(proc.pid):
+                try:
+                    if p.name() == "pt_data_worker":
+                        found.append(p.pid)
+                except Exception:
+                    pass
+            return found if len(found) == 2 else None
+
+        workers = wait_for(named_workers, timeout=30)
+        assert workers, [p.name() for p in descendants_of(proc.pid)]
         out = tmp_path / "attach"
         term.start([sys.executable, "-m", "dlwatch", "top", str(proc.pid), "--interval", "0.3", "--out", str(out)],
                    {"PYTHONPATH": "", "TERM": "xterm"})
