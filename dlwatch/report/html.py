@@ -292,8 +292,10 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
                      f"confidence {_e(display.percent(top.get('confidence')))})</div>")
     exc = report.get("exception") if isinstance(report.get("exception"), Mapping) else None
     if exc:
+        # the message's last line: a worker's exception carries its whole traceback in the message
+        last = ([line for line in str(exc.get("message") or "").splitlines() if line.strip()] or [""])[-1]
         parts.append(f"<div>Exception: <code>{_e(exc.get('type'))}</code>: "
-                     f"{_e(display.one_line(exc.get('message') or '', 300))}</div>")
+                     f"{_e(display.one_line(last, 300))}</div>")
     parts.append(f"<div class=\"muted\">{_e(report.get('created_at'))} on {_e(report.get('host'))}, "
                  f"pid {_e(report.get('pid'))}</div></div>")
     parts.append("<h2>Timeline</h2>")
