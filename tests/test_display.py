@@ -146,3 +146,25 @@ def test_hostile_strings_in_tables_stay_text():
     assert "``a \\| b `c` [x](http://e.invalid)\x1b[31m``" in row
     term = "\n".join(render.terminal_view(r, color=True))
     assert "\\x1b[31m" in term and "\x1b[31m" not in term.replace("\x1b[1;31m", "")
+
+
+def test_memory_evidence_reads_as_sizes_rates_and_shares():
+    """The shapes of the memory-growth, pinned-memory and worker-killed evidence (hand-built)."""
+    fit = {"rate_bytes_per_s": 1 << 20, "late_rate_bytes_per_s": 1 << 20, "rise_bytes": 300 << 20,
+           "window_s": 300.0, "points": 30, "first": 100 << 20, "last": 400 << 20}
+    ev = {"rate_bytes_per_s": 3 << 20, "headroom_bytes": 5 << 30, "limit": "cgroup memory limit",
+          "limit_in_s": 1800.0, "copy_on_read": True, "memory_share": 0.93,
+          "growth": [{"pid": 11, "worker_id": 0, "uss": fit, "rss_first": 1 << 30, "rss_last": 1 << 30}],
+          "memory": [{"ts": 1.0, "rss": 1 << 30, "uss": 1 << 28}, {"ts": 2.0, "rss": 2 << 30, "uss": 1 << 29}],
+          "lockers": [{"pid": 3, "vm_lck": 1 << 30, "memlock_limit": 2 << 30, "memlock_share": 0.5}]}
+    items = dict(display.evidence_items(ev))
+    assert items["rate"] == "3.0 MiB/s" and items["headroom"] == "5.0 GiB" and items["time to limit"] == "30.0 min"
+    assert items["copy on read"] == "yes" and items["memory share"] == "93%"
+    assert items["memory"] == "RSS 1.0 GiB -> 2.0 GiB, USS 256.0 MiB -> 512.0 MiB (2 samples)"
+    assert items["growth"].rows[0] == ("11", "0", "+300.0 MiB over 5.0 min at 1.0 MiB/s (lately 1.0 MiB/s) "
+                                       "from 100.0 MiB to 400.0 MiB", "1.0 GiB", "1.0 GiB")
+    assert items["lockers"].headers == ("pid", "VmLck", "RLIMIT_MEMLOCK", "memlock share")
+    assert items["lockers"].rows[0] == ("3", "1.0 GiB", "2.0 GiB", "50%")
+    md = render.render_markdown({**deadlock_report(), "findings": [{"playbook": "worker-memory-growth", "title": "t",
+                                                                    "confidence": 0.8, "evidence": ev}]})
+    assert not REPR.search(md)

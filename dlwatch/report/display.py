@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -73,29 +74,44 @@ def percent(v: Any) -> str:
 
 
 BYTES_KEYS = {"rss", "uss", "pss", "shm_free", "shm_total", "mem_available", "mlocked", "memory_used",
-              "memory_total", "cgroup_memory_limit", "cgroup_memory_usage"}
+              "memory_total", "cgroup_memory_limit", "cgroup_memory_usage", "vm_lck", "memlock_limit"}
+# nested figures named only "first"/"last" take their unit from the key above them
+_BYTES_PARENTS = BYTES_KEYS | {"growth", "memory"}
 
 
-def scalar(key: str, v: Any) -> str:
-    """One value by its key's unit: sizes with units, durations in s/min, the rest as text."""
+def _is_bytes_key(key: str) -> bool:
+    return key.endswith("_bytes") or key in BYTES_KEYS or key.startswith(("rss_", "uss_", "vm_lck_"))
+
+
+def scalar(key: str, v: Any, parent: str = "") -> str:
+    """One value by its key's unit: sizes with units, rates per second, durations in s/min, shares in %."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        if key.endswith("_bytes") or key in BYTES_KEYS:
+        if key.endswith("_bytes_per_s"):
+            return f"{human_bytes(v)}/s"
+        if _is_bytes_key(key) or (key in ("first", "last") and parent in _BYTES_PARENTS):
             return human_bytes(v)
+        if key.endswith("_ts") or key == "ts":
+            try:
+                return time.strftime("%H:%M:%S", time.gmtime(float(v))) + " UTC"
+            except (OverflowError, ValueError, OSError):
+                return human_number(v)
         if key.endswith("_s") or key in ("timeout",):
             return human_seconds(v) if v or key != "timeout" else "0 (none)"
-        if key == "confidence":
+        if key == "confidence" or key.endswith("_share"):
             return percent(v)
     if isinstance(v, (str, int, float, bool)) or v is None:
         return human_number(v)
     return inline(v)
 
 
-def inline(v: Any, depth: int = 0) -> str:
+def inline(v: Any, depth: int = 0, parent: str = "") -> str:
     """A nested value on one line, as words: ``a 1, b 2``; lists comma-separated."""
     if depth > 3:
         return "..."
+    if isinstance(v, Mapping) and "rate_bytes_per_s" in v and "first" in v:
+        return str(_growth(v))  # a growth fit reads as a sentence
     if isinstance(v, Mapping):
-        parts = [f"{one_line(k, 40)} {scalar(str(k), x) if not isinstance(x, (Mapping, list, tuple)) else inline(x, depth + 1)}"
+        parts = [f"{label(str(k))} {scalar(str(k), x, parent) if not isinstance(x, (Mapping, list, tuple)) else inline(x, depth + 1, str(k))}"
                  for k, x in list(v.items())[:12]]
         return ", ".join(parts) + (", ..." if len(v) > 12 else "")
     if isinstance(v, (list, tuple)):
@@ -225,7 +241,7 @@ def records_table(records: Sequence[Any]) -> Table:
     rows = []
     for r in recs[:64]:
         row = [(_short_frame(r[k]) if "frame" in k and isinstance(r.get(k), str) else scalar(k, r.get(k)))
-               if not isinstance(r.get(k), (Mapping, list, tuple)) else inline(r.get(k))
+               if not isinstance(r.get(k), (Mapping, list, tuple)) else inline(r.get(k), 0, k)
                for k in keys]
         if has_frames:
             row.append((frame_excerpt(r.get("frames"), 1) or ("-",))[0])
@@ -233,9 +249,18 @@ def records_table(records: Sequence[Any]) -> Table:
     return Table(headers, tuple(rows))
 
 
+_LABELS = {"limit_bytes": "limit size", "limit_in_s": "time to limit", "rate_bytes_per_s": "rate",
+           "late_rate_bytes_per_s": "late rate", "vm_lck": "VmLck", "memlock_limit": "RLIMIT_MEMLOCK",
+           "rss": "RSS", "uss": "USS", "rss_first": "RSS first", "rss_last": "RSS last"}
+
+
 def label(key: str) -> str:
     """``cpu_progress_s`` -> ``cpu progress``: the unit is in the value."""
     key = str(key)
+    if key in _LABELS:
+        return _LABELS[key]
+    if key.endswith("_bytes_per_s"):
+        key = key[: -len("_bytes_per_s")] + "_rate"
     for suffix in ("_bytes", "_s"):
         if key.endswith(suffix) and len(key) > len(suffix):
             key = key[: -len(suffix)]
@@ -267,7 +292,43 @@ def _process(v: Any) -> Table | str:
 
 
 def _stack(v: Any) -> list[str]:
+    if isinstance(v, str):  # a faulthandler dump as text: its innermost lines
+        return [one_line(line, 200) for line in v.strip().splitlines()[-8:]] or ["-"]
+    if isinstance(v, Mapping):
+        return list(frame_excerpt(thread_frames(v), 8)) or [inline(v)]
     return list(frame_excerpt(v, 8)) if isinstance(v, (list, tuple)) else [inline(v)]
+
+
+def _growth(v: Any) -> str | Table:
+    """A steady-growth fit: the rise, over how long, at what rate, from what to what."""
+    if isinstance(v, (list, tuple)):
+        return records_table(v) if v else "none"
+    if not isinstance(v, Mapping):
+        return scalar("growth", v)
+    parts = []
+    if v.get("rise_bytes") is not None:
+        parts.append(f"+{human_bytes(v.get('rise_bytes'))}")
+    if v.get("window_s") is not None:
+        parts.append(f"over {human_seconds(v.get('window_s'))}")
+    if v.get("rate_bytes_per_s") is not None:
+        parts.append(f"at {human_bytes(v.get('rate_bytes_per_s'))}/s")
+    if v.get("late_rate_bytes_per_s") is not None:
+        parts.append(f"(lately {human_bytes(v.get('late_rate_bytes_per_s'))}/s)")
+    if v.get("first") is not None and v.get("last") is not None:
+        parts.append(f"from {human_bytes(v.get('first'))} to {human_bytes(v.get('last'))}")
+    return " ".join(parts) or inline(v, 0, "growth")
+
+
+def _memory_history(v: Any) -> str:
+    """RSS/USS samples up to the end: the first and the last, and how many."""
+    recs = [r for r in v if isinstance(r, Mapping)] if isinstance(v, (list, tuple)) else []
+    if not recs:
+        return inline(v, 0, "memory") if v else "none"
+    first, last = recs[0], recs[-1]
+    text = f"RSS {human_bytes(first.get('rss'))} -> {human_bytes(last.get('rss'))}"
+    if first.get("uss") is not None or last.get("uss") is not None:
+        text += f", USS {human_bytes(first.get('uss'))} -> {human_bytes(last.get('uss'))}"
+    return text + f" ({len(recs)} samples)"
 
 
 # key -> form: "bytes", "seconds", "count", "text", "table" (records), "lines", or a function
@@ -290,6 +351,14 @@ EVIDENCE_FORMS: dict[str, Any] = {
     "batch_index": "count", "expected_batch_size": "count", "shapes": "text", "leading_dims": "text",
     "collate_fn": "text", "reason": "text", "leaf": "text", "multiple": "count", "sample_count": "count",
     "confirmed_batches": "count", "confirmed_at_index": "count", "ignored_keys": "text",
+    # pinned-memory-growth
+    "mlocked": "bytes", "growth": _growth, "lockers": "table", "limit": "text", "limit_in_s": "seconds",
+    # worker-killed
+    "exit_signal": "text", "cause_basis": "text", "memory": _memory_history, "memory_limit": "text",
+    "oom_kills": "text", "shm": "text", "crash_stack": _stack, "crash_frame": "text",
+    # worker-memory-growth
+    "workers_growing": "count", "copy_on_read": "text", "all_workers_growing": "text",
+    "rate_bytes_per_s": "text",
     # stacks in evidence
     "frames": _stack,
 }
