@@ -163,6 +163,10 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     rank_txt = "" if rank.get("rank") is None else f", rank {rank.get('rank')}/{rank.get('world_size')}"
     yield (f"- when and where: {_md_text(r.get('created_at'))} on {_md_text(r.get('host'))}, "
            f"pid {display.human_number(r.get('pid'))}{rank_txt}")
+    job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
+    if job.get("job_id") or job.get("role") == "waiting":  # multi-rank jobs (issue 13's `job` key)
+        waits = f"; this rank waits in {code(job.get('waiting_in'))}" if job.get("role") == "waiting" else ""
+        yield f"- job: {code(job.get('job_id'))}{waits}; the whole job: {code(job.get('view'))}"
     prog = r.get("progress") or {}
     if prog:
         yield f"- progress: {_progress_line(prog)}"
@@ -286,6 +290,11 @@ def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
     verdict = f" ({r['classification']})" if r.get("classification") else ""
     yield f"{str(r.get('trigger') or '?').upper()}{verdict}: {_one_line(r.get('summary') or '')}"
     yield f"  incident {r.get('id')}, {r.get('created_at')}, pid {r.get('pid')}"
+    job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
+    if job.get("role") == "waiting":
+        yield f"  job: this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
+    elif job.get("job_id"):
+        yield f"  job: {job.get('job_id')}; the whole job: {job.get('view')}"
     exc = r.get("exception")
     if exc:
         first = (str(exc.get("message") or "").splitlines() or [""])[-1]
