@@ -241,6 +241,7 @@ class Watch:
         self._pending_exception: dict[str, Any] | None = None
         self._iterated = False  # the watch object itself was iterated (the `as` form)
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
+        self.stop_in_background = False  # `dlwatch run`: stop the monitor off the training thread
 
     @property
     def monitor_pid(self) -> int | None:
@@ -335,6 +336,7 @@ class Watch:
             "python": sys.executable,
             "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
             "prometheus": self._prometheus,
+            "program_run": os.environ.get("DLWATCH_PROGRAM_RUN") or None,  # set by `dlwatch run`
         })
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
@@ -493,6 +495,35 @@ class Watch:
         pending = self._pending_exception
         if self._events_path:
             events.emit(self._events_path, "stop", clean=clean)
+        if monitor is not None and self.stop_in_background and not sys.is_finalizing():
+            # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
+            # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
+            # The dump handler stays installed meanwhile (the monitor may still signal it); the next
+            # watch's install replaces it. At interpreter exit (an iterator freed with the traceback
+            # that held it) no thread can start: stopped here, as a plain watch does.
+            if self._hb is not None:
+                self._hb.close()
+                self._hb = None
+            self._active = False
+            threading.Thread(target=self._stop_monitor, args=(monitor, pending, self.run_dir),
+                             name="dlwatch-stop", daemon=False).start()
+            return
+        self._stop_monitor(monitor, pending, None)
+        if self._hb is not None:
+            self._hb.close()
+            self._hb = None
+        try:  # the process is as it was before the block: no handler left on the dump signal
+            from dlwatch.collect import faultdump
+
+            faultdump.uninstall()
+        except Exception:
+            pass
+        self._active = False
+        if self.run_dir and os.path.isdir(self.run_dir):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _stop_monitor(self, monitor: "subprocess.Popen[bytes] | None", pending: dict[str, Any] | None,
+                      run_dir: str | None) -> None:
         if monitor is not None:
             alive = monitor.poll() is None
             if alive:
@@ -514,18 +545,8 @@ class Watch:
                 alive = False
             if not alive or monitor.returncode not in (0, None):
                 self._monitor_lost(monitor.returncode, pending)
-        if self._hb is not None:
-            self._hb.close()
-            self._hb = None
-        try:  # the process is as it was before the block: no handler left on the dump signal
-            from dlwatch.collect import faultdump
-
-            faultdump.uninstall()
-        except Exception:
-            pass
-        self._active = False
-        if self.run_dir and os.path.isdir(self.run_dir):
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if run_dir and os.path.isdir(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     def _monitor_lost(self, code: int | None, pending: dict[str, Any] | None) -> None:
         if not self._monitor_warned:

@@ -501,6 +501,8 @@ class Monitor:
         report["loader"] = self.loader
         report["config"] = {k: (self.cfg.get("options") or {}).get(k) for k in ("poll_interval", "stall_timeout")}
         report["config"]["report_dir"] = self.report_dir
+        if self.cfg.get("program_run"):  # every iteration of one `dlwatch run` shares it
+            report["config"]["program_run"] = self.cfg["program_run"]
         hb = self.last_hb
         report["progress"] = self._progress(hb)
         report["exception"] = self.exception if trigger == "exception" else None

@@ -116,7 +116,7 @@ def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     (incident,) = [n for n in os.listdir(report_dir) if not n.startswith(".")]
     path = os.path.join(report_dir, incident)
     assert f"  | REPORT {path}" in out  # the example's own output, passed through
-    assert f"incident {incident}  [threshold]" in out  # the rendered report
+    assert f"THRESHOLD: " in out and f"incident {incident}," in out  # the rendered report, headline first
     assert "finding: batch-dim-mismatch" in out
     assert f"full report: {os.path.join(path, 'report.md')}" in out
     assert os.path.isfile(os.path.join(path, "report.md"))

@@ -35,12 +35,12 @@ def test_list_newest_first_and_show(tmp_path, capsys):
     assert lines[2].startswith(os.path.basename(old))
     assert main(["report", old]) == 0
     out = capsys.readouterr().out
-    assert "builtins.OSError" in out and "[exception]" in out
+    assert "builtins.OSError" in out and out.startswith("EXCEPTION: ")  # the headline first
     assert main(["report", "--json", new]) == 0
     assert json.loads(capsys.readouterr().out)["findings"][0]["playbook"] == "fd-exhaustion"
     assert main(["report", "--dir", str(tmp_path), os.path.basename(new)]) == 0
     shown = capsys.readouterr().out
-    assert "fd-exhaustion" in shown and "num_fds: 1021" in shown  # the evidence, not only the title
+    assert "fd-exhaustion" in shown and "num fds: 1021" in shown  # the evidence, not only the title
 
 
 def test_default_dir_from_env(tmp_path, monkeypatch, capsys):
@@ -126,7 +126,9 @@ def test_render_lists_stacks_and_gone_processes():
         {"function": "__getitem__", "filename": "ds.py", "line": 3, "native": False}]}], "error": None}
     report["processes"] = [entry]
     text = "\n".join(render.terminal_lines(report))
-    assert "blocked in lock acquire" in text and "__getitem__ (ds.py:3)" in text and "gone" in text
+    row = next(line.split() for line in text.splitlines() if line.strip().startswith("8 "))
+    assert row == ["8", "worker", "0", "blocked,", "gone", "lock", "acquire", "-", "-", "-", "-"]
+    assert "pid 8 (worker 0): __getitem__ (ds.py:3)" in text
 
 
 # --------------------------------------------------------------------------- hostile report files (issue 9, item 7)

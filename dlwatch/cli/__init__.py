@@ -18,7 +18,7 @@ from typing import Sequence
 from dlwatch import __version__
 from dlwatch.errors import DlwatchError
 
-COMMANDS = ("report", "attach", "playbooks", "demo")
+COMMANDS = ("run", "top", "report", "attach", "playbooks", "demo")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -271,12 +271,28 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--duration must be between 0.05 and 60 seconds")
     check_target(pid)
     out_dir = args.out or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR
+    report, path = write_attach_incident(pid, out_dir, duration=args.duration, native=not args.no_native)
+    shown = outbound(report)  # what is printed is redacted like what is written (one redaction point)
+    if args.json:
+        json.dump(shown, sys.stdout, indent=2)
+        print()
+    else:
+        print_summary(shown, outbound(path), sys.stdout)
+    return 0
+
+
+def write_attach_incident(pid: int, out_dir: str, *, duration: float = forensics.SECOND_READ_AFTER_S,
+                          native: bool = True) -> tuple[dict[str, Any], str]:
+    """Inspect ``pid`` (checked by check_target) and write its attach incident; return (report, path).
+
+    Shared by ``dlwatch attach`` and the ``s`` key of ``dlwatch top``.
+    """
     procs, watched = gather(pid)
     now = time.time()
     report = store.skeleton(trigger="attach", pid=pid, now=now)
     cfg = watched.get("config") or {}
     report["loader"] = cfg.get("loader") if isinstance(cfg.get("loader"), dict) else None
-    report["config"] = {"duration_s": args.duration, "report_dir": out_dir, "watched": "run_dir" in watched}
+    report["config"] = {"duration_s": duration, "report_dir": out_dir, "watched": "run_dir" in watched}
     report["notes"].extend(watched.get("notes") or ())
     hb = watched.get("heartbeat")
     if hb is not None:
@@ -307,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
     expected = (report["loader"] or {}).get("num_workers") if report["loader"] else None
     extra = forensics.investigate(report, procs, main_waiting_for_data=waiting,
                                   expected_workers=expected if isinstance(expected, int) and expected > 0 else (workers or None),
-                                  native=not args.no_native, interval_s=args.duration,
+                                  native=native, interval_s=duration,
                                   read_dump=reader.read_one if reader is not None else _no_dump,
                                   allow=watched.get("allowed"))
     if reader is not None:  # dump files refused while the stacks were taken
@@ -316,13 +332,7 @@ def run(args: argparse.Namespace) -> int:
     # never the run's own playbook directories: code-free, but the target's user wrote them
     build.add_findings(report, ())
     path = build.write(report, out_dir, extra_files=extra)
-    shown = outbound(report)  # what is printed is redacted like what is written (one redaction point)
-    if args.json:
-        json.dump(shown, sys.stdout, indent=2)
-        print()
-    else:
-        print_summary(shown, outbound(path), sys.stdout)
-    return 0
+    return report, path
 
 
 def print_summary(report: dict[str, Any], path: str, file: Any) -> None:

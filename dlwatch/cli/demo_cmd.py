@@ -364,7 +364,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report
     try:
-        render.render_terminal(outbound(store.load_report(last)), sys.stdout)
+        render.render_terminal(outbound(store.load_report(last)), sys.stdout, color=render.use_color(sys.stdout))
     except DlwatchError as exc:
         print(f"cannot show {last}: {exc}")
         return 1

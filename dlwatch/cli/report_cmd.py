@@ -6,6 +6,7 @@
   dlwatch report --job [DIR]  the newest multi-rank job in DIR: which rank stalled first and how, which
                               ranks only waited for it in a collective, stragglers, the time line
                               (--job-id ID: another job of DIR)
+  dlwatch report ID --html    print the path of its report.html (charts over the timeline), writing it if missing
 
 The default directory is $DLWATCH_DIR or ./dlwatch-reports, as for dlwatch.watch.
 """
@@ -15,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 
 from dlwatch.config import DEFAULT_REPORT_DIR
-from dlwatch.errors import ReportError
+from dlwatch.errors import ReportError, UsageError
 from dlwatch.redact import outbound
 from dlwatch.report import render, store
 
@@ -30,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", action="store_true",
                         help="merge the incidents and figures of every rank of the newest job in DIR")
     parser.add_argument("--job-id", default=None, metavar="ID", help="with --job: the job to show (default: newest)")
+    parser.add_argument("--html", action="store_true",
+                        help="write the incident's report.html if it is missing (or --force) and print its path")
+    parser.add_argument("--force", action="store_true", help="with --html: write report.html again")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +42,25 @@ def run(args: argparse.Namespace) -> int:
     if args.job or args.job_id:
         return _job(args.target or default_dir, args.job_id, args.json)
     mode, path = store.resolve_report(args.target, default_dir)
+    if args.html or args.force:
+        if mode != "show":
+            raise UsageError("--html needs one incident: dlwatch report ID --html")
+        from dlwatch.report import html
+
+        page = os.path.join(path, html.HTML_NAME)
+        if args.force or not os.path.isfile(page):
+            try:
+                page = html.write_html(path)
+            except OSError as exc:
+                raise ReportError(f"cannot write {page}: {exc.strerror or exc}",
+                                  help="check that the incident directory is yours and writable") from None
+            except ReportError:
+                raise
+            except Exception as exc:  # load_report checked the types the page uses; this is the last line
+                raise ReportError(f"{path} cannot be drawn: {type(exc).__name__}: {exc}",
+                                  help="it was not written by a complete dlwatch run; remove it") from None
+        print(render.terminal_safe(outbound(page)))
+        return 0
     if mode == "show":
         report = outbound(store.load_report(path))  # a report of an older dlwatch is shown redacted too
         if args.json:
@@ -44,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
             print()
         else:
             try:  # load_report checked the types the renderer uses; this is the last line
-                lines = [render.terminal_safe(line) for line in render.terminal_lines(report)]
+                width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
+                lines = list(render.terminal_view(report, color=render.use_color(sys.stdout), width=max(60, width)))
             except Exception as exc:
                 raise ReportError(f"{path} cannot be shown: {type(exc).__name__}: {exc}",
                                   help="it was not written by a complete dlwatch run; remove it") from None

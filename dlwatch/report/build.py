@@ -79,7 +79,7 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
     if not report.get("summary") or report["trigger"] in ("exception", "stall", "attach"):
         report["summary"] = summary_line(report)
     try:
-        return store.write_incident(report_dir, report, render_markdown=render.render_markdown,
+        path = store.write_incident(report_dir, report, render_markdown=render.render_markdown,
                                     extra_files=extra_files)
     except OSError as exc:
         fallback = store.fallback_dir()
@@ -87,8 +87,12 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
             raise
         log.warning("report_dir_unwritable", report_dir=report_dir, error=str(exc), fallback=fallback)
         report["notes"].append(f"could not write to {report_dir} ({exc.strerror or exc}); written here instead")
-        return store.write_incident(fallback, report, render_markdown=render.render_markdown,
+        path = store.write_incident(fallback, report, render_markdown=render.render_markdown,
                                     extra_files=extra_files)
+    from dlwatch.report import html  # report.html in a short-lived child: not in this process's memory
+
+    html.spawn_render(path)
+    return path
 
 
 def read_timeline(run_dir: str, limit: int = TIMELINE_WINDOW) -> list[dict[str, Any]]:
