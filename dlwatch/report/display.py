@@ -359,6 +359,9 @@ EVIDENCE_FORMS: dict[str, Any] = {
     # worker-memory-growth
     "workers_growing": "count", "copy_on_read": "text", "all_workers_growing": "text",
     "rate_bytes_per_s": "text",
+    # straggler-rank (job view)
+    "rank": "text", "data_wait_share": "text", "batch_rate_per_s": "text", "first_batch_s": "text",
+    "ranks": "table",
     # stacks in evidence
     "frames": _stack,
 }
