@@ -70,7 +70,8 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
         t0 = samples[-1]["ts"] if samples else 0.0
     xs = [round(r["ts"] - t0, 3) for r in samples]
     roles: dict[int, str] = {}
-    for p in report.get("processes") or ():
+    processes = report.get("processes")
+    for p in processes if isinstance(processes, list) else ():
         if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
             roles[p["pid"]] = str(p.get("role") or "process") + (
                 f" {p['worker_id']}" if p.get("worker_id") is not None else "")
@@ -78,7 +79,8 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
     per: list[dict[int, Mapping[str, Any]]] = []
     for r in samples:
         row = {}
-        for p in r.get("procs") or ():
+        procs = r.get("procs")
+        for p in procs if isinstance(procs, list) else ():
             if isinstance(p, Mapping) and isinstance(p.get("pid"), int) and not p.get("gone"):
                 row[p["pid"]] = p
                 if p["pid"] not in pids:
@@ -141,15 +143,19 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
                            {"label": "batch interval", "y": interval, "color": _COLORS[0], "dash": False},
                            {"label": "data-wait share", "y": share, "color": _COLORS[3], "dash": False,
                             "scale": "pct"}]})
+    def gpus_of(r: Mapping[str, Any]) -> list[Any]:
+        g = r.get("gpus")
+        return g if isinstance(g, list) else []
+
     gpu_idx: list[Any] = []
     for r in samples:
-        for g in r.get("gpus") or ():
+        for g in gpus_of(r):
             if isinstance(g, Mapping) and g.get("index") not in gpu_idx:
                 gpu_idx.append(g.get("index"))
     if gpu_idx:
         series = []
         for i, idx in enumerate(gpu_idx[:16]):
-            ys = [next((_num(g.get("util_percent")) for g in r.get("gpus") or ()
+            ys = [next((_num(g.get("util_percent")) for g in gpus_of(r)
                         if isinstance(g, Mapping) and g.get("index") == idx), None) for r in samples]
             series.append({"label": f"GPU {idx}", "y": ys, "color": _COLORS[i % len(_COLORS)], "dash": False})
         charts.append({"id": "gpu", "title": "GPU utilisation", "unit": "percent", "series": series})
