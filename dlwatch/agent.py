@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
 from dlwatch._fs import make_private_dir, write_json
-from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
+from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
 from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
@@ -504,8 +504,7 @@ class Watch:
         return self._timed(it, hb)
 
     def _timed(self, it: Iterator[Any], hb: HeartbeatWriter) -> Iterator[Any]:
-        hb.epochs += 1
-        hb.epoch_batches = 0
+        hb.begin_epoch()
         return _TimedIterator(it, hb, self)
 
     def _check_shape(self, batch: Any, index: int) -> None:
@@ -532,24 +531,27 @@ class _TimedIterator:
     Attribute access falls through to the wrapped iterator (``len(it)``, ``it._workers``),
     so code that inspects the DataLoader's iterator sees what it saw before.
 
-    Per batch: two clock reads, a one-byte store (waiting for data), one heartbeat pack
-    (batch delivered).  Everything else is kept off this path (see bench/).
+    Per batch: two clock reads, a one-byte store (waiting for data) and one pack of the
+    heartbeat's small hot part (batch delivered).  The loop-body time is not summed here: the
+    monitor derives it from the epoch's span and its waits.  The first batch of an epoch takes
+    the cold path (the full record).  Everything else is kept off this path (see bench/).
     """
 
-    __slots__ = ("_it", "_next", "_hb", "_write", "_mm", "_watch", "_probe", "_check_at", "_prev",
-                 "_index", "_done")
+    __slots__ = ("_it", "_next", "_hb", "_pack", "_mm", "_watch", "_probe", "_check_at", "_prev",
+                 "_base", "_done")
 
     def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
         self._it = it
         self._next = it.__next__
         self._hb = hb
-        self._write = hb.write
+        self._pack = hb.HOT.pack_into
         self._mm = hb.mm
         self._watch = watch
         self._probe = watch._shape_probe
-        self._check_at = self._probe.next_check(0) if self._probe is not None else -1
+        self._base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
+        # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
+        self._check_at = self._base + self._probe.next_check(0) + 1 if self._probe is not None else -1
         self._prev = 0.0  # when the previous batch was handed out: the loop body started
-        self._index = 0
         self._done = False
 
     def __iter__(self) -> "_TimedIterator":
@@ -563,11 +565,12 @@ class _TimedIterator:
 
     def __next__(self) -> Any:
         t0 = _monotonic()
-        if self._index:
+        prev = self._prev
+        if prev:
             self._mm[_STATE_OFFSET] = STATE_WAITING
         else:  # the first wait of an epoch has its own, longer allowance: say when it began
             self._hb.ts_wait_start = t0
-            self._write(STATE_WAITING)
+            self._hb.write(STATE_WAITING)
         try:
             batch = self._next()
         except StopIteration:
@@ -578,29 +581,29 @@ class _TimedIterator:
             self._end()
             raise
         t1 = _monotonic()
+        self._prev = t1
         hb = self._hb
-        prev = self._prev
         if prev:
-            hb.total_step_s += t0 - prev
-            hb.last_interval_s = t1 - prev
-        hb.total_wait_s += t1 - t0
-        hb.ts_wait_start = t0
-        hb.ts_last_batch = self._prev = t1
-        hb.batches += 1
-        hb.epoch_batches += 1
-        self._write(STATE_BODY)
-        index = self._index
-        self._index = index + 1
-        if index == self._check_at:
-            self._watch._check_shape(batch, index)
-            self._check_at = self._probe.next_check(index + 1)
+            hb.batches = n = hb.batches + 1
+            hb.total_wait_s = wait = hb.total_wait_s + (t1 - t0)
+            self._pack(self._mm, _HOT_OFFSET, STATE_BODY, n, n, t1, wait, t1 - prev, n)  # seq = batches
+        else:
+            hb.first_batch(t0, t1)
+            n = hb.batches
+        if n == self._check_at:
+            self._shape_check(batch, n)
         return batch
+
+    def _shape_check(self, batch: Any, n: int) -> None:
+        index = n - 1 - self._base
+        self._watch._check_shape(batch, index)
+        self._check_at = self._base + self._probe.next_check(index + 1) + 1
 
     def _end(self) -> None:
         if not self._done:
             self._done = True
             if self._watch._hb is self._hb:
-                self._write(STATE_OUTSIDE)
+                self._hb.write(STATE_OUTSIDE)
                 self._watch._check_monitor()
 
     def __del__(self) -> None:
