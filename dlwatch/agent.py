@@ -45,6 +45,16 @@ def _warn(message: str) -> None:
     warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
 
 
+def _user_stacklevel() -> int:
+    """The stacklevel that points a warning at the first frame outside dlwatch (the user's loop)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def _qualname(obj: Any) -> str | None:
     if obj is None:
         return None
@@ -177,6 +187,7 @@ class Watch:
                                       body_timeout=body_timeout, ignore=ignore)
         self.thresholds: dict[str, float] = {}
         self._ignored = frozenset(self.options.ignored_playbooks)
+        self._advice_pbs: dict[str, Any] = {}  # preflight playbooks by id (titles and thresholds)
         if self.options.enabled:
             from dlwatch.playbooks import load_playbooks
 
@@ -185,6 +196,7 @@ class Watch:
             if unknown:
                 raise ValueError(f"dlwatch.watch: ignore names no known playbook: {', '.join(unknown)} "
                                  f"(see `dlwatch playbooks` for the ids)")
+            self._advice_pbs = {pb.id: pb for pb in loaded if pb.is_advice}
             for pb in loaded:
                 if pb.id == "batch-dim-mismatch":
                     self.thresholds["check_first"] = pb.threshold("check_first", 8)
@@ -210,6 +222,9 @@ class Watch:
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
         self._iterated = False  # the watch object itself was iterated (the `as` form)
+        self.summary: dict[str, Any] | None = None  # the run summary, after the block (see dlwatch.report.summary)
+        self._preflight_sent: set[str] = set()
+        self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
 
     @property
@@ -293,6 +308,7 @@ class Watch:
             "loader": loader_config(loader),
             "iterable": _qualname(type(loader)),
             "main_dump_path": dump_path,
+            "cpus": self._usable_cpus(),
             "argv": redact_argv(list(sys.argv)),
             "python": sys.executable,
         })
@@ -443,6 +459,7 @@ class Watch:
         if self._hb is not None:
             self._hb.close()
             self._hb = None
+        self._read_summary()
         try:  # the process is as it was before the block: no handler left on the dump signal
             from dlwatch.collect import faultdump
 
@@ -485,6 +502,89 @@ class Watch:
     def _before_iter(self) -> None:
         if self._hook is not None and self._generations >= FINGERPRINT_GENERATIONS:
             self._hook.fingerprint = False
+        try:
+            self._preflight_start()
+        except Exception:
+            pass  # a check failing must not stop the epoch
+
+    # ------------------------------------------------------------------ preflight and the summary
+
+    def _usable_cpus(self) -> dict[str, Any] | None:
+        if self._cpus is None:
+            try:
+                from dlwatch.collect.system import usable_cpus
+
+                self._cpus = usable_cpus(0)
+            except Exception:
+                self._cpus = {}
+        return self._cpus
+
+    def _preflight_start(self) -> None:
+        """Checks made as an epoch's iterator is created, before torch starts its workers."""
+        loader = self._loader
+        if loader is None or not _is_dataloader(loader) or not self._events_path:
+            return
+        from dlwatch import preflight
+
+        state = preflight.sampler_state(loader)
+        if state is not None and "sampler-epoch-not-set" not in self._ignored:
+            events.emit(self._events_path, "sampler_epoch", **state)
+        if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None:
+            return  # the workers are already running: nothing starts now
+        cfg = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+               "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None}
+        signals = preflight.start_checks(preflight.start_facts(cfg, self._usable_cpus()))
+        self._send_preflight(signals)
+        for sig in signals:  # pin_memory without CUDA is also advice: a fact of the run, not of its start
+            if sig["playbook"] == "pin-memory-without-cuda" and "advice:pin-memory-without-cuda" not in self._preflight_sent:
+                self._preflight_sent.add("advice:pin-memory-without-cuda")
+                events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k not in ("event", "stage")})
+
+    def _preflight_first_batch(self, batch: Any, batch_bytes: int | None) -> None:
+        loader = self._loader
+        if loader is None or not _is_dataloader(loader) or not loader.num_workers:
+            return
+        from dlwatch import preflight
+
+        strategy = None
+        tmp = sys.modules.get("torch.multiprocessing")
+        if tmp is not None:
+            try:
+                strategy = tmp.get_sharing_strategy()
+            except Exception:
+                pass
+        cfg = {"num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
+               "sharing_strategy": strategy}
+        thresholds = {pid: dict(pb.thresholds) for pid, pb in self._advice_pbs.items()}
+        self._send_preflight(preflight.first_batch_checks(preflight.first_batch_facts(cfg, batch, batch_bytes),
+                                                          thresholds))
+
+    def _send_preflight(self, signals: list[dict[str, Any]]) -> None:
+        from dlwatch.preflight import warning_text
+
+        for sig in signals:
+            pid = sig["playbook"]
+            if pid in self._ignored or pid in self._preflight_sent:
+                continue
+            self._preflight_sent.add(pid)
+            if self._events_path:
+                events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
+            pb = self._advice_pbs.get(pid)
+            warnings.warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
+                          stacklevel=_user_stacklevel())
+
+    def _read_summary(self) -> None:
+        """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""
+        if not self.run_dir:
+            return
+        try:
+            with open(os.path.join(self.run_dir, "summary"), encoding="utf-8") as f:
+                path = f.read().strip()
+            from dlwatch.report.store import load_summary
+
+            self.summary = load_summary(path)
+        except Exception:
+            self.summary = None
 
     def _note_workers(self, it: Any) -> None:
         workers = getattr(it, "_workers", None)
@@ -513,7 +613,9 @@ class Watch:
             try:
                 from dlwatch.shapes import batch_nbytes
 
-                events.emit(self._events_path, "batch_bytes", batch_bytes=batch_nbytes(batch))
+                nbytes = batch_nbytes(batch)
+                events.emit(self._events_path, "batch_bytes", batch_bytes=nbytes)
+                self._preflight_first_batch(batch, nbytes)
             except Exception:
                 pass
         try:

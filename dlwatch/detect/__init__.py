@@ -4,7 +4,8 @@ Each failure the monitor watches for between incidents is one module here with a
 :class:`~dlwatch.detect.base.Detector` and one playbook file of the same id in
 ``playbooks/``.  Adding one: write the module, add its class to ``_classes``.
 Stall detection (``stall``) and its classification (``classify``) are not in the list:
-a stall is its own trigger, with stack forensics.
+a stall is its own trigger, with stack forensics.  The advisors of ``advice`` (tuning
+findings for the run summary, never incidents) are detectors too, one playbook each.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def _classes() -> tuple[type[Detector], ...]:
     from dlwatch.detect.rng import RngDuplication
     from dlwatch.detect.shm import ShmPressure
 
-    return (FdPressure, ShmPressure, BatchShape, RngDuplication)
+    from dlwatch.detect.advice import ADVISORS
+
+    return (FdPressure, ShmPressure, BatchShape, RngDuplication, *ADVISORS)
 
 
 def build(thresholds_by_playbook: Mapping[str, Mapping[str, float]],

@@ -2,7 +2,9 @@
 
 An incident directory appears complete or not at all: it is written under
 ``.tmp-<id>`` (which listings ignore) and renamed into place.  Run directories
-(``.runs/``) hold a run in progress and are never listed as incidents.
+(``.runs/``) hold a run in progress and are never listed as incidents; run summaries
+(``runs/<run-id>/summary.json`` and ``summary.md``) are written the same way and listed
+apart (``dlwatch report --runs``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dlwatch.redact import redact_obj
 SCHEMA_VERSION = 1
 TRIGGERS = ("exception", "stall", "threshold", "exit", "attach")
 RUNS_DIR = ".runs"
+SUMMARIES_DIR = "runs"  # <report_dir>/runs/<run-id>/summary.json: run summaries, never listed as incidents
 TMP_PREFIX = ".tmp-"
 REQUIRED_KEYS = ("schema_version", "id", "created_at", "trigger", "pid")
 
@@ -171,7 +174,7 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
 
 
 def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
-    """``dlwatch report [TARGET]`` -> ("list", dir) or ("show", incident path)."""
+    """``dlwatch report [TARGET]`` -> ("list", dir), ("show", incident path) or ("summary", run path)."""
     if target is None:
         return "list", default_dir
     if os.path.isdir(target):
@@ -181,7 +184,117 @@ def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
     if os.path.isfile(target) and os.path.basename(target) == "report.json":
         return "show", os.path.dirname(target) or "."
     candidate = os.path.join(default_dir, target)
+    if os.sep not in target and os.path.isdir(candidate) and os.path.exists(os.path.join(candidate, "report.json")):
+        return "show", candidate
+    run = os.path.join(default_dir, SUMMARIES_DIR, target)
+    if os.sep not in target and os.path.isfile(os.path.join(run, "summary.json")):
+        return "summary", run
+    if os.path.isfile(os.path.join(target, "summary.json")):
+        return "summary", target
+    if os.path.isfile(target) and os.path.basename(target) == "summary.json":
+        return "summary", os.path.dirname(target) or "."
     if os.sep not in target and os.path.isdir(candidate):
         return "show", candidate
     raise NotFoundError(f"no incident or report directory named {target!r} (looked in {default_dir})",
                         help="run `dlwatch report` to list incident ids")
+
+
+# --------------------------------------------------------------------------- run summaries
+
+
+def write_summary(report_dir: str, summary: dict[str, Any], *,
+                  render_markdown: Callable[[Mapping[str, Any]], str]) -> str:
+    """Write ``<report_dir>/runs/<id>/`` (summary.json, summary.md) atomically; return its path."""
+    summary = redact_obj(summary)
+    base = os.path.join(report_dir, SUMMARIES_DIR)
+    make_private_dir(base)
+    final = os.path.join(base, summary["id"])
+    tmp = os.path.join(base, TMP_PREFIX + summary["id"])
+    try:
+        make_private_dir(tmp)
+        write_json(os.path.join(tmp, "summary.json"), summary)
+        write_private(os.path.join(tmp, "summary.md"), render_markdown(summary))
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_summary(path: str) -> dict[str, Any]:
+    """Load and check one summary.json (or the run directory holding it)."""
+    from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
+
+    if os.path.isdir(path):
+        path = os.path.join(path, "summary.json")
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
+    except PermissionError:
+        raise ReportError(f"cannot read {path}: permission denied") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
+                          help="it was not written by a complete dlwatch run; remove it") from None
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND or any(k not in data for k in SUMMARY_KEYS):
+        raise ReportError(f"{path} is not a dlwatch run summary (missing keys)")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise ReportError(f"{path} has no valid schema_version")
+    if version > SUMMARY_SCHEMA_VERSION:
+        raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands "
+                          f"({SUMMARY_SCHEMA_VERSION})", help="upgrade dlwatch (pip install -U dlwatch)")
+    return data
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: str
+    path: str
+    created_at: str
+    batches: int
+    epochs: int
+    data_wait_share: float | None
+    advice: tuple[str, ...]
+    incidents: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["advice"] = list(self.advice)
+        return d
+
+
+def list_runs(report_dir: str) -> tuple[list[RunInfo], list[str]]:
+    """Run summaries newest first, and one warning per damaged entry (skipped, not fatal)."""
+    if not os.path.isdir(report_dir):
+        raise NotFoundError(f"no report directory {report_dir}",
+                            help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named")
+    base = os.path.join(report_dir, SUMMARIES_DIR)
+    found: list[RunInfo] = []
+    warnings: list[str] = []
+    try:
+        names = os.listdir(base)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    for name in names:
+        path = os.path.join(base, name)
+        if name.startswith(".") or not os.path.isfile(os.path.join(path, "summary.json")):
+            continue
+        try:
+            data = load_summary(path)
+        except ReportError as exc:
+            warnings.append(f"skipped run {name}: {exc.message}")
+            continue
+        loop = data.get("loop") if isinstance(data.get("loop"), dict) else {}
+        share = loop.get("data_wait_share")
+        found.append(RunInfo(
+            id=str(data["id"]), path=path, created_at=str(data["created_at"]),
+            batches=int(loop.get("batches") or 0), epochs=int(loop.get("epochs") or 0),
+            data_wait_share=float(share) if isinstance(share, (int, float)) else None,
+            advice=tuple(str(f.get("playbook")) for f in data.get("advice") or () if isinstance(f, dict)),
+            incidents=len(data.get("incidents") or ())))
+    found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    return found, warnings
