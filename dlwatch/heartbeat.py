@@ -127,8 +127,17 @@ class HeartbeatWriter:
             return 0.0
         return max(0.0, (self.ts_last_batch - self.ts_first_batch) - (self.total_wait_s - self.epoch_wait_base_s))
 
+    def _sync_hot(self) -> None:
+        """Take the hot fields back from the mapping: the per-batch path packs them there only."""
+        try:
+            _state, _seq, batches, ts_last, wait, interval, _seq2 = _HOT.unpack_from(self._mm, HOT_OFFSET)
+        except (ValueError, struct.error):
+            return
+        self.batches, self.ts_last_batch, self.total_wait_s, self.last_interval_s = batches, ts_last, wait, interval
+
     def begin_epoch(self) -> None:
         """A new epoch's iterator: close the previous epoch's body time (cold path, once per epoch)."""
+        self._sync_hot()
         self.closed_step_s += self.epoch_step_s()
         self.epochs += 1
         self.epoch_start_batches = self.batches
@@ -136,14 +145,19 @@ class HeartbeatWriter:
 
     def first_batch(self, t0: float, t1: float) -> None:
         """The epoch's first batch arrived (waited from t0 to t1): the cold fields change too."""
+        self._sync_hot()
         self.batches += 1
         self.total_wait_s += t1 - t0
         self.total_first_wait_s += t1 - t0
         self.ts_last_batch = self.ts_first_batch = t1
         self.epoch_wait_base_s = self.total_wait_s
-        self.write(STATE_BODY)
+        self._write(STATE_BODY)
 
     def write(self, state: int) -> None:
+        self._sync_hot()
+        self._write(state)
+
+    def _write(self, state: int) -> None:
         seq = self.batches
         self.cseq = cseq = self.cseq + 1
         self._pack(self._mm, 0, MAGIC, state, seq, self.batches, self.ts_last_batch, self.total_wait_s,

@@ -41,6 +41,12 @@ def thread_info(t: threading.Thread) -> dict[str, Any]:
     return {"name": t.name, "daemon": t.daemon, "ident": t.ident, "runs": _where(target) if target else None}
 
 
+# Threads that are safe across fork: multiprocessing's queue feeder threads (a Queue resets its
+# locks in the child, register_after_fork), and the DataLoader's own threads (a previous
+# epoch's pin-memory thread), which torch stops and manages itself.
+_FORK_SAFE_TARGETS = ("multiprocessing.queues.Queue._feed", "torch.utils.data.")
+
+
 def _other_threads() -> list[dict[str, Any]]:
     me = threading.current_thread()
     main = threading.main_thread()
@@ -48,7 +54,10 @@ def _other_threads() -> list[dict[str, Any]]:
     for t in threading.enumerate():
         if t is me or t is main or not t.is_alive():
             continue
-        out.append(thread_info(t))
+        info = thread_info(t)
+        if info["runs"] and info["runs"].startswith(_FORK_SAFE_TARGETS):
+            continue
+        out.append(info)
     return out
 
 

@@ -93,7 +93,7 @@ class InputBound(_Advisor):
         }
         if not num_workers:
             main = run.get("main") or {}
-            ev.update(cause="main-process-loading", main_cpu_util=main.get("cpu_util"))
+            ev = {"cause": "main-process-loading", **ev, "main_cpu_util": main.get("cpu_util")}
             return advice_signal(self.playbook, t["confidence"], **ev)
         tot = worker_totals(workers)
         shares = tot["state_share"] or {}
@@ -112,7 +112,7 @@ class InputBound(_Advisor):
                 cause = "cpu-saturated"
         else:
             cause = "unknown"
-        ev["cause"] = cause
+        ev = {"cause": cause, **ev}  # first: the terminal view shows the first few keys
         return advice_signal(self.playbook, t["confidence"] if cause != "unknown" else 0.6, **ev)
 
 
