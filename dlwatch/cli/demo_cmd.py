@@ -249,11 +249,11 @@ def list_lines(directory: str) -> Iterator[str]:
 
 def table_lines(outcomes: Sequence[Outcome]) -> Iterator[str]:
     """The `dlwatch demo all` table, then the two numbers the README quotes."""
-    yield f"{'EXAMPLE':<20} {'EXPECTED':<32} {'TOP FINDING':<38} {'MATCHED':<8} TIME"
+    yield f"{'EXAMPLE':<18} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
     for o in outcomes:
         matched = {True: "yes", False: "NO", None: "skipped"}[o.matched]
         expected = o.expected or (f"advice {ADVICE[o.name] or 'none'}" if o.is_advice_example else "(no incident)")
-        yield f"{o.name:<20} {expected:<32} {o.top:<38} {matched:<8} {o.seconds:.1f} s"
+        yield f"{o.name:<18} {expected:<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
     failing = [o for o in outcomes if o.expected is not None and o.matched is not None]
     healthy = [o for o in outcomes if o.expected is None and o.matched is not None and not o.is_advice_example]
     advised = [o for o in outcomes if o.is_advice_example and ADVICE[o.name] and o.matched is not None]
