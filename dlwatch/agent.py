@@ -224,6 +224,7 @@ class Watch:
         self._iterated = False  # the watch object itself was iterated (the `as` form)
         self.summary: dict[str, Any] | None = None  # the run summary, after the block (see dlwatch.report.summary)
         self._preflight_sent: set[str] = set()
+        self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
         self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
 
@@ -474,6 +475,10 @@ class Watch:
         if not self._monitor_warned:
             self._monitor_warned = True
             _warn(f"the monitor process exited early (exit code {code}); this run was not fully watched")
+        try:
+            self._fallback_summary(pending)
+        except Exception:
+            pass
         if pending is not None:  # nothing is lost: write the exception incident ourselves
             try:
                 from dlwatch.report.build import exception_report_from_run
@@ -567,15 +572,42 @@ class Watch:
             if pid in self._ignored or pid in self._preflight_sent:
                 continue
             self._preflight_sent.add(pid)
+            self._preflight_signals.append(sig)
             if self._events_path:
                 events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
             pb = self._advice_pbs.get(pid)
             warnings.warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
                           stacklevel=_user_stacklevel())
 
+    def _fallback_summary(self, pending: dict[str, Any] | None) -> None:
+        """The monitor is gone: a summary from the heartbeat and the preflight findings, written here."""
+        from dlwatch import heartbeat as hbmod
+        from dlwatch.detect.advice import to_finding
+        from dlwatch.detect.runstats import RunStats
+        from dlwatch.report import summary as sm
+
+        if not self.run_dir:
+            return
+        now = time.time()
+        s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=os.getpid(), now=now,
+                        started_at=self._entered_at)
+        s["ended"] = "exception" if pending is not None else "clean"
+        s["cpus"] = self._cpus
+        s["loop"] = RunStats(self._entered_at).loop(hbmod.read(os.path.join(self.run_dir, "heartbeat")), now)
+        s["preflight"] = [to_finding(sig, self._advice_pbs) for sig in self._preflight_signals]
+        s["notes"].append("the monitor process was not running at the end of the block: this summary was "
+                          "written by the training process and has no per-process figures and no advice")
+        self.summary = s
+        for base in (self.report_dir, store.fallback_dir()):
+            try:
+                store.write_summary(base, s, render_markdown=sm.render_markdown)
+                return
+            except OSError:
+                continue
+
     def _read_summary(self) -> None:
         """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""
-        if not self.run_dir:
+        if not self.run_dir or self.summary is not None:
             return
         try:
             with open(os.path.join(self.run_dir, "summary"), encoding="utf-8") as f:
@@ -627,6 +659,17 @@ class Watch:
             events.emit(self._events_path, "batch_shape", **evidence)
 
 
+class _EpochState:
+    """The per-epoch state of a _TimedIterator, in an object of its own.
+
+    _TimedIterator defines ``__getattr__`` (attribute fall-through), which makes every
+    ``self.x`` in its ``__next__`` take CPython's slow attribute path (~135 ns a batch);
+    attributes of this plain slotted object stay on the fast path.
+    """
+
+    __slots__ = ("next", "hb", "pack", "mm", "watch", "probe", "check_at", "prev", "base", "done")
+
+
 class _TimedIterator:
     """Wraps one epoch's iterator: times each batch into the heartbeat, and is otherwise the iterator.
 
@@ -639,22 +682,22 @@ class _TimedIterator:
     the cold path (the full record).  Everything else is kept off this path (see bench/).
     """
 
-    __slots__ = ("_it", "_next", "_hb", "_pack", "_mm", "_watch", "_probe", "_check_at", "_prev",
-                 "_base", "_done")
+    __slots__ = ("_it", "_s")
 
     def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
         self._it = it
-        self._next = it.__next__
-        self._hb = hb
-        self._pack = hb.HOT.pack_into
-        self._mm = hb.mm
-        self._watch = watch
-        self._probe = watch._shape_probe
-        self._base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
+        s = self._s = _EpochState()
+        s.next = it.__next__
+        s.hb = hb
+        s.pack = hb.HOT.pack_into
+        s.mm = hb.mm
+        s.watch = watch
+        s.probe = watch._shape_probe
+        s.base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
         # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
-        self._check_at = self._base + self._probe.next_check(0) + 1 if self._probe is not None else -1
-        self._prev = 0.0  # when the previous batch was handed out: the loop body started
-        self._done = False
+        s.check_at = s.base + s.probe.next_check(0) + 1 if s.probe is not None else -1
+        s.prev = 0.0  # when the previous batch was handed out: the loop body started
+        s.done = False
 
     def __iter__(self) -> "_TimedIterator":
         return self
@@ -667,46 +710,49 @@ class _TimedIterator:
 
     def __next__(self) -> Any:
         t0 = _monotonic()
-        prev = self._prev
+        s = self._s
+        prev = s.prev
         if prev:
-            self._mm[_STATE_OFFSET] = STATE_WAITING
+            s.mm[_STATE_OFFSET] = STATE_WAITING
         else:  # the first wait of an epoch has its own, longer allowance: say when it began
-            self._hb.ts_wait_start = t0
-            self._hb.write(STATE_WAITING)
+            s.hb.ts_wait_start = t0
+            s.hb.write(STATE_WAITING)
         try:
-            batch = self._next()
+            batch = s.next()
         except StopIteration:
             self._end()
             raise
         except BaseException as exc:
-            self._watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
+            s.watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
             self._end()
             raise
         t1 = _monotonic()
-        self._prev = t1
-        hb = self._hb
+        s.prev = t1
+        hb = s.hb
         if prev:
             hb.batches = n = hb.batches + 1
             hb.total_wait_s = wait = hb.total_wait_s + (t1 - t0)
-            self._pack(self._mm, _HOT_OFFSET, STATE_BODY, n, n, t1, wait, t1 - prev, n)  # seq = batches
+            s.pack(s.mm, _HOT_OFFSET, STATE_BODY, n, n, t1, wait, t1 - prev, n)  # seq = batches
         else:
             hb.first_batch(t0, t1)
             n = hb.batches
-        if n == self._check_at:
+        if n == s.check_at:
             self._shape_check(batch, n)
         return batch
 
     def _shape_check(self, batch: Any, n: int) -> None:
-        index = n - 1 - self._base
-        self._watch._check_shape(batch, index)
-        self._check_at = self._base + self._probe.next_check(index + 1) + 1
+        s = self._s
+        index = n - 1 - s.base
+        s.watch._check_shape(batch, index)
+        s.check_at = s.base + s.probe.next_check(index + 1) + 1
 
     def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            if self._watch._hb is self._hb:
-                self._hb.write(STATE_OUTSIDE)
-                self._watch._check_monitor()
+        s = self._s
+        if not s.done:
+            s.done = True
+            if s.watch._hb is s.hb:
+                s.hb.write(STATE_OUTSIDE)
+                s.watch._check_monitor()
 
     def __del__(self) -> None:
         # A loop left with `break` drops its iterator: the loop is no longer running

@@ -246,3 +246,22 @@ def test_tensors_in_and_sampler_state():
     ne = NoEpoch()
     ne.epoch, ne.shuffle, ne.seed = 3, True, 7
     assert preflight.sampler_state(Loader(ne))["sampler_epoch"] == 3
+
+
+def test_summary_written_by_the_training_process_when_the_monitor_is_gone(tmp_path, no_leftovers):
+    import signal
+    import warnings
+
+    from conftest import wait_for
+
+    dl = DataLoader(Squares(40), batch_size=4, num_workers=0)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as w:
+            os.kill(w.monitor_pid, signal.SIGKILL)
+            wait_for(lambda: w._monitor.poll() is not None, 5)
+            batches_of(w)
+    s = w.summary
+    assert s["loop"]["batches"] == 10 and s["ended"] == "clean" and s["workers"] == []
+    assert any("monitor process was not running" in n for n in s["notes"])
+    assert store.load_summary(str(tmp_path / "runs" / s["id"]))["id"] == s["id"]
