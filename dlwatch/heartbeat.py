@@ -182,6 +182,21 @@ class HeartbeatWriter:
             pass
 
 
+def parse(raw: bytes) -> Heartbeat | None:
+    """One record from bytes read elsewhere (e.g. by attach with the target's rights); None if torn."""
+    if len(raw) < SIZE:
+        return None
+    (magic, state, seq, batches, ts_last, wait_s, interval_s, seq2, cseq, epochs, epoch_start, pid,
+     ts_wait, ts_first, wait_base, closed_step, first_wait_s, cseq2) = _REC.unpack(raw[:SIZE])
+    if magic != MAGIC or seq != seq2 or cseq != cseq2:
+        return None
+    step = closed_step
+    if ts_first > 0:
+        step += max(0.0, (ts_last - ts_first) - (wait_s - wait_base))
+    return Heartbeat(batches, max(0, batches - epoch_start), epochs, state, pid, ts_last, ts_wait,
+                     wait_s, step, interval_s, ts_first, first_wait_s)
+
+
 def read(path: str) -> Heartbeat | None:
     """A consistent snapshot, or None if the file is missing or torn on every try."""
     try:
@@ -189,18 +204,11 @@ def read(path: str) -> Heartbeat | None:
             for _ in range(20):
                 f.seek(0)
                 raw = f.read(SIZE)
-                if len(raw) != SIZE:
+                if len(raw) != SIZE or raw[:8] != MAGIC:
                     return None
-                (magic, state, seq, batches, ts_last, wait_s, interval_s, seq2, cseq, epochs, epoch_start, pid,
-                 ts_wait, ts_first, wait_base, closed_step, first_wait_s, cseq2) = _REC.unpack(raw)
-                if magic != MAGIC:
-                    return None
-                if seq == seq2 and cseq == cseq2:
-                    step = closed_step
-                    if ts_first > 0:
-                        step += max(0.0, (ts_last - ts_first) - (wait_s - wait_base))
-                    return Heartbeat(batches, max(0, batches - epoch_start), epochs, state, pid, ts_last, ts_wait,
-                                     wait_s, step, interval_s, ts_first, first_wait_s)
+                hb = parse(raw)
+                if hb is not None:
+                    return hb
                 time.sleep(0.0005)
     except OSError:
         return None
