@@ -265,3 +265,16 @@ def test_summary_written_by_the_training_process_when_the_monitor_is_gone(tmp_pa
     assert s["loop"]["batches"] == 10 and s["ended"] == "clean" and s["workers"] == []
     assert any("monitor process was not running" in n for n in s["notes"])
     assert store.load_summary(str(tmp_path / "runs" / s["id"]))["id"] == s["id"]
+
+
+def test_fd_limit_low_for_real_under_a_low_limit(tmp_path, target):
+    t = target("preflight_fds.py", str(tmp_path))
+    out, err = t.communicate(timeout=60)
+    assert t.proc.returncode == 0, err[-2000:]
+    lines = out.splitlines()
+    assert "DONE" in lines
+    (found,) = [ln for ln in lines if ln.startswith("PREFLIGHT fd-limit-low ")]
+    ev = json.loads(found.split(" ", 2)[2])
+    assert ev["fd_limit"] == 256 and ev["tensors_per_batch"] == 40 and ev["fds_in_flight"] == 200
+    assert ev["sharing_strategy"] == "file_descriptor" and ev["num_fds"] > 0
+    assert [ln for ln in lines if ln.startswith("WARNING ") and "fd-limit-low" in ln]
