@@ -272,7 +272,7 @@ class Monitor:
         """An advice signal (a detector's, or an event from the training process): for the summary only.
 
         ``stage: "preflight"`` marks the training process's checks made before the workers started.
-        The first signal of a playbook id is kept; the timeline has each one.
+        The first signal of a playbook id is kept, noted like any event (timeline, later reports).
         """
         pid = sig.get("playbook")
         if not isinstance(pid, str) or not pid or pid in self.ignore:
@@ -281,7 +281,8 @@ class Monitor:
         if pid in kept or len(kept) >= 64:
             return
         kept[pid] = dict(sig)
-        self.timeline.append({"kind": "event", "ts": time.time(), **{k: v for k, v in sig.items() if k != "kind"}})
+        # in the timeline and in every later report's events: a stall after fork-with-threads shows both
+        self._note({"ts": time.time(), **{k: v for k, v in sig.items() if k != "kind"}})
 
     # ------------------------------------------------------------------ sampling
 

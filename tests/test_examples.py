@@ -273,3 +273,14 @@ def test_balanced_run_earns_no_advice(report_dir):
     assert s["loop"]["epochs"] == 3 and s["loop"]["steady_data_wait_share"] < 0.2
     assert s["loop"]["steady_data_wait_s"] + s["loop"]["body_s"] >= 5  # long enough that input-bound was judged
     assert "dlwatch:" not in run.stderr and "no advice" in run.stdout
+
+
+def test_deadlock_incident_carries_the_fork_with_threads_preflight(report_dir):
+    # the preflight finding, made before the workers forked, names the thread that held the lock
+    run = run_example("deadlock", report_dir)
+    (path,) = run.reports
+    (pre,) = [e for e in load(path)["events"] if e.get("event") == "advice" and e.get("stage") == "preflight"]
+    assert pre["playbook"] == "fork-with-threads" and pre["start_method"] == "fork"
+    assert [t["name"] for t in pre["threads"]] == ["Thread-1 (refresh_in_background)"]
+    assert "refresh_in_background" in pre["threads"][0]["runs"] and "deadlock.py" in pre["threads"][0]["runs"]
+    assert "DlwatchWarning: dlwatch: fork-with-threads" in run.stderr
