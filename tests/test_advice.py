@@ -175,6 +175,14 @@ def test_prefetch_quiet_on_default_depth_and_small_batches(loader):
     assert judge(PrefetchTooDeep, run(), loader) is None
 
 
+def test_prefetch_measured_in_shared_memory():
+    # /dev/shm held the batches: the advice stands; it never held them: the computed bytes were not in flight
+    held = run(peaks={"shm": {"used_peak": 150 * MIB, "total": 8 << 30}})
+    assert judge(PrefetchTooDeep, held, DEEP)["shm_used_peak"] == 150 * MIB
+    empty = run(peaks={"shm": {"used_peak": 2 * MIB, "total": 8 << 30}})
+    assert judge(PrefetchTooDeep, empty, DEEP) is None
+
+
 def test_prefetch_quiet_when_the_workers_are_busy():
     r = run(workers=[worker(0, 0.9, 0.9, blocked=0.1), worker(1, 0.9, 0.9, blocked=0.1)])
     assert judge(PrefetchTooDeep, r, DEEP) is None

@@ -237,6 +237,7 @@ def test_prefetch_too_deep(report_dir):
     assert ev["prefetch_factor"] == 8 and ev["batch_bytes"] == 16 * 3 * 224 * 224 * 4 + 16 * 8
     assert ev["inflight_bytes"] == ev["batch_bytes"] * 2 * 8 and ev["saves_bytes"] == ev["batch_bytes"] * 2 * 6
     assert ev["blocked_put_share"] >= 0.5
+    assert ev["shm_used_peak"] >= 0.5 * ev["inflight_bytes"]  # the memory was measured in /dev/shm
 
 
 def test_too_many_workers(report_dir):

@@ -157,7 +157,7 @@ class PrefetchTooDeep(_Advisor):
 
     playbook = "prefetch-too-deep"
     defaults = {"min_prefetch": 3, "blocked_share": 0.5, "min_inflight_bytes": 64 * MIB, "keep_prefetch": 2,
-                "confidence": 0.75}
+                "measured_share": 0.5, "confidence": 0.75}
 
     def judge(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> dict[str, Any] | None:
         t = self.thresholds
@@ -173,12 +173,15 @@ class PrefetchTooDeep(_Advisor):
         blocked = (tot["state_share"] or {}).get("blocked_put")
         if blocked is None or blocked < t["blocked_share"]:
             return None
+        shm_peak = ((run.get("peaks") or {}).get("shm") or {}).get("used_peak")
+        if isinstance(shm_peak, int) and shm_peak < t["measured_share"] * inflight:
+            return None  # /dev/shm never held that much: the batches were not in flight (measured, not assumed)
         keep = int(t["keep_prefetch"])
         return advice_signal(self.playbook, t["confidence"], prefetch_factor=pf, num_workers=nw, batch_bytes=bb,
                              inflight_bytes=inflight, blocked_put_share=blocked,
                              steady_data_wait_share=(run.get("loop") or {}).get("steady_data_wait_share"),
                              suggested_prefetch_factor=keep, saves_bytes=bb * nw * (pf - keep),
-                             shm_used_peak=((run.get("peaks") or {}).get("shm") or {}).get("used_peak"))
+                             shm_used_peak=shm_peak)
 
 
 # --------------------------------------------------------------------------- too-many-workers
