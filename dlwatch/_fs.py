@@ -1,68 +1,235 @@
 """Private, atomic files: every directory dlwatch creates is 0700, every file 0600.
 
 Reports leave the machine on tickets; run directories hold stack dumps.  Both
-are private to the user by construction, not by umask luck.
+are private to the user by construction, not by umask luck, and dlwatch runs
+next to other users (and as root on their jobs): it never writes through a
+link it did not make, never opens a file another user could have prepared,
+and uses an existing directory only when no other user can change it.
+
+- ``make_private_dir`` creates each missing level 0700 and checks every level
+  after creating it (a directory, ours, 0700); a failed chmod is an error.
+- ``check_report_dir`` says whether an existing directory may hold reports.
+- ``create_private`` creates a file with O_CREAT|O_EXCL|O_NOFOLLOW;
+  ``open_private`` appends to one only when it is a regular file of ours.
+- Everything written goes through ``dlwatch.redact.outbound`` on its way out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, Iterable
+
+from dlwatch.redact import outbound, outbound_bytes
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeDirError(PermissionError):
+    """A directory another user could change: dlwatch does not write there."""
+
+
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _trusted_owner(st: os.stat_result) -> bool:
+    return st.st_uid in (os.geteuid(), 0)
+
+
+def _sticky_shared(st: os.stat_result) -> bool:
+    """/tmp-like: world-writable with the sticky bit (nobody can move another user's entries)."""
+    return bool(st.st_mode & stat.S_ISVTX) and bool(st.st_mode & stat.S_IWOTH)
+
+
+def _check_ancestors(real: str) -> None:
+    """Every directory above ``real`` (a resolved path) is one no other user can rename things in."""
+    head = os.path.dirname(real)
+    while True:
+        st = os.lstat(head)
+        if not _trusted_owner(st) or (st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX):
+            raise UnsafeDirError(f"{head} is owned by {_who(st.st_uid)} or writable by others "
+                                 f"(mode {stat.S_IMODE(st.st_mode):o}): another user could replace what is below it")
+        parent = os.path.dirname(head)
+        if parent == head:
+            return
+        head = parent
+
+
+def check_links(path: str) -> None:
+    """Every symbolic link on the way to ``path`` is ours or root's, in a directory no other user can
+    change: otherwise its owner could point it elsewhere between our check and our write."""
+    cur = os.sep
+    for part in os.path.abspath(path).split(os.sep):
+        if not part:
+            continue
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            if not _trusted_owner(st):
+                raise UnsafeDirError(f"{cur} is a symbolic link owned by {_who(st.st_uid)}, not by you")
+            _check_ancestors(os.path.join(os.path.realpath(os.path.dirname(cur)), "x"))
+
+
+def check_report_dir(path: str) -> str:
+    """``path`` (an existing directory) if reports may go there; raises UnsafeDirError otherwise.
+
+    It must be ours (the effective uid) and not writable by group or others.  A
+    symlink to such a directory (a scratch disk) is fine when the link is ours
+    or root's.  A sticky world-writable directory (``/tmp``) is not used
+    itself: ``sticky_parent`` is True for it and the caller makes a private
+    child.  Every directory above it must be ours or root's, and not writable by
+    others unless sticky.
+    """
+    check_links(path)
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
+    _check_ancestors(real)
+    if st.st_uid != os.geteuid():
+        raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirError(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+    return path
+
+
+def sticky_parent(path: str) -> bool:
+    """True for an existing sticky world-writable directory such as /tmp."""
+    try:
+        return _sticky_shared(os.stat(path))
+    except OSError:
+        return False
+
+
+def verify_created(path: str) -> None:
+    """A level we just made: a real directory (no link), ours, and exactly 0700 (chmod must work)."""
+    fd = os.open(path, _DIR_OPEN)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafeDirError(f"{path} was replaced by a directory of {_who(st.st_uid)}")
+        if stat.S_IMODE(st.st_mode) != DIR_MODE:
+            os.fchmod(fd, DIR_MODE)  # whatever the umask; an error here is an error
+    finally:
+        os.close(fd)
 
 
 def make_private_dir(path: str) -> str:
-    """Create ``path`` and any missing parents, each 0700; existing directories are left as they are.
+    """Create ``path`` and any missing parents, each 0700 and checked; an existing ``path`` must pass
+    :func:`check_report_dir` (existing parents only the ancestor check).
 
     (os.makedirs gives only the leaf its mode: the parents it creates would be 0777 & ~umask.)
     """
     missing = []
     head = os.path.abspath(path)
-    while head and not os.path.isdir(head):
+    while not os.path.lexists(head):
         missing.append(head)
         parent = os.path.dirname(head)
         if parent == head:
             break
         head = parent
+    if not missing:
+        check_report_dir(path)
+        return path
+    check_links(head)
+    _check_ancestors(os.path.join(os.path.realpath(head), "x"))
     for d in reversed(missing):
-        try:
-            os.mkdir(d, DIR_MODE)
-        except FileExistsError:
-            if not os.path.isdir(d):
-                raise
-            continue
-        os.chmod(d, DIR_MODE)  # whatever the umask
+        os.mkdir(d, DIR_MODE)  # FileExistsError: someone raced us to it; not ours to use
+        verify_created(d)
     return path
 
 
-def open_private(path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:
-    fd = os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+def make_private_child(parent: str, name: str) -> str:
+    """Create ``parent/name`` exclusively (it must not exist), 0700, checked; the parent must be safe."""
+    path = os.path.join(parent, name)
+    os.mkdir(path, DIR_MODE)
+    verify_created(path)
+    return path
+
+
+def _check_file(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        raise UnsafeDirError(f"{path} is not a private regular file of yours")
+    if stat.S_IMODE(st.st_mode) != FILE_MODE:
+        os.fchmod(fd, FILE_MODE)  # an error here is an error, not ignored
+
+
+def create_private(path: str, flags: int = os.O_WRONLY) -> int:
+    """A new file, 0600: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file or link is an error)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
-        os.fchmod(fd, FILE_MODE)  # a file that existed keeps its old mode otherwise
-    except OSError:
-        pass
+        _check_file(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
-def write_private(path: str, data: bytes | str) -> None:
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    fd = open_private(path)
+def open_private(path: str, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
+    """Create ``path`` as :func:`create_private` does, or open the existing one when it is a private
+    regular file of ours (O_NOFOLLOW: never through a link).  For files several processes append to."""
+    if flags & os.O_CREAT:
+        try:
+            return create_private(path, flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC))
+        except FileExistsError:
+            pass
+    fd = os.open(path, (flags & ~(os.O_CREAT | os.O_EXCL)) | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _check_file(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_private(path: str, data: bytes | str) -> None:
+    """A new private file holding ``data`` (text, redacted on the way out)."""
+    fd = create_private(path)
+    try:
+        _write_all(fd, outbound_bytes(data))
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def write_json(path: str, obj: Any) -> None:
-    write_private(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    data = json.dumps(outbound(obj), indent=2, sort_keys=False) + "\n"
+    fd = create_private(path)
+    try:
+        _write_all(fd, data.encode("utf-8", "surrogateescape"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def json_line(record: Any) -> bytes:
+    """One redacted JSON line, for the append-only files (events, timeline)."""
+    return (json.dumps(outbound(record)) + "\n").encode("utf-8", "surrogateescape")
 
 
 def write_jsonl(path: str, records: Iterable[Any]) -> None:
-    write_private(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
+    fd = create_private(path)
+    try:
+        _write_all(fd, b"".join(json_line(r) for r in records))
+        os.fsync(fd)
+    finally:
+        os.close(fd)

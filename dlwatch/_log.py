@@ -22,10 +22,10 @@ def get_logger(name: str = "dlwatch") -> Any:
     import structlog
     from structlog.stdlib import BoundLogger
 
-    from dlwatch.redact import redact
+    from dlwatch.redact import outbound
 
     def _redact(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-        return {k: redact(v) if isinstance(v, str) else v for k, v in event_dict.items()}
+        return outbound(event_dict)  # the one redaction point, as for files and CLI output
 
     return structlog.wrap_logger(
         logging.getLogger(name),

@@ -18,19 +18,22 @@ import multiprocessing
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
 from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
-from dlwatch._fs import make_private_dir, write_json
+from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
+from dlwatch.job import rank_info
 from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
-from dlwatch.worker_hook import WorkerHook, allow_ptrace_from
+from dlwatch.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
 
 
 MONITOR_STOP_TIMEOUT_S = 10.0
@@ -106,6 +109,9 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
     user_init = loader.worker_init_fn
     if isinstance(user_init, WorkerHook):
         user_init = user_init.user_fn
+    collate = loader.collate_fn
+    if isinstance(collate, CollateHook):
+        collate = collate.user_fn
     return {
         "class": _qualname(type(loader)),
         "batch_size": loader.batch_size,
@@ -117,7 +123,7 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
         "timeout": loader.timeout,
         "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None,
         "sharing_strategy": strategy,
-        "collate_fn": _qualname(loader.collate_fn),
+        "collate_fn": _qualname(collate),
         "worker_init_fn": _qualname(user_init),
         "sampler": _qualname(type(loader.sampler)) if getattr(loader, "sampler", None) is not None else None,
         "dataset": _qualname(type(dataset)),
@@ -174,6 +180,23 @@ def _watched_class(cls: type) -> type:
     return sub
 
 
+def _hold_sigchld() -> Any:
+    """Set a Python-level SIGCHLD handler (torch's) aside; return it, or None where there was none.
+
+    SIG_DFL, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
+    """
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            return None  # handlers can be set, and run, in the main thread only
+        current = signal.getsignal(signal.SIGCHLD)
+        if not callable(current):
+            return None
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        return current
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 class Watch:
     """Context manager returned by :func:`watch`; iterate it (once per epoch) or the loader itself."""
 
@@ -201,8 +224,14 @@ class Watch:
                 if pb.id == "batch-dim-mismatch":
                     self.thresholds["check_first"] = pb.threshold("check_first", 8)
                     self.thresholds["sample_every"] = pb.threshold("sample_every", 64)
+                    self.thresholds["confirm_batches"] = pb.threshold("confirm_batches", 8)
                 elif pb.id == "rng-duplication":
                     self.thresholds["attribute_depth"] = pb.threshold("attribute_depth", 2)
+        self._prometheus: dict[str, Any] = {}
+        if self.options.enabled:
+            from dlwatch.report.prom import prom_options
+
+            self._prometheus = prom_options()  # a bad DLWATCH_PROM_* value: ValueError now, naming the fix
         self._loader: Any = loader
         self._active = False
         self.run_dir: str | None = None
@@ -213,6 +242,7 @@ class Watch:
         self._monitor_warned = False
         self._swapped = False
         self._hook: WorkerHook | None = None
+        self._collate_hook: CollateHook | None = None
         self._loader_error: BaseException | None = None
         self._shape_probe: Any = None
         self._worker_pids: tuple[int, ...] = ()
@@ -227,6 +257,7 @@ class Watch:
         self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
         self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
+        self.stop_in_background = False  # `dlwatch run`: stop the monitor off the training thread
 
     @property
     def monitor_pid(self) -> int | None:
@@ -269,21 +300,29 @@ class Watch:
 
     def _make_run_dir(self) -> str:
         run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
-        for base in (self.options.report_dir, store.fallback_dir()):
+        for base in (self.options.report_dir, None):
             try:
-                path = os.path.join(base, store.RUNS_DIR, run_id)
-                make_private_dir(path)
-                make_private_dir(os.path.join(path, "dumps"))
+                # an existing report directory must be ours and private; /tmp-like ones get a private child
+                base_dir = store.prepare_report_dir(base) if base is not None else store.fallback_dir()
+                runs = os.path.join(base_dir, store.RUNS_DIR)
+                make_private_dir(runs)
+                path = make_private_child(runs, run_id)
+                make_private_child(path, "dumps")
                 probe = os.path.join(path, ".write-test")
-                with open(probe, "wb") as f:
-                    f.write(b"x")
+                fd = create_private(probe)
+                try:
+                    os.write(fd, b"x")
+                finally:
+                    os.close(fd)
                 os.unlink(probe)
             except OSError as exc:
-                if base == self.options.report_dir:
-                    _warn(f"report directory {base!r} is not writable ({exc.strerror or exc}); "
+                if base is not None:
+                    why = f"is not safe: {exc}" if isinstance(exc, UnsafeDirError) else \
+                        f"is not writable ({exc.strerror or exc})"
+                    _warn(f"report directory {base!r} {why}; "
                           f"writing reports to {store.fallback_dir()!r} instead")
                 continue
-            self.report_dir = base
+            self.report_dir = base_dir
             return path
         raise OSError("no writable report directory")
 
@@ -312,6 +351,9 @@ class Watch:
             "cpus": self._usable_cpus(),
             "argv": redact_argv(list(sys.argv)),
             "python": sys.executable,
+            "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
+            "prometheus": self._prometheus,
+            "program_run": os.environ.get("DLWATCH_PROGRAM_RUN") or None,  # set by `dlwatch run`
         })
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
@@ -323,15 +365,15 @@ class Watch:
         self._active = True
 
     def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
-        env = dict(os.environ)
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from dlwatch._spawn import python_argv
+
+        # Isolated (-I): nothing in the training program's working directory or PYTHONPATH is
+        # imported by the monitor; it loads this very dlwatch by location (see dlwatch/_spawn.py).
         # No pipe ends of ours reach forked workers through this Popen except stdin's write end,
         # which is only a wake-up: the monitor never relies on its EOF.
         return subprocess.Popen(
-            [sys.executable, "-m", "dlwatch.monitor", run_dir],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None,
-            env=env, close_fds=True,
+            python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)]),
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
         )
 
     def _instrument_loader(self, loader: Any) -> None:
@@ -351,9 +393,18 @@ class Watch:
                 self._shape_probe = BatchShapeProbe(
                     loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",
                     check_first=int(self.thresholds.get("check_first", 8)),
-                    sample_every=int(self.thresholds.get("sample_every", 64)))
+                    sample_every=int(self.thresholds.get("sample_every", 64)),
+                    confirm_batches=int(self.thresholds.get("confirm_batches", 8)),
+                    ignore_keys=self.options.ignored_batch_keys)
         except Exception:
             self._shape_probe = None
+        if self._hook.fingerprint and loader.num_workers > 0:
+            from dlwatch import rngcheck  # noqa: F401  (imported once here, forked workers inherit it)
+
+            # the second RNG fingerprint, after each worker's first batch (see worker_hook)
+            self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "",
+                                             rng_depth=self._hook.rng_depth)
+            loader.collate_fn = self._collate_hook
         existing = getattr(loader, "_iterator", None)
         if existing is not None:  # persistent workers already running: the hook won't run in them
             self._note_workers(existing)
@@ -388,11 +439,31 @@ class Watch:
             except Exception:
                 pass
         self._hook = None
+        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
+            try:
+                loader.collate_fn = self._collate_hook.user_fn
+            except Exception:
+                pass
+        self._collate_hook = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if not self._active:
             self._loader = None
             return False
+        # torch's SIGCHLD handler raises "DataLoader worker ... killed by signal" in whatever Python code
+        # runs when a worker dies, here too: it would cut the exception report and the monitor's stop
+        # short and replace the user's exception. Its handler is set aside while leaving, then restored.
+        held = _hold_sigchld()
+        try:
+            return self._exit(exc)
+        finally:
+            if held is not None:
+                try:
+                    signal.signal(signal.SIGCHLD, held)
+                except (OSError, ValueError, TypeError):
+                    pass
+
+    def _exit(self, exc: BaseException | None) -> bool:
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if self._in_place_warning and not self._iterated:
@@ -424,6 +495,11 @@ class Watch:
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
+            from dlwatch.loader_exit import worker_exitcodes
+
+            codes = worker_exitcodes(exc)  # how the workers behind the error ended (worker-killed)
+            if codes:
+                events.emit(self._events_path, "worker_exits", exitcodes=codes)
             events.emit(self._events_path, "exception", exception=info)
         self._pending_exception = info
 
@@ -436,6 +512,35 @@ class Watch:
         pending = self._pending_exception
         if self._events_path:
             events.emit(self._events_path, "stop", clean=clean)
+        if monitor is not None and self.stop_in_background and not sys.is_finalizing():
+            # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
+            # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
+            # The dump handler stays installed meanwhile (the monitor may still signal it); the next
+            # watch's install replaces it. At interpreter exit (an iterator freed with the traceback
+            # that held it) no thread can start: stopped here, as a plain watch does.
+            if self._hb is not None:
+                self._hb.close()
+                self._hb = None
+            self._active = False
+            threading.Thread(target=self._stop_monitor, args=(monitor, pending, self.run_dir),
+                             name="dlwatch-stop", daemon=False).start()
+            return
+        self._stop_monitor(monitor, pending, None)
+        if self._hb is not None:
+            self._hb.close()
+            self._hb = None
+        try:  # the process is as it was before the block: no handler left on the dump signal
+            from dlwatch.collect import faultdump
+
+            faultdump.uninstall()
+        except Exception:
+            pass
+        self._active = False
+        if self.run_dir and os.path.isdir(self.run_dir):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _stop_monitor(self, monitor: "subprocess.Popen[bytes] | None", pending: dict[str, Any] | None,
+                      run_dir: str | None) -> None:
         if monitor is not None:
             alive = monitor.poll() is None
             if alive:
@@ -457,19 +562,10 @@ class Watch:
                 alive = False
             if not alive or monitor.returncode not in (0, None):
                 self._monitor_lost(monitor.returncode, pending)
-        if self._hb is not None:
-            self._hb.close()
-            self._hb = None
-        self._read_summary()
-        try:  # the process is as it was before the block: no handler left on the dump signal
-            from dlwatch.collect import faultdump
-
-            faultdump.uninstall()
-        except Exception:
-            pass
-        self._active = False
-        if self.run_dir and os.path.isdir(self.run_dir):
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        # Watch.summary: read while the private run directory (which names the summary) is still there
+        self._read_summary(run_dir or self.run_dir)
+        if run_dir and os.path.isdir(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     def _monitor_lost(self, code: int | None, pending: dict[str, Any] | None) -> None:
         if not self._monitor_warned:
@@ -505,8 +601,11 @@ class Watch:
         return self._instrument(iter(loader))
 
     def _before_iter(self) -> None:
-        if self._hook is not None and self._generations >= FINGERPRINT_GENERATIONS:
-            self._hook.fingerprint = False
+        if self._hook is not None:
+            if self._generations >= FINGERPRINT_GENERATIONS:
+                self._hook.fingerprint = False
+            # workers started by this iterator stamp their RNG fingerprints with its epoch
+            self._hook.epoch = self._hb.epochs + 1 if self._hb is not None else None
         try:
             self._preflight_start()
         except Exception:
@@ -605,12 +704,13 @@ class Watch:
             except OSError:
                 continue
 
-    def _read_summary(self) -> None:
+    def _read_summary(self, run_dir: str | None = None) -> None:
         """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""
-        if not self.run_dir or self.summary is not None:
+        run_dir = run_dir or self.run_dir
+        if not run_dir or self.summary is not None:
             return
         try:
-            with open(os.path.join(self.run_dir, "summary"), encoding="utf-8") as f:
+            with open(os.path.join(run_dir, "summary"), encoding="utf-8") as f:
                 path = f.read().strip()
             from dlwatch.report.store import load_summary
 
@@ -650,13 +750,17 @@ class Watch:
                 self._preflight_first_batch(batch, nbytes)
             except Exception:
                 pass
+        if self._shape_probe is None:
+            return
         try:
             evidence = self._shape_probe.check(batch, index)
+            if evidence and not self._shape_reported and self._events_path:
+                self._shape_reported = True
+                # evidence keys never collide with emit's own arguments (path, event)
+                events.emit(self._events_path, "batch_shape",
+                            **{k: v for k, v in evidence.items() if k not in ("path", "event")})
         except Exception:
             return
-        if evidence and not self._shape_reported and self._events_path:
-            self._shape_reported = True
-            events.emit(self._events_path, "batch_shape", **evidence)
 
 
 class _EpochState:
@@ -695,7 +799,10 @@ class _TimedIterator:
         s.probe = watch._shape_probe
         s.base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
         # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
-        s.check_at = s.base + s.probe.next_check(0) + 1 if s.probe is not None else -1
+        # batch 0 is always looked at once (its size in bytes is the shm need, probe or not); after it
+        # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
+        s.check_at = s.base + (s.probe.next_check(0) if s.probe is not None
+                               else -1 if watch._batch_bytes_sent else 0) + 1
         s.prev = 0.0  # when the previous batch was handed out: the loop body started
         s.done = False
 
@@ -744,7 +851,7 @@ class _TimedIterator:
         s = self._s
         index = n - 1 - s.base
         s.watch._check_shape(batch, index)
-        s.check_at = s.base + s.probe.next_check(index + 1) + 1
+        s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
 
     def _end(self) -> None:
         s = self._s

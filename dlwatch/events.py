@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
-from dlwatch._fs import open_private
-from dlwatch.redact import redact_obj
+from dlwatch._fs import json_line, open_private
 
 
 def emit(path: str, event: str, **fields: Any) -> bool:
     """Append one event; never raises (dlwatch must not break training). False on failure."""
     record = {"ts": time.time(), "event": event, "pid": os.getpid(), **fields}
     try:
-        line = (json.dumps(redact_obj(record), default=str) + "\n").encode("utf-8")
-        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        line = json_line(record)
+        fd = open_private(path)  # O_APPEND; created O_EXCL, or ours and private, never through a link
         try:
             os.write(fd, line)
         finally:
@@ -33,31 +33,147 @@ def emit(path: str, event: str, **fields: Any) -> bool:
         return False
 
 
+MAX_LINE_BYTES = 1 << 20  # a longer line is skipped whole: no event of ours comes near it
+MAX_READ_BYTES = 4 << 20  # read per call: a writer flooding the file cannot balloon the reader
+MAX_DEPTH = 32  # nesting of lists and objects in one event; ours use 4 at most
+MAX_TEXT = 1 << 18  # characters kept of one exception text field
+
+
+def depth_ok(obj: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``obj`` nests no deeper than ``limit`` (iterative: deep input cannot recurse here)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def _int(value: Any, minimum: int = 0) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= minimum else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > MAX_TEXT:  # keep both ends: a traceback's last lines hold the error itself
+        text = f"{text[:MAX_TEXT // 4]}\n...\n{text[len(text) - MAX_TEXT * 3 // 4:]}"
+    return text
+
+
+def _exception(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    return {"type": _text(value.get("type")) or "exception", "message": _text(value.get("message")) or "",
+            "errno": _int(value.get("errno"), minimum=-(2**31)), "traceback": _text(value.get("traceback")),
+            "from_loader": value.get("from_loader") is True}
+
+
+def normalize(record: Any) -> dict[str, Any] | None:
+    """One parsed line -> an event whose fields have the types the monitor relies on, or None.
+
+    Every process of the run can append to the events file, and a file can be damaged:
+    a line is only data.  Common fields of the wrong type are dropped (``ts`` must be a
+    number, ``pid`` a positive int, ``worker_id`` a non-negative int); the fields an event
+    is acted on are checked per event, and an event whose essential field is unusable
+    is skipped.  Unknown events pass through (bounded in depth) for the timeline.
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str) or not depth_ok(record):
+        return None
+    ev = dict(record)
+    ts = ev.get("ts")
+    if not (isinstance(ts, (int, float)) and not isinstance(ts, bool) and ts == ts and abs(ts) < 1e12):
+        ev.pop("ts", None)
+    for key, minimum in (("pid", 1), ("ppid", 0), ("worker_id", 0)):
+        if key in ev and _int(ev[key], minimum) is None:
+            ev.pop(key)
+    name = ev["event"]
+    if name == "exception":
+        exc = _exception(ev.get("exception"))
+        if exc is None:
+            return None
+        ev["exception"] = exc
+    elif name == "worker_registered":
+        if "pid" not in ev:
+            return None
+        ev["worker_id"] = ev.get("worker_id")
+        ev["start_method"] = _str(ev.get("start_method"))
+        ev["dump_path"] = _str(ev.get("dump_path"))
+    elif name == "loader_workers":
+        pids = ev.get("pids")
+        if not isinstance(pids, list):
+            return None
+        ev["pids"] = [p for p in pids if _int(p, 1) is not None]
+    elif name == "rng_fingerprint":
+        fps = ev.get("fingerprints")
+        if "worker_id" not in ev or not isinstance(fps, dict):
+            return None
+        ev["fingerprints"] = {k: v for k, v in fps.items() if isinstance(v, str)}
+    elif name == "batch_bytes":
+        if _int(ev.get("batch_bytes")) is None:
+            return None
+    return ev
+
+
 class EventReader:
-    """Tails an events file: each call to ``new`` returns the complete lines added since."""
+    """Tails an events file: each call to ``new`` returns the complete, well-typed events added since.
+
+    Lines that are not JSON, too long, too deep, or of the wrong shape are skipped
+    (see :func:`normalize`): no line can stop the reader or the monitor behind it.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._offset = 0
         self._partial = b""
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES: drop up to its newline
 
     def new(self) -> Iterator[dict[str, Any]]:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            chunk = os.pread(fd, MAX_READ_BYTES, self._offset)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
         self._offset += len(chunk)
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
+        if self._skipping and lines:
+            lines.pop(0)  # the tail of the over-long line
+            self._skipping = False
+        if len(self._partial) > MAX_LINE_BYTES:
+            self._partial, self._skipping = b"", True
+        yield from parse_lines(lines)
+
+
+def parse_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Complete lines -> the well-typed events among them (see :func:`normalize`)."""
+    for line in lines:
+        if not line.strip() or len(line) > MAX_LINE_BYTES:
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
+            continue
+        event = normalize(record)
+        if event is not None:
+            yield event

@@ -1,21 +1,30 @@
-"""Hang forensics: sample /proc twice, dump every stack, classify, and fill the report.
+"""Hang forensics: sample /proc across a window, dump every stack, classify, and fill the report.
 
 Shared by the monitor (a stall under watch) and ``dlwatch attach`` (a process
 that is already stuck), so a stall report and an attach report hold the same
 evidence in the same shape.  Order matters: /proc is read before py-spy
-attaches, because a ptrace attach turns a sleeping poll into restart_syscall.
+attaches, because a ptrace attach turns a sleeping poll into restart_syscall
+and wakes every thread it stops (a context switch and a little CPU time that
+would read as a sign of life).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from dlwatch.collect import faultdump, procfs, stacks
 from dlwatch.detect.classify import ProcessObservation, classify_stall
-from dlwatch.model import StackDump
+from dlwatch.model import ProcSample, StackDump
 
-SECOND_READ_AFTER_S = 0.5  # CPU progress below 5 clock ticks over this interval is "no progress"
+# The window over which a process must show a sign of life (state R in any read, run
+# delay, CPU time, a wake-up, bytes moved) not to count as stuck.  1 s: sixteen
+# CPU-bound workers on two cores get ~1/8 core each, and some gain under 5 clock ticks
+# in half a second; a thread that polls a lock or a queue with a 1 s timeout wakes
+# inside it.  Read before the stack dumper attaches: an attach wakes a sleeping
+# thread (a context switch, a little CPU) and turns its poll into restart_syscall.
+SECOND_READ_AFTER_S = 1.0
+WINDOW_READS = 5  # reads across the window, evenly spaced (state R is an instant's fact)
 DUMP_TIMEOUT_S = 5.0
 
 
@@ -29,45 +38,72 @@ class TrackedProcess(Protocol):
 
 def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
                 main_waiting_for_data: bool | None, expected_workers: int | None,
-                native: bool = True, interval_s: float = SECOND_READ_AFTER_S) -> dict[str, bytes]:
+                native: bool = True, interval_s: float = SECOND_READ_AFTER_S,
+                read_dump: Callable[[str], bytes | None] | None = None,
+                allow: Callable[[int], bool] | None = None) -> dict[str, bytes]:
     """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
-    Returns extra files for the incident directory (raw fallback dumps).
+    /proc is read ``WINDOW_READS`` times across ``interval_s``, each process's
+    threads and sockets (``procfs.read_io``) at both ends, then the stacks.
+    Returns extra files for the incident directory (raw fallback dumps).  ``read_dump``
+    and ``allow`` are for attach (see faultdump.request_dumps): dump files are then read
+    through ``read_dump`` only, never emptied, and a pid is dumped only if ``allow(pid)``.
     """
-    live = {pid: t for pid, t in procs.items() if not t.gone}
+    live = {pid: t for pid, t in procs.items() if not t.gone and (allow is None or allow(pid))}
     started = time.monotonic()
-    before = {pid: procfs.read_proc(pid) for pid in live}
-    dumps = stacks.dump_stacks([pid for pid, s in before.items() if not s.gone], native=native,
+    before = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
+    # threads' syscalls and schedstat at both ends: a thread waiting on a socket that woke
+    # in between got data (recv() bytes are not in /proc/<pid>/io)
+    io_before = {pid: procfs.read_io(pid) for pid, s in before.items() if not s.gone}
+    between: dict[int, list[ProcSample]] = {pid: [] for pid in live}
+    steps = max(1, WINDOW_READS - 1)
+    for i in range(1, steps):
+        delay = started + interval_s * i / steps - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        for pid in live:
+            if not before[pid].gone:
+                between[pid].append(procfs.read_proc(pid, sched_detail=True))
+    remaining = interval_s - (time.monotonic() - started)
+    if remaining > 0:
+        time.sleep(remaining)
+    after = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
+    for pid, sample in after.items():
+        seen = [r for r in between[pid] if not r.gone]
+        if sample.gone and not before[pid].gone and seen:
+            # it ran while watched and exited before the window closed (the epoch ended, the
+            # loader shut its workers down): judge it on what it did, and say so
+            after[pid] = seen[-1]
+            between[pid] = seen[:-1]
+            report["notes"].append(f"pid {pid} exited during the {interval_s:g} s observation window; "
+                                   "judged on the reads before it exited")
+    io = {pid: procfs.read_io(pid) for pid, s in after.items() if not s.gone}
+    dumps = stacks.dump_stacks([pid for pid, s in after.items() if not s.gone], native=native,
                                timeout_s=DUMP_TIMEOUT_S)
     extra: dict[str, bytes] = {}
     failed = {pid: d for pid, d in dumps.items() if d.source == "none" or not d.threads}
     if failed:
         fallback = {pid: live[pid].dump_path for pid in failed if live[pid].dump_path}
         if fallback:
-            got = faultdump.request_dumps(fallback)  # type: ignore[arg-type]
+            raw: dict[int, bytes] = {}
+            got = faultdump.request_dumps(fallback, read=read_dump, allow=allow, raw=raw)  # type: ignore[arg-type]
             for pid, dump in got.items():
                 if dump.threads:
                     why = failed[pid].error
                     dumps[pid] = StackDump(pid=pid, source=dump.source, threads=dump.threads,
                                            error=why, duration_s=dump.duration_s)
-                    try:
-                        with open(fallback[pid], "rb") as f:
-                            extra[f"stacks/{pid}.txt"] = f.read()
-                    except OSError:
-                        pass
+                    if pid in raw:  # the text that was parsed, not a second open of the file
+                        extra[f"stacks/{pid}.txt"] = raw[pid]
         reasons = sorted({d.error for d in failed.values() if d.error})
         for reason in reasons[:3]:
             report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")
         if any(dumps[p].source == "faulthandler" for p in failed):
             report["notes"].append("Python stacks of those processes come from faulthandler "
                                    "(no native frames, no thread names)")
-    remaining = interval_s - (time.monotonic() - started)
-    if remaining > 0:
-        time.sleep(remaining)
-    after = {pid: procfs.read_proc(pid) for pid in live}
     observations = [
         ProcessObservation(pid=pid, role=t.role, before=before[pid], after=after[pid],
-                           stack=dumps.get(pid), worker_id=t.worker_id)
+                           stack=dumps.get(pid), worker_id=t.worker_id, reads=tuple(between[pid]),
+                           io=io.get(pid), io_before=io_before.get(pid))
         for pid, t in live.items()
     ]
     verdict = classify_stall(observations, main_waiting_for_data=main_waiting_for_data,
@@ -83,12 +119,14 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
             entry["waiting_in"] = v.waiting_in
             entry["cpu_progress_s"] = v.cpu_progress_s
             entry["where"] = v.where
-        if pid in before and not before[pid].gone:
-            # the read taken before py-spy attached (an attach turns a sleeping poll into
+            entry["alive_by"] = list(v.alive_by)
+            entry["io_wait"] = v.io_wait.to_dict() if v.io_wait is not None else None
+        if pid in after and not after[pid].gone:
+            # the last read before py-spy attached (an attach turns a sleeping poll into
             # restart_syscall), keeping the slow-cadence figures of the last poll
             slow = {k: val for k, val in (entry.get("sample") or {}).items()
                     if k in ("fds", "uss", "pss", "shm_maps", "shm_map_bytes")}
-            entry["sample"] = {k: val for k, val in before[pid].to_dict().items() if val is not None}
+            entry["sample"] = {k: val for k, val in after[pid].to_dict().items() if val is not None}
             entry["sample"].update(slow)
         if pid in dumps:
             entry["stack"] = dumps[pid].to_dict()

@@ -15,7 +15,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from dlwatch._fs import open_private
+from dlwatch._fs import create_private
 
 MAGIC = b"DLWHB002"
 # Two parts, each guarded by its own sequence number at both ends, so that the hot path packs
@@ -97,7 +97,7 @@ class HeartbeatWriter:
     HOT = _HOT
 
     def __init__(self, path: str) -> None:
-        self._fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        self._fd = create_private(path, os.O_RDWR)
         os.ftruncate(self._fd, SIZE)
         self._mm = mmap.mmap(self._fd, SIZE)
         self.mm = self._mm  # for the hot path's one-byte state store and hot-part pack

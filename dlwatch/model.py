@@ -70,6 +70,61 @@ class ProcSample(_ToDict):
     shm_maps: int | None = None  # count of /dev/shm mappings (slow cadence)
     shm_map_bytes: int | None = None
     gone: bool = False  # the process no longer exists
+    # /proc/<pid>/schedstat of the main thread: ns on a CPU, ns runnable but waiting for one
+    # (run delay: grows only while the thread wants to run), times it was switched in
+    run_ns: int | None = None
+    run_delay_ns: int | None = None
+    run_count: int | None = None
+    # /proc/<pid>/status of the main thread: a sleeper that wakes now and then counts up
+    num_ctx_switches_voluntary: int | None = None
+    num_ctx_switches_involuntary: int | None = None
+    # /proc/<pid>/io (psutil's names): bytes through read()/recv() and write()/send() of every
+    # thread, sockets and pipes included; None without ptrace-read access to the process
+    read_chars: int | None = None
+    write_chars: int | None = None
+    minflt: int | None = None  # minor page faults so far (/proc/<pid>/stat); copy-on-write copies fault here
+    exit_code: int | None = None  # a zombie's wait status (/proc/<pid>/stat field 52): low 7 bits = the signal
+    uss_ts: float | None = None  # when uss/pss/vm_lck were read (they are carried forward between reads)
+    vm_lck: int | None = None  # bytes locked in memory (VmLck, /proc/<pid>/status), slow cadence
+    memlock_limit: int | None = None  # soft RLIMIT_MEMLOCK, bytes; None = unlimited or unreadable; slow cadence
+
+
+@dataclass(frozen=True)
+class SocketPeer(_ToDict):
+    """A TCP socket a process holds, from /proc/<pid>/fd and its net namespace's tcp tables."""
+
+    fd: int
+    inode: int
+    family: str  # "tcp" (IPv4) or "tcp6"
+    local: str  # "ip:port"
+    remote: str  # "ip:port"; [v6]:port for IPv6
+    tcp_state: str  # ESTABLISHED, SYN_SENT, CLOSE_WAIT, ...
+
+
+@dataclass(frozen=True)
+class ThreadIo(_ToDict):
+    """What one thread is in the kernel for: /proc/<pid>/task/<tid>/{stat,syscall}."""
+
+    tid: int
+    state: str | None = None
+    syscall: int | None = None  # -1 = running in user space
+    args: tuple[int, ...] = ()  # the syscall's six arguments, raw
+    fd: int | None = None  # the fd argument, for the syscalls whose first argument is one
+    fd_target: str | None = None  # readlink of that fd: a path, "socket:[inode]", "pipe:[inode]"
+    run_ns: int | None = None  # /proc/<pid>/task/<tid>/schedstat: ns on a CPU
+    run_count: int | None = None  # times switched in (a wake: data arrived, a timeout fired)
+
+
+@dataclass(frozen=True)
+class IoSample(_ToDict):
+    """Where a process's threads wait and whom it talks to; read on a stall, not every poll."""
+
+    pid: int
+    ts: float
+    threads: tuple[ThreadIo, ...] = ()
+    sockets: tuple[SocketPeer, ...] = ()  # TCP sockets only (unix sockets and pipes are local)
+    files: tuple[str, ...] = ()  # open regular files (not /dev, /proc, /sys, /dev/shm), first few
+    gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +138,7 @@ class SystemSample(_ToDict):
     cgroup_memory_limit: int | None = None  # bytes; None = unlimited or unreadable
     cgroup_memory_usage: int | None = None
     cgroup_oom_kills: int | None = None
+    vm_oom_kills: int | None = None  # the host's OOM kills so far (/proc/vmstat oom_kill): no cgroup limit needed
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlwatch import heartbeat as hbmod
-from dlwatch._fs import open_private
+from dlwatch._fs import create_private, json_line, open_private
 from dlwatch._log import configure_own_process, get_logger
-from dlwatch.collect import procfs
+from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
-from dlwatch.detect.base import Detector, View
+from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.detect.classify import syscall_category
 from dlwatch.detect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
 from dlwatch.model import ProcSample, SystemSample
+from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
 log = get_logger("dlwatch.monitor")
@@ -45,6 +46,11 @@ TIMELINE_CAP_BYTES = 8 << 20  # then rotate to timeline.1.jsonl: at most twice t
 FD_DETAIL_EVERY = 30  # polls between fd breakdowns when the count does not move (a readlink per fd)
 DISCOVER_EVERY = 5  # polls between scans for new child processes (workers also announce themselves)
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
+# A process faulting in pages (copy-on-write copies, mlock, a growing heap) gets its USS read this
+# often instead, so that growth is seen in seconds; at most MEM_FAST_MAX processes a poll.
+MEM_FAST_EVERY_S = 2.0
+MEM_FAST_FAULT_BYTES = 16 << 20  # minor faults x page size since the last read that make a process "faulting"
+MEM_FAST_MAX = 8
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
 WORKER_COMM = "pt_data_worker"
@@ -62,6 +68,8 @@ class Tracked:
     fds_at_detail: int | None = None  # num_fds when the fd breakdown was last read
     last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
     detail_poll: int = -(10**9)
+    crash: dict[str, Any] | None = None  # the stack a crashed process left in its crash file (faultdump)
+    minflt_at_detail: int | None = None  # minor faults when USS was last read (see Monitor._faulting)
 
     @property
     def last(self) -> ProcSample | None:
@@ -84,14 +92,14 @@ class Timeline:
     def append(self, record: dict[str, Any]) -> None:
         if self.failed:
             return
-        line = (json.dumps(record, default=str) + "\n").encode()
+        line = json_line(record)
         try:
             if self._fd is None:
                 self._fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             if self.size + len(line) > self.cap:
                 os.close(self._fd)
                 os.replace(self.path, self.path.replace(".jsonl", ".1.jsonl"))
-                self._fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+                self._fd = create_private(self.path, os.O_WRONLY | os.O_APPEND)
                 self.size = 0
             os.write(self._fd, line)
             self.size += len(line)
@@ -162,8 +170,17 @@ class Monitor:
             {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=self.ignore)
         self.warned: set[str] = set()
         self.cgroup_paths: tuple[str | None, str | None] | None = None
+        # which rank of which job (read by the training process: see dlwatch.job)
+        rank = self.cfg.get("rank")
+        self.rank: dict[str, Any] = dict(rank) if isinstance(rank, dict) else store.rank_info()
+        self.started_at = float(self.cfg.get("started_at") or time.time())
+        self.stalls = 0
+        self.stalled = False
+        from dlwatch.report import sinks
+
+        self.sinks = sinks.build(self.cfg, self.report_dir, self.rank, self._warn_once)
         # the run summary: figures fed each poll; advice and preflight findings kept by playbook id
-        self.runstats = RunStats(started_at=float(self.cfg.get("started_at") or time.time()))
+        self.runstats = RunStats(started_at=self.started_at)
         self.advice: dict[str, dict[str, Any]] = {}
         self.preflight: dict[str, dict[str, Any]] = {}
 
@@ -263,8 +280,11 @@ class Monitor:
                 self._warn_once("detector_failed", f"{type(det).__name__}.{method}: {type(exc).__name__}: {exc}")
                 continue
             for sig in signals:
-                if isinstance(sig, dict) and sig.get("event") == "advice":
-                    self._keep_advice(sig)
+                event = sig.get("event") if isinstance(sig, dict) else None
+                if event == "advice":
+                    self._keep_advice(sig)  # kept for the run summary, and noted there (once)
+                elif event in NOTE_EVENTS:
+                    self._note(sig)  # observations: in the timeline and every later report
                 else:
                     self._threshold_incident(sig)
 
@@ -338,20 +358,29 @@ class Monitor:
         mem_detail = now - self.last_mem_detail >= MEM_DETAIL_EVERY_S
         if mem_detail:
             self.last_mem_detail = now
+        fast = 0
         samples = []
         for t in list(self.procs.values()):
             if t.gone:
                 continue
             prev = t.last
-            s = procfs.read_proc(t.pid, mem_detail=mem_detail)
+            detail = mem_detail
+            if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
+                detail, fast = True, fast + 1
+            s = procfs.read_proc(t.pid, mem_detail=detail)
+            if s.uss_ts is not None:
+                t.minflt_at_detail = s.minflt
             if not s.gone and self._wants_fd_detail(t, s):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
             if not s.gone and prev is not None and s.uss is None:
                 s = dataclasses.replace(s, uss=prev.uss, pss=prev.pss, shm_maps=prev.shm_maps,
-                                        shm_map_bytes=prev.shm_map_bytes)
+                                        shm_map_bytes=prev.shm_map_bytes, uss_ts=prev.uss_ts,
+                                        vm_lck=prev.vm_lck, memlock_limit=prev.memlock_limit)
             if s.gone or s.state == "Z":
                 t.gone = s.gone or t.role != "main"
+                if t.gone and t.crash is None:  # its last words, if it died of a fatal signal
+                    t.crash = faultdump.read_crash(faultdump.crash_path(os.path.join(self.run_dir, "dumps"), t.pid))
             t.history.append(s)
             samples.append(s)
         try:
@@ -377,6 +406,36 @@ class Monitor:
         self.ring.append(record)
         self.timeline.append(record)
         self._detect(hb, self._activity(samples))
+        self._feed_sinks()
+
+    def _poll_state(self) -> Any:
+        from dlwatch.report.sinks import PollState, ProcState
+
+        procs = tuple(ProcState(t.pid, t.role, t.worker_id, t.last) for t in self.procs.values()
+                      if not t.gone and t.last is not None)
+        return PollState(now=time.time(), monotonic=time.monotonic(), pid=self.main_pid,
+                         started_at=self.started_at, rank=self.rank, heartbeat=self.last_hb, procs=procs,
+                         system=self.last_system, stalls=self.stalls, incidents=len(self.incidents),
+                         stalled=self.stalled)
+
+    def _feed_sinks(self) -> None:
+        if not self.sinks:
+            return
+        state = self._poll_state()
+        for sink in self.sinks:
+            try:
+                sink.on_poll(state)
+            except Exception as exc:  # metrics that cannot be written never stop the watch
+                self._warn_once(f"{sink.name}_failed", f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _faulting(t: Tracked, now: float) -> bool:
+        """Pages faulted in since the last USS read: read it again sooner than the slow cadence."""
+        last = t.last
+        if last is None or last.uss_ts is None or now - last.uss_ts < MEM_FAST_EVERY_S or last.minflt is None:
+            return False
+        base = t.minflt_at_detail
+        return base is not None and (last.minflt - base) * procfs.PAGE_SIZE >= MEM_FAST_FAULT_BYTES
 
     def _wants_fd_detail(self, t: Tracked, s: ProcSample) -> bool:
         """The fd breakdown costs a readlink per fd: read it when the count really moved.
@@ -397,7 +456,9 @@ class Monitor:
     def _detect(self, hb: hbmod.Heartbeat | None, activity: Activity | None = None) -> None:
         ev = self.stall.update(hb, time.monotonic(), activity)
         if ev is not None:
+            self.stalled = ev.kind == "stall"
             if ev.kind == "stall":
+                self.stalls += 1
                 self._on_stall(ev, hb)
             else:
                 self._note({"ts": time.time(), "event": "progress_resumed", "stall_s": round(ev.stall_s, 3),
@@ -464,9 +525,12 @@ class Monitor:
     def _report(self, trigger: str, *, findings: bool = True) -> dict[str, Any]:
         now = time.time()
         report = store.skeleton(trigger=trigger, pid=self.main_pid, now=now)
+        report["rank"] = dict(self.rank)
         report["loader"] = self.loader
         report["config"] = {k: (self.cfg.get("options") or {}).get(k) for k in ("poll_interval", "stall_timeout")}
         report["config"]["report_dir"] = self.report_dir
+        if self.cfg.get("program_run"):  # every iteration of one `dlwatch run` shares it
+            report["config"]["program_run"] = self.cfg["program_run"]
         hb = self.last_hb
         report["progress"] = self._progress(hb)
         report["exception"] = self.exception if trigger == "exception" else None
@@ -502,6 +566,10 @@ class Monitor:
             sample=build.compact(last.to_dict()) if last else None)
         if entry["sample"] is not None and "fds" not in entry["sample"] and t.last_fds is not None:
             entry["sample"]["fds"] = t.last_fds.to_dict()
+        if t.crash is not None:
+            entry["crash"] = {k: t.crash.get(k) for k in ("signal", "fatal_error")}
+            if entry.get("stack") is None:
+                entry["stack"] = t.crash.get("stack")
         if t.gone:
             entry["status"] = "gone"
             if entry["sample"] is not None:
@@ -513,14 +581,20 @@ class Monitor:
             path = build.write(report, self.report_dir, extra_files=extra)
         except Exception as exc:
             log.warning("report_write_failed", error=f"{type(exc).__name__}: {exc}")
-            print(f"dlwatch: could not write the {report['trigger']} report: {exc}", file=sys.stderr)
+            print(outbound(f"dlwatch: could not write the {report['trigger']} report: {exc}"), file=sys.stderr)
             return None
         self.incidents.append(path)
         top = report["findings"][0]["playbook"] if report.get("findings") else "no playbook matched"
-        print(f"dlwatch: {report['trigger']} incident ({top}): {path}", file=sys.stderr, flush=True)
+        job = report.get("job") or {}
+        if job.get("role") == "waiting":  # the cause is another rank's: say where to look
+            top = f"this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
+        print(outbound(f"dlwatch: {report['trigger']} incident ({top}): {path}"), file=sys.stderr, flush=True)
         try:
-            with open(os.path.join(self.run_dir, "incidents"), "a") as f:
-                f.write(path + "\n")
+            fd = open_private(os.path.join(self.run_dir, "incidents"))  # 0600, like every file
+            try:
+                os.write(fd, (path + "\n").encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
         except OSError:
             pass
         return path
@@ -533,7 +607,7 @@ class Monitor:
                 pass
             self._write(self._report("exception"))
         self._write_summary("exception" if self.exception is not None else "clean")
-        self._close()
+        self._close(clean=True)
 
     def _finish_vanished(self) -> None:
         self.procs[self.main_pid].gone = True
@@ -562,7 +636,7 @@ class Monitor:
         self._add_findings(report)
         self._write(report)
         self._write_summary("vanished")
-        self._close()
+        self._close(clean=False)
         # nobody else will: the training process is gone. What mattered is in the incident.
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -577,6 +651,7 @@ class Monitor:
             s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=self.main_pid, now=now,
                             started_at=self.cfg.get("started_at"))
             s["ended"] = ended
+            s["rank"] = self.rank  # the rank the training process read (see dlwatch.job)
             s["loader"] = self.loader
             s["cpus"] = self.cfg.get("cpus")
             s["accelerator"] = self.cfg.get("accelerator")
@@ -612,7 +687,15 @@ class Monitor:
             print(line, file=sys.stderr, flush=True)
         return path
 
-    def _close(self) -> None:
+    def _close(self, *, clean: bool = True) -> None:
+        if self.sinks:  # the batches since the last poll count too
+            self.last_hb = hbmod.read(self.hb_path) or self.last_hb
+        state = self._poll_state() if self.sinks else None
+        for sink in self.sinks:
+            try:
+                sink.close(state, clean=clean)
+            except Exception as exc:
+                self._warn_once(f"{sink.name}_failed", f"{type(exc).__name__}: {exc}")
         self.timeline.close()
         if self.gpu is not None:
             self.gpu.close()
@@ -627,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         monitor = Monitor(argv[0])
     except (OSError, ValueError, KeyError) as exc:
-        print(f"dlwatch: monitor cannot start: {exc}", file=sys.stderr)
+        print(outbound(f"dlwatch: monitor cannot start: {exc}"), file=sys.stderr)
         return 1
     return monitor.run()
 

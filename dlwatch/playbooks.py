@@ -27,6 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+from dlwatch import _regex
 from dlwatch.errors import NotFoundError, PlaybookError
 
 __all__ = [
@@ -69,14 +70,14 @@ class Signal:
     name: str
     confidence: float
     description: str = ""
-    exception_type: re.Pattern[str] | None = None
-    exception_text: re.Pattern[str] | None = None
+    exception_type: _regex.Pattern | None = None
+    exception_text: _regex.Pattern | None = None
     errno: tuple[int, ...] = ()
     not_errno: tuple[int, ...] = ()
     from_loader: bool | None = None
-    frame: re.Pattern[str] | None = None
-    frame_function: re.Pattern[str] | None = None
-    frame_filename: re.Pattern[str] | None = None
+    frame: _regex.Pattern | None = None
+    frame_function: _regex.Pattern | None = None
+    frame_filename: _regex.Pattern | None = None
     role: str = "any"
     classification: tuple[str, ...] = ()
     signal: str | None = None
@@ -99,10 +100,10 @@ class Hint:
 
     name: str
     text: str
-    frame: re.Pattern[str] | None = None
-    waiting_in: re.Pattern[str] | None = None
-    frame_function: re.Pattern[str] | None = None
-    frame_filename: re.Pattern[str] | None = None
+    frame: _regex.Pattern | None = None
+    waiting_in: _regex.Pattern | None = None
+    frame_function: _regex.Pattern | None = None
+    frame_filename: _regex.Pattern | None = None
     role: str = "any"
     native: bool | None = None  # None: any frame; True: only native frames; False: only Python
 
@@ -289,13 +290,13 @@ class _Validator:
             raise self.fail(f"{prefix}{key}", "must not be empty")
         return value
 
-    def regex(self, table: Mapping[str, Any], key: str, prefix: str) -> re.Pattern[str] | None:
+    def regex(self, table: Mapping[str, Any], key: str, prefix: str) -> _regex.Pattern | None:
         if key not in table:
             return None
         value = self.string(table, key, prefix)
         try:
-            return re.compile(value)
-        except re.error as exc:
+            return _regex.compile(value)  # RE2: linear time on any text (see dlwatch._regex)
+        except _regex.RegexError as exc:
             raise self.fail(f"{prefix}{key}", f"bad regular expression {value!r}: {exc}") from None
 
     def ints(self, table: Mapping[str, Any], key: str, prefix: str) -> tuple[int, ...]:

@@ -16,19 +16,28 @@ Public API
 ``redact_obj(obj)``
     Recursively redact ``str`` values inside dicts / lists / tuples / sets;
     a dict value whose *key* looks secret becomes ``***`` whatever its type.
+``outbound(obj)``
+    The one redaction point: everything dlwatch writes to a file or prints
+    passes through it (``dlwatch._fs`` writers, events, timeline, logs, CLI
+    output).  Like ``redact_obj``, and also redacts dict keys and converts
+    bytes, exceptions and any other object to text *before* redacting it.
 
 The rules (exactly what is implemented)
 ---------------------------------------
 A *secret name* is any key / option name that contains, case-insensitively,
 one of: ``token``, ``secret``, ``password``, ``passwd``, ``api_key``,
-``apikey``, ``api-key``, ``credential``.  Name characters are letters, digits,
+``apikey``, ``api-key``, ``credential``, ``passphrase``, ``signature``
+(``X-Amz-Signature``, ``X-Goog-Signature``), or that is exactly (leading
+dashes dropped, ``-`` read as ``_``) one of ``pass``, ``pw``, ``pwd``, ``sig``
+(SAS tokens), or, as an option only, ``--key`` / ``--auth`` (``key=`` and
+``key:`` are S3 object keys, partitions and dict keys far more often).  Name characters are letters, digits,
 ``_``, ``.`` and ``-``.  The rule is applied as written, with no exceptions
 for "harmless-looking" names: ``--tokenizer-path x`` becomes
 ``--tokenizer-path ***`` and ``num_tokens=5`` becomes ``num_tokens=***``.
 
 The value of a secret name is redacted in these forms:
 
-1. ``name=VALUE`` anywhere (covers ``--api-token=V``, ``password=V``,
+1. ``name=VALUE`` or ``name = VALUE`` anywhere (not ``==``; covers ``--api-token=V``, ``password=V``,
    ``HF_TOKEN=V``, URL queries ``?token=V&x=1``).  An unquoted VALUE runs up to
    whitespace or one of ``& , ; ' " ) ] }`` and must not start with a bracket
    or ``<`` (so ``TOKENIZERS_PARALLELISM=(true | false)`` and
@@ -40,13 +49,14 @@ The value of a secret name is redacted in these forms:
    another quote.
 3. ``name: VALUE`` (YAML, HTTP-header or env-dump style) when ``name`` starts a
    line (after optional indentation and an optional ``- `` list marker) or
-   directly follows one of ``{ , ; ( [``.  An unquoted VALUE is the rest of the
+   follows a blank, a quote or one of ``{ , ; ( [``.  An unquoted VALUE is the rest of the
    line up to ``, ; } ]``.  Names that look like exception classes (ending in
    ``Error``, ``Exception`` or ``Warning``, e.g. ``tokenize.TokenError: ...``)
    are not treated as keys, so tracebacks stay intact.
 4. ``-name VALUE`` / ``--name VALUE`` (option and value separated by blanks,
-   option preceded by whitespace or start of text) when VALUE does not start
-   with ``-``.
+   option preceded by whitespace, a quote, ``( [ , =`` or start of text);
+   VALUE may start with ``-`` (``--password -x9``) unless it is a long option
+   (``--epochs``).
 5. ``name = VALUE`` / ``name: VALUE`` with any blanks, when VALUE is exactly 40
    base64 characters (the shape of an AWS secret access key).
 
@@ -54,18 +64,24 @@ In all of these, values that are empty or exactly ``true``/``false``/
 ``none``/``null`` (any case) are left alone (``use_auth_token=True`` stays), in
 line with ``redact_obj`` keeping ``None``/``bool``.
 
-Independently of any name, these values are replaced by ``***`` wherever they
-appear: AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
+Independently of any name, the values of :data:`TOKEN_PATTERNS` (a table:
+name, regex) are replaced by ``***`` wherever they appear: AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
 keys (``AIza`` + 35 chars), Google OAuth tokens (``ya29.`` + 8 or more
 chars), Hugging Face tokens (``hf_`` + 30 or more alnum), GitHub tokens
 (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_`` + 20 or more alnum,
 ``github_pat_`` + 20 or more), Slack tokens (``xoxa-``/``xoxb-``/``xoxp-``/
-``xoxr-``/``xoxs-`` + 10 or more), ``Bearer <token>`` (token of 8 or more
+``xoxr-``/``xoxs-`` + 10 or more), GitLab (``glpat-`` and its siblings + 20
+or more), OpenAI (``sk-``, ``sk-proj-`` ... + 20 or more), Stripe
+(``sk_live_``/``rk_test_`` ...), SendGrid (``SG.x.y``), npm (``npm_`` + 36 or
+more), PyPI (``pypi-AgE...``), JWTs (``eyJ...`` . ``eyJ...`` . signature),
+``Bearer <token>`` and ``Basic <credentials>`` (token of 8 or more
 chars that is not a plain word: it contains a digit or one of ``-._~+/=``, or
 is at least 20 chars long), the body of private key blocks
 (``-----BEGIN ... PRIVATE KEY-----`` ... ``-----END ... PRIVATE KEY-----``; an
 unterminated block is redacted to the end of the text), and the password in
-URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``).
+URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``; the
+password may hold raw ``/`` and ``@``: it ends at the first ``@`` followed by a
+host and the end of the authority).
 
 Nothing else is changed: text without any of the above is returned
 byte-identical.  A key form only looks at (and consumes) the value after a
@@ -79,7 +95,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-__all__ = ["MASK", "SECRET_WORDS", "is_secret_name", "redact", "redact_argv", "redact_obj"]
+__all__ = ["MASK", "OPTION_ONLY_NAMES", "SECRET_NAMES", "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact",
+           "redact_argv", "redact_obj"]
 
 MASK = "***"
 
@@ -92,7 +109,14 @@ SECRET_WORDS: tuple[str, ...] = (
     "apikey",
     "api-key",
     "credential",
+    "passphrase",
+    "signature",  # X-Amz-Signature, X-Goog-Signature
 )
+# Names that are secret only on their own (as substrings they are everywhere: "compass", "keyboard", "author").
+SECRET_NAMES = frozenset({"pass", "pw", "pwd", "key", "auth", "sig"})
+# ... and of those, names that are secret only as options (--key, --auth): "key=" and "key:" are
+# S3 object keys, Hive partitions and dict keys far more often than credentials.
+OPTION_ONLY_NAMES = frozenset({"key", "auth"})
 
 _EXEMPT_VALUES = frozenset({"", "true", "false", "none", "null"})
 
@@ -113,39 +137,57 @@ _PRIVATE_KEY_RE = re.compile(
     r"(-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\Z)",
     re.S,
 )
-_URL_CRED_RE = re.compile(r"(://[^\s/:@]*:)([^\s/@]+)(@)")
+# The password may hold raw "/" and "@" (they should be percent-encoded, people paste them as
+# they are): it ends at the first "@" followed by a host and the end of the authority.
+_URL_CRED_RE = re.compile(
+    r"(://[^\s/:@]*:)((?:(?!://)[^\s]){1,256}?)(@)(?=[A-Za-z0-9.\[\]_-]+(?::[0-9]*)?(?:[/?#\s'\")\]},;]|\Z))"
+)
 # Each key form is a cheap "head" (name + separator) and a value pattern that is
 # only tried, and only consumed, when the name is a secret name.  A non-secret
 # head never swallows the text after it, so ``x='... --password=S'`` is still
 # redacted and a second pass finds nothing new (idempotence).
 _VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE)
 _LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE_LINE)
-_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|[^\s\-'"]\S*""")
+# An option's value may start with "-" ("--password -x9"); only a long option ("--epochs") is the next option.
+_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|(?!--[A-Za-z])(?!-[ \t\n]|-\Z)[^\s'"]\S*""")
 _AWS_SECRET_VALUE_RE = re.compile(r"""["']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])""")
 
 _QUOTED_KEY_HEAD_RE = re.compile(r"""(?<![\w*"'])(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)\s*:\s*""")
 _COLON_KEY_HEAD_RE = re.compile(
-    r"(?:^|(?<=[{,;(\[]))[ \t]*(?:-[ \t]+)?(?P<name>" + _NAME + r")[ \t]*:[ \t]*", re.M
+    r"""(?:^|(?<=[{,;(\["'\s]))[ \t]*(?:-[ \t]+)?(?P<name>""" + _NAME + r")[ \t]*:[ \t]*", re.M
 )
-_EQ_KEY_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")=")
-_SPACED_OPT_HEAD_RE = re.compile(r"(?<!\S)(?P<name>--?" + _NAME + r")[ \t]+")
+_EQ_KEY_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?:=|[ \t]+=(?!=)[ \t]*)(?!=)")
+# The option starts the text or follows a blank, a quote, "(", "[", "," or "=" ('"--password x"' in source).
+_SPACED_OPT_HEAD_RE = re.compile(r"""(?<![^\s"'(\[,=])(?P<name>--?""" + _NAME + r")[ \t]+")
 _AWS_SECRET_HEAD_RE = re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")[ \t]*[=:][ \t]*")
 _EXCEPTION_NAME_RE = re.compile(r"(?:Error|Exception|Warning)\Z")
 
-_TOKEN_RES: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
-    re.compile(r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
-    re.compile(r"(?<![A-Za-z0-9_-])ya29\.[0-9A-Za-z_.-]{8,}"),
-    re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
-    re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    re.compile(r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}"),
+# Values that are secrets whatever name they follow: (name, pattern) as data, so adding one is one line.
+# Shapes follow the issuers' documented formats (and detect-secrets' plugins, which the tests use
+# as an independent check).
+TOKEN_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("aws-access-key-id", r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    ("gcp-api-key", r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
+    ("google-oauth", r"(?<![A-Za-z0-9_-])ya29\.[0-9A-Za-z_.-]{8,}"),
+    ("huggingface", r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
+    ("github", r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ("gitlab", r"(?<![A-Za-z0-9_-])gl(?:pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
+    ("slack", r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}"),
+    ("openai", r"(?<![A-Za-z0-9_-])sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}"),
+    ("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}"),
+    ("sendgrid", r"(?<![A-Za-z0-9_-])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
+    ("npm", r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}"),
+    ("pypi", r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}"),
+    ("jwt", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
 )
+_TOKEN_RES: tuple[re.Pattern[str], ...] = tuple(re.compile(rx) for _name, rx in TOKEN_PATTERNS)
 _BEARER_RE = re.compile(
-    r"(?<![A-Za-z0-9_])(?P<kw>[Bb]earer|BEARER)(?P<sep>[ \t]+)(?P<value>[A-Za-z0-9\-._~+/]{8,}=*)"
+    r"(?<![A-Za-z0-9_])(?P<kw>[Bb]earer|BEARER|[Bb]asic|BASIC)(?P<sep>[ \t]+)(?P<value>[A-Za-z0-9\-._~+/]{8,}=*)"
 )
 
 _DQ_CLOSED_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 _SQ_CLOSED_RE = re.compile(r"'(?:[^'\\\n]|\\.)*'")
+_LONG_OPT_RE = re.compile(r"--[A-Za-z]")
 _ARGV_OPT_RE = re.compile(r"-{1,2}[\w.-]+\Z")
 _ARGV_ASSIGN_RE = re.compile(r"([\w.-]+)=(.*)\Z", re.S)
 
@@ -155,7 +197,11 @@ def is_secret_name(name: object) -> bool:
     if not isinstance(name, str):
         return False
     low = name.lower()
-    return any(w in low for w in SECRET_WORDS)
+    if any(w in low for w in SECRET_WORDS):
+        return True
+    bare = low.lstrip("-")
+    norm = bare.replace("-", "_")
+    return norm in SECRET_NAMES and (bare != low or norm not in OPTION_ONLY_NAMES)
 
 
 def _is_exempt(value: str) -> bool:
@@ -260,6 +306,16 @@ def _redact(text: str) -> str:
 _MAX_PASSES = 4
 
 
+# Nothing above can match a text in which none of these occurs (case-folded): a secret word or
+# name (every key form needs one), "://", a private key header, a token prefix, bearer/basic.
+# One search instead of a dozen passes: most of what dlwatch writes (samples, fd names) is clean.
+_GATE_RE = re.compile(
+    "|".join(re.escape(w) for w in (*SECRET_WORDS, *SECRET_NAMES))
+    + r"|://|private key|akia|asia|aiza|ya29\.|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,4}-|xox[abprs]-"
+    + r"|sk-|[sr]k_|sg\.|npm_|pypi-|eyj|bearer|basic"
+)
+
+
 def redact(text: str) -> str:
     """Return ``text`` with secret-looking values replaced by ``***``.
 
@@ -269,6 +325,8 @@ def redact(text: str) -> str:
     if not isinstance(text, str):
         return text
     try:
+        if _GATE_RE.search(text.lower()) is None:
+            return text
         prev, cur = text, _redact(text)
         # Masking can change what a later pass sees (quote pairing, a removed
         # "/" ending a URL's userinfo); repeat until stable so that
@@ -308,7 +366,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
                 out.append(item)
                 mask_next = False
                 continue
-            if mask_next and not item.startswith("-"):
+            if mask_next and not _LONG_OPT_RE.match(item):
                 out.append(item if _is_exempt(item) else MASK)
                 mask_next = False
                 continue
@@ -390,3 +448,111 @@ def redact_obj(obj: Any) -> Any:
         return _redact_obj(obj, 0, set())
     except Exception:  # pragma: no cover - defensive
         return MASK
+
+
+def _to_text(obj: Any) -> str:
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return bytes(obj).decode("utf-8", "surrogateescape")
+    if isinstance(obj, BaseException):
+        return f"{type(obj).__name__}: {obj}"
+    try:
+        return str(obj)
+    except Exception:
+        return f"<{type(obj).__name__}>"
+
+
+_KEY_CACHE: dict[Any, tuple[Any, bool]] = {}  # the same few dozen keys, every poll
+
+
+def _outbound_key(k: Any) -> tuple[Any, bool]:
+    """(the key as written, whether it names a secret); str keys are cached."""
+    if k is None or isinstance(k, (bool, int, float)):
+        return k, False
+    if type(k) is str:
+        hit = _KEY_CACHE.get(k)
+        if hit is not None:
+            return hit
+    key = redact(_to_text(k))
+    out = (key, is_secret_name(key))
+    if type(k) is str:
+        if len(_KEY_CACHE) >= 4096:
+            _KEY_CACHE.clear()
+        _KEY_CACHE[k] = out
+    return out
+
+
+_PLAIN = frozenset({type(None), bool, int, float})
+_TEXT_CACHE: dict[str, str] = {}  # process names, states, fd targets: the same strings every poll
+
+
+def _outbound_text(text: str) -> str:
+    if len(text) > 256:
+        return redact(text)
+    hit = _TEXT_CACHE.get(text)
+    if hit is None:
+        hit = redact(text)
+        if len(_TEXT_CACHE) >= 4096:
+            _TEXT_CACHE.clear()
+        _TEXT_CACHE[text] = hit
+    return hit
+
+
+def _outbound(obj: Any, depth: int, active: set[int]) -> Any:
+    t = type(obj)
+    if t in _PLAIN:
+        return obj
+    if t is str:
+        return _outbound_text(obj)
+    if isinstance(obj, BaseException):  # the message on its own, so that its line-start forms are seen
+        return f"{type(obj).__name__}: {redact(_to_text(str(obj)))}"
+    if isinstance(obj, (bool, int, float)):  # subclasses (IntEnum, numpy scalars that subclass float)
+        return obj
+    if isinstance(obj, str):
+        return redact(str(obj))
+    if not isinstance(obj, (dict, list, tuple, set, frozenset)):
+        return redact(_to_text(obj))  # converted first, redacted after: bytes and any other object
+    if depth > _MAX_DEPTH:
+        return MASK
+    oid = id(obj)
+    if oid in active:
+        return "<cycle>"
+    active.add(oid)
+    try:
+        if isinstance(obj, dict):
+            out: dict[Any, Any] = {}
+            for k, v in obj.items():
+                key, secret = _outbound_key(k)
+                tv = type(v)
+                if secret and not (v is None or tv is bool or (tv is str and v == "")):
+                    out[key] = MASK
+                elif tv in _PLAIN:
+                    out[key] = v
+                elif tv is str:
+                    out[key] = _outbound_text(v)
+                else:
+                    out[key] = _outbound(v, depth + 1, active)
+            return out
+        return [_outbound(v, depth + 1, active) for v in obj]
+    finally:
+        active.discard(oid)
+
+
+def outbound(obj: Any) -> Any:
+    """The one redaction point: everything dlwatch writes to a file or prints passes through here.
+
+    Returns plain JSON-ready data: ``str`` redacted; dicts with their keys redacted too
+    (a key that is a secret name masks its value); lists, tuples and sets as lists;
+    ``bytes``, exceptions and any other object converted to text *before* redaction
+    (``json.dumps(default=str)`` would otherwise convert them after it).  Numbers,
+    bools and None are kept.  Never raises.
+    """
+    try:
+        return _outbound(obj, 0, set())
+    except Exception:  # pragma: no cover - defensive: never leak, never raise
+        return MASK
+
+
+def outbound_bytes(data: bytes | str) -> bytes:
+    """Text bound for a file, redacted; bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
+    text = _to_text(data) if not isinstance(data, str) else data
+    return redact(text).encode("utf-8", "surrogateescape")

@@ -1,9 +1,11 @@
 """RNG fingerprints: a short hash of each random generator's state, taken inside each worker.
 
-The worker hook calls :func:`fingerprint` on the worker's copy of the dataset
-after the user's ``worker_init_fn`` has run, and sends the result to the
-monitor; :func:`duplicates` then names the attribute paths whose state is the
-same in two or more workers.  Only hashes leave the worker, never a state.
+The worker hook takes a :func:`snapshot` of the worker's copy of the dataset
+after the user's ``worker_init_fn`` has run, and a second one after the worker's
+first batch; :func:`drawn` compares the two (which generators the worker drew
+from, which it bound anew), and the monitor's detector (``dlwatch.detect.rng``)
+judges the streams across workers and across epochs.  Only hashes and attribute
+paths leave the worker, never a state.
 
 Runs inside DataLoader workers, so it is bounded (attribute depth, node count,
 items per container), reads instance ``__dict__`` only (never calls properties,
@@ -17,15 +19,24 @@ import hashlib
 import itertools
 import random
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
-__all__ = ["duplicates", "fingerprint", "state_hash"]
+__all__ = ["Snapshot", "drawn", "duplicates", "fingerprint", "snapshot", "state_hash"]
 
 MAX_NODES = 256  # objects visited per call
 MAX_ATTRS = 64  # attributes read per object
 MAX_ITEMS = 32  # items read per list, tuple or dict
 _TRANSPARENT_ATTRS = ("transforms",)  # Compose(...).transforms does not count as a level
 _LEAF_TYPES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview)
+
+
+class Snapshot(NamedTuple):
+    """One look at a worker's generators: hashes, the generator objects themselves, and
+    whether the walk saw everything (it stops at :data:`MAX_NODES`)."""
+
+    prints: dict[str, str]  # attribute path -> state hash (globals included)
+    objects: dict[str, Any]  # attribute path -> the generator object (dataset paths only)
+    complete: bool
 
 
 def fingerprint(dataset: Any, depth: int = 2) -> dict[str, str]:
@@ -35,11 +46,22 @@ def fingerprint(dataset: Any, depth: int = 2) -> dict[str, str]:
     ``dataset.params["gen"]``; globals are ``global:random``, ``global:numpy`` and
     ``global:torch`` (numpy and torch only when already imported).
     """
+    return snapshot(dataset, depth).prints
+
+
+def snapshot(dataset: Any, depth: int = 2) -> Snapshot:
+    """:func:`fingerprint`, keeping the generator objects (to tell a generator bound anew from
+    one that advanced) and whether the bounded walk was complete.  Never raises."""
     out: dict[str, str] = {}
+    objects: dict[str, Any] = {}
+    budget = [0]
+    complete = True
     try:
-        _walk(dataset, "dataset", depth, out, set(), [0])
+        _walk(dataset, "dataset", depth, out, set(), budget, objects)
     except Exception:  # a dataset whose attributes misbehave costs us coverage, never the worker
-        pass
+        complete = False
+    if budget[0] >= MAX_NODES:
+        complete = False
     for name, read in (("global:random", _global_random), ("global:numpy", _global_numpy),
                        ("global:torch", _global_torch)):
         try:
@@ -48,7 +70,30 @@ def fingerprint(dataset: Any, depth: int = 2) -> dict[str, str]:
             h = None
         if h is not None:
             out[name] = h
-    return out
+    return Snapshot(out, objects, complete)
+
+
+def drawn(start: Snapshot, after: Snapshot) -> tuple[list[str], list[str]]:
+    """(drawn, rebound): the paths a worker drew from between two snapshots, and those of them
+    bound to another generator object than at the start (re-created, or created in the worker).
+
+    A path drew when its state changed.  A path absent at the start drew (it was created in
+    the worker) only for dataset paths, and only if the first walk saw everything: a global
+    first imported later, or a generator the bounded walk did not reach, proves nothing.
+    """
+    drew, rebound = [], []
+    for path, h in after.prints.items():
+        before = start.prints.get(path)
+        if before is None:
+            if path.startswith("global:") or not start.complete:
+                continue
+            drew.append(path)
+            rebound.append(path)
+        elif before != h:
+            drew.append(path)
+            if not path.startswith("global:") and after.objects.get(path) is not start.objects.get(path):
+                rebound.append(path)
+    return sorted(drew), sorted(rebound)
 
 
 def duplicates(fingerprints_by_worker: Mapping[int, Mapping[str, str]]) -> list[dict[str, Any]]:
@@ -156,7 +201,8 @@ def _global_torch() -> str | None:
 # --------------------------------------------------------------------------- the bounded walk
 
 
-def _walk(obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], budget: list[int]) -> None:
+def _walk(obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], budget: list[int],
+          objects: dict[str, Any]) -> None:
     if budget[0] >= MAX_NODES or id(obj) in seen or isinstance(obj, _LEAF_TYPES):
         return
     seen.add(id(obj))
@@ -167,16 +213,17 @@ def _walk(obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], 
         h = None
     if h is not None:
         out[path] = h
+        objects[path] = obj
         return
     if _is_opaque(obj):
         return
     if isinstance(obj, dict):
         for key, value in itertools.islice(obj.items(), MAX_ITEMS):
-            _walk(value, f"{path}[{key!r}]", depth, out, seen, budget)
+            _walk(value, f"{path}[{key!r}]", depth, out, seen, budget, objects)
         return
     if isinstance(obj, (list, tuple)):
         for i, value in enumerate(itertools.islice(obj, MAX_ITEMS)):
-            _walk(value, f"{path}[{i}]", depth, out, seen, budget)
+            _walk(value, f"{path}[{i}]", depth, out, seen, budget, objects)
         return
     if depth <= 0:
         return
@@ -187,7 +234,8 @@ def _walk(obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], 
         if not isinstance(name, str):
             continue
         transparent = name in _TRANSPARENT_ATTRS and isinstance(value, (list, tuple))
-        _walk(value, f"{path}.{name}", depth if transparent else depth - 1, out, seen, budget)
+        _walk(value, f"{path}.{name}", depth if transparent else depth - 1, out, seen, budget,
+              objects)
 
 
 def _instance_dict(obj: Any) -> Mapping[str, Any] | None:

@@ -1,11 +1,56 @@
-"""The batch shape probe: does each batch's leading dimension match the loader's batch_size?
+"""The batch shape probe: did a collate_fn concatenate samples where it meant to stack them?
 
 Runs in the training loop's hot path, so it costs almost nothing: the caller asks
-:meth:`BatchShapeProbe.should_check` (a few integer comparisons) and calls
+:meth:`BatchShapeProbe.next_check` (a few integer comparisons) and calls
 :meth:`~BatchShapeProbe.check` only on the first ``check_first`` batches of each
-epoch and then one in ``sample_every``.  It never imports torch: anything with a
-``.shape`` (torch tensors, numpy arrays) is a tensor here.  The walk over nested
-dicts, tuples and lists is bounded in depth and in leaves.
+epoch and then one in ``sample_every`` (and on every batch while a suspicion is
+open, see below).  It never imports torch: anything with a ``.shape`` (torch
+tensors, numpy arrays) is a tensor here.  The walk over nested dicts, tuples and
+lists is bounded in depth and in leaves.
+
+The rule
+--------
+``torch.cat`` of B same-shaped samples ``(C, H, W)`` gives ``(B*C, H, W)``: a
+leading dimension that is an exact multiple ``k*B`` (k >= 2), with the *same* k in
+every batch, because k is a per-sample dimension (channels).  Leading dimensions
+that differ from B are otherwise normal: real collates join samples on purpose
+(detection targets ``(N, 6)`` with a batch-index column, graph node features
+``(N, F)``, packed sequences ``(1, T)`` with ``cu_seqlens`` of length B+1, a
+pre-batched dataset with ``batch_size=1``, the partial last batch of every
+IterableDataset worker, a collate that drops bad samples).  So a batch is judged
+only when its sample count n is known, and a leaf is a *suspect* only when:
+
+- n is at least 2, and it is proved by an *anchor*: another leaf whose leading
+  dimension is the expected batch size (e.g. labels of length B), or the leaf is
+  the batch's only tensor (n is then the expected batch size);
+- no 1-D leaf has length n+1: such a leaf is an offsets vector (``cu_seqlens``,
+  PyG's ``ptr``), which only a collate that joins samples on purpose builds;
+- its leading dimension is ``k*n`` for a whole k >= 2.
+
+A finding needs the same leaf with the same k in ``confirm_batches`` judged
+batches in a row (8 by default; the probe checks every batch while a suspicion is
+open, so that is the first 8 batches of a run that has the bug).  A judged batch
+whose sample count is proved (an anchor, or a known number of batches, or
+``drop_last``) in which that leaf is *not* a multiple of n with that k clears the
+leaf for the run: its leading dimension varies with the data, so it is joined on
+purpose.  Detection targets with varying counts per image, graph node counts and
+packed token counts clear within a few batches, or never become suspects.
+
+What the rule cannot tell apart, and why: a leaf that is a constant multiple of B
+by design (two augmented views concatenated, ``(2B, C, H, W)`` next to B labels;
+exactly the same number of boxes in every image) has the very shapes of the bug.
+Leave such a key out of the check with ``ignore=["batch-dim-mismatch:KEY"]``.
+
+Leaving keys out (``ignore_keys``)
+----------------------------------
+A KEY names a leaf, or everything below it, in one of three ways:
+
+- a dict key, ``boxes``: matches ``batch['boxes']`` at any depth (and a non-string
+  dict key by its ``str``);
+- a whole number, ``1``: matches the top-level position ``batch[1]`` of a tuple or
+  list batch (and a dict key ``1`` or ``'1'``);
+- a full path as the evidence prints it, ``batch['targets'][0]``: exactly that one
+  (double quotes are accepted for single ones).
 
 A returned dict is the evidence of a ``batch_shape`` signal; the agent emits it
 as ``{"event": "threshold", **evidence}`` once per run.
@@ -13,14 +58,17 @@ as ``{"event": "threshold", **evidence}`` once per run.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
 
-__all__ = ["BatchShapeProbe", "batch_nbytes", "leaves"]
+__all__ = ["BatchShapeProbe", "IgnoreKeys", "batch_nbytes", "leaves"]
 
 CHECK_FIRST = 8
 SAMPLE_EVERY = 64
+CONFIRM_BATCHES = 8  # judged batches in a row with the same multiple before a finding
 MAX_DEPTH = 4
 MAX_LEAVES = 64
+MAX_CLEARED = 1024  # leaves remembered as cleared (a batch whose dict keys change every time stays bounded)
 _PER_SAMPLE_MIN = 4  # a top-level sequence this long (== batch size) is a list of samples, not fields
 
 
@@ -37,14 +85,51 @@ def _shape(obj: Any) -> tuple[int, ...] | None:
     return dims
 
 
+@dataclass(frozen=True)
+class IgnoreKeys:
+    """Keys of a batch left out of the check (see the module docstring for how a KEY names a leaf)."""
+
+    names: frozenset[str] = frozenset()  # dict keys, at any depth
+    indexes: frozenset[int] = frozenset()  # top-level positions
+    paths: frozenset[str] = frozenset()  # full paths, "batch['a'][0]"
+
+    @classmethod
+    def parse(cls, keys: Iterable[str]) -> "IgnoreKeys":
+        names, indexes, paths = set(), set(), set()
+        for key in keys:
+            key = str(key).strip()
+            if not key:
+                continue
+            if key.startswith("batch[") and key.endswith("]"):
+                paths.add(key.replace('"', "'"))
+                continue
+            names.add(key)
+            if key.isdigit():
+                indexes.add(int(key))
+        return cls(frozenset(names), frozenset(indexes), frozenset(paths))
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.indexes or self.paths)
+
+    def skips_key(self, key: Any, path: str) -> bool:
+        return str(key) in self.names or path in self.paths
+
+    def skips_index(self, index: int, path: str, depth: int) -> bool:
+        return (depth == 0 and index in self.indexes) or path in self.paths
+
+
+_NO_IGNORE = IgnoreKeys()
+
+
 def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPTH,
-           max_leaves: int = MAX_LEAVES) -> list[tuple[str, tuple[int, ...]]]:
+           max_leaves: int = MAX_LEAVES, ignore: IgnoreKeys = _NO_IGNORE) -> list[tuple[str, tuple[int, ...]]]:
     """(path, shape) of the tensors in ``batch`` whose leading dimension is the batch dimension.
 
     Skipped, because their leading dimension is not the batch's: 0-d tensors,
     time-major tensors (dim 1 is the batch, e.g. ``pad_sequence`` without
-    ``batch_first``), and per-sample sequences (a list of one tensor per sample,
-    as detection-style ``collate_fn=lambda b: tuple(zip(*b))`` returns).
+    ``batch_first``), per-sample sequences (a list of one tensor per sample,
+    as detection-style ``collate_fn=lambda b: tuple(zip(*b))`` returns), and
+    whatever ``ignore`` names.
     """
     out: list[tuple[str, tuple[int, ...]]] = []
     sizes = {expected, batch_size}
@@ -66,12 +151,18 @@ def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPT
             for i, (k, v) in enumerate(obj.items()):
                 if i >= max_leaves:
                     break
-                visit(v, f"{path}[{k!r}]", depth + 1)
+                sub = f"{path}[{k!r}]"
+                if ignore and ignore.skips_key(k, sub):
+                    continue
+                visit(v, sub, depth + 1)
         elif isinstance(obj, (list, tuple)):
             if _is_per_sample(obj, depth, sizes):
                 return
             for i, v in enumerate(obj[:max_leaves]):
-                visit(v, f"{path}[{i}]", depth + 1)
+                sub = f"{path}[{i}]"
+                if ignore and ignore.skips_index(i, sub, depth):
+                    continue
+                visit(v, sub, depth + 1)
         # anything else (str, int, None, custom objects) carries no batch dimension we can read
 
     visit(batch, "batch", 0)
@@ -125,31 +216,44 @@ def batch_nbytes(batch: Any, max_depth: int = MAX_DEPTH, max_leaves: int = MAX_L
     return total
 
 
+@dataclass
+class _Suspect:
+    """One leaf whose leading dimension was k × the sample count in consecutive judged batches."""
+
+    k: int
+    count: int
+    evidence: dict[str, Any] = field(default_factory=dict)  # of the first batch of the streak
+
+
 class BatchShapeProbe:
-    """Checks the leading dimensions of sampled batches; reports the first wrong one.
+    """Checks the leading dimensions of sampled batches; reports the first concatenated leaf.
 
     ``index`` is the batch's index within the current epoch (0 for the first batch
     of each ``iter(loader)``).  ``dataset_len`` is the number of samples per epoch
     as the sampler yields them: pass ``len(loader.sampler)`` when it has one (a
     DistributedSampler gives each rank only its share).  It predicts the size of
-    the last batch; a smaller batch of any other size is accepted only if it turns
-    out to be the last of its epoch (no later batch in the same epoch), so a
-    ``dataset_len`` that is not what the sampler yields costs no false alarm.
-    A tensor with more rows than ``batch_size``, or tensors that disagree on
-    their leading dimension, are found at once.
+    the last batch.  ``ignore_keys`` leaves keys of the batch out of the check
+    (see the module docstring for how a key names a leaf).  The rule, and what it
+    stays quiet on, is in the module docstring.
     """
 
     def __init__(self, batch_size: int | None, drop_last: bool, dataset_len: int | None = None,
                  collate_fn_name: str = "", *, check_first: int = CHECK_FIRST,
-                 sample_every: int = SAMPLE_EVERY) -> None:
+                 sample_every: int = SAMPLE_EVERY, confirm_batches: int = CONFIRM_BATCHES,
+                 ignore_keys: tuple[str, ...] = ()) -> None:
         self.batch_size = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
         self.drop_last = bool(drop_last)
         self.dataset_len = dataset_len if isinstance(dataset_len, int) and dataset_len >= 0 else None
         self.collate_fn_name = collate_fn_name
         self.check_first = max(0, int(check_first))
         self.sample_every = max(1, int(sample_every))
+        self.confirm_batches = max(1, int(confirm_batches))
+        self.ignore_keys = tuple(str(k) for k in ignore_keys)
+        self._ignore = IgnoreKeys.parse(self.ignore_keys)
         self.found = False  # one finding per run is enough: stop checking after it
-        self._pending: dict[str, Any] | None = None  # a small batch that must prove to be the last
+        self._suspects: dict[str, _Suspect] = {}
+        self._cleared: set[str] = set()  # leaves whose leading dimension varies with the data
+        self._maybe_last: tuple[int, tuple[str, ...]] | None = None  # (index, leaves) of a possibly-last batch
         self._last_index = -1
         self.num_batches: int | None = None
         self.last_size: int | None = None
@@ -165,13 +269,16 @@ class BatchShapeProbe:
     def enabled(self) -> bool:
         return self.batch_size is not None and not self.found
 
+    @property
+    def suspicious(self) -> bool:
+        """A suspicion is open (or a possibly-last batch waits for the next): check every batch."""
+        return bool(self._suspects) or self._maybe_last is not None
+
     def should_check(self, index: int) -> bool:
         if self.batch_size is None or self.found:
             return False
-        if index < self.check_first or index % self.sample_every == 0:
+        if index < self.check_first or index % self.sample_every == 0 or self.suspicious:
             return True
-        if self._pending is not None:
-            return True  # the batch after a small one decides whether it was the last
         return self.num_batches is not None and index == self.num_batches - 1
 
     def next_check(self, index: int) -> int:
@@ -182,7 +289,7 @@ class BatchShapeProbe:
         """
         if self.batch_size is None or self.found:
             return -1
-        if index < self.check_first or self._pending is not None:
+        if index < self.check_first or self.suspicious:
             return index
         every = self.sample_every
         nxt = -(-index // every) * every
@@ -199,7 +306,7 @@ class BatchShapeProbe:
         return self.batch_size
 
     def check(self, batch: Any, index: int) -> dict[str, Any] | None:
-        """Evidence for a wrong batch, or None.  Never raises."""
+        """Evidence for a concatenated leaf, confirmed; or None.  Never raises."""
         if self.batch_size is None or self.found:
             return None
         try:
@@ -209,35 +316,76 @@ class BatchShapeProbe:
 
     def _check(self, batch: Any, index: int) -> dict[str, Any] | None:
         assert self.batch_size is not None
-        if index <= self._last_index:  # a new epoch: a pending small batch was the last of the old one
-            self._pending = None
+        same_epoch = index > self._last_index
         self._last_index = index
-        if self._pending is not None and index > self._pending["batch_index"]:
-            pending, self._pending = self._pending, None
-            return self._found(pending)
+        if self._maybe_last is not None:
+            at, paths = self._maybe_last
+            self._maybe_last = None
+            if same_epoch and index > at:  # it was not the last batch: its sizes were real
+                self._clear(paths)
         expected = self.expected(index)
-        found = leaves(batch, expected or self.batch_size, self.batch_size)
+        found = leaves(batch, expected or self.batch_size, self.batch_size, ignore=self._ignore)
         if not found:
             return None
         dims = {path: shape[0] for path, shape in found}
-        distinct = set(dims.values())
-        evidence = self._evidence(found, index, expected)
-        if len(distinct) > 1:
-            return self._found({**evidence, "reason": "inconsistent_leading_dims"})
-        (lead,) = distinct
-        if lead == expected or lead == self.batch_size:
-            # a full batch is never wrong: a sampler may yield more samples than len(dataset)
-            return None
-        if lead < self.batch_size and not self.drop_last:
-            # could be the last batch of the epoch (dataset_len may not be what the sampler
-            # yields: a subset or distributed sampler); only a later batch of this epoch can tell
-            self._pending = {**evidence, "reason": "small_batch_not_last"}
-            return None
-        return self._found({**evidence, "reason": "leading_dim_mismatch"})
+        n, anchored = self._sample_count(found, expected)
+        if n is None:
+            return None  # the sample count is not proved: nothing to judge against
+        if any(len(shape) == 1 and shape[0] == n + 1 for _, shape in found):
+            return None  # an offsets vector (cu_seqlens, ptr): samples joined on purpose
+        proved = anchored or self.drop_last or self.num_batches is not None
+        evidence: dict[str, Any] | None = None
+        unproved: list[str] = []
+        for path, lead in dims.items():
+            if path in self._cleared:
+                continue
+            k, rem = divmod(lead, n)
+            suspect = self._suspects.get(path)
+            if rem == 0 and k >= 2:
+                if suspect is not None and suspect.k == k:
+                    suspect.count += 1
+                else:
+                    reason = "inconsistent_leading_dims" if anchored else "leading_dim_mismatch"
+                    suspect = self._suspects[path] = _Suspect(k, 1, {
+                        **self._evidence(found, index, expected), "reason": reason, "leaf": path,
+                        "multiple": k, "sample_count": n})
+                if suspect.count >= self.confirm_batches and evidence is None:
+                    evidence = {**suspect.evidence, "confirmed_batches": suspect.count,
+                                "confirmed_at_index": index}
+            elif proved:
+                self._clear((path,))
+            elif suspect is not None and lead > suspect.k * n:
+                self._clear((path,))  # a partial last batch is smaller, never larger
+            elif suspect is not None:
+                unproved.append(path)
+        if unproved:
+            self._maybe_last = (index, tuple(unproved))
+        if evidence is not None:
+            return self._found(evidence)
+        return None
+
+    def _sample_count(self, found: list[tuple[str, tuple[int, ...]]],
+                      expected: int | None) -> tuple[int | None, bool]:
+        """(n, anchored): the batch's proved sample count, and whether a leaf of that length proves it."""
+        leads = [shape[0] for _, shape in found]
+        for n in (expected, self.batch_size):
+            if n is not None and n >= 2 and n in leads and len(leads) > 1:
+                return n, True
+        if len(leads) == 1:
+            n = expected if expected is not None else self.batch_size
+            if n is not None and n >= 2:
+                return n, False
+        return None, False
+
+    def _clear(self, paths: Iterable[str]) -> None:
+        for p in paths:
+            self._suspects.pop(p, None)
+            if len(self._cleared) < MAX_CLEARED:
+                self._cleared.add(p)
 
     def end_epoch(self) -> None:
-        """The epoch ended: a pending smaller batch was its last, and fine."""
-        self._pending = None
+        """The epoch ended: a batch that might have been its last was."""
+        self._maybe_last = None
         self._last_index = -1
 
     def _evidence(self, found: list[tuple[str, tuple[int, ...]]], index: int, expected: int | None) -> dict[str, Any]:
@@ -252,8 +400,11 @@ class BatchShapeProbe:
             "drop_last": self.drop_last,
             "dataset_len": self.dataset_len,
             "is_last_batch": (index == self.num_batches - 1) if self.num_batches is not None else None,
+            "ignored_keys": list(self.ignore_keys),
         }
 
     def _found(self, evidence: dict[str, Any]) -> dict[str, Any]:
         self.found = True
+        self._suspects.clear()
+        self._maybe_last = None
         return evidence

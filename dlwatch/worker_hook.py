@@ -1,9 +1,14 @@
 """What runs inside every DataLoader worker: registration, then the user's worker_init_fn, then RNG fingerprints.
 
-The hook is a small picklable object (spawn and forkserver pickle worker_init_fn),
-importing nothing heavy.  The user's function runs exactly as before: same
-argument, same order relative to torch's own seeding, and its exceptions
-propagate untouched.  dlwatch's own steps never raise.
+Two small picklable objects (spawn and forkserver pickle worker_init_fn and
+collate_fn), importing nothing heavy.  :class:`WorkerHook` is the loader's
+worker_init_fn: it registers the worker, runs the user's function, and takes the
+first RNG fingerprint.  :class:`CollateHook` is the loader's collate_fn: after a
+worker's first batch it takes the second fingerprint, so the monitor can tell a
+generator the worker draws from (its state moved) from one used only in
+``Dataset.__init__``.  The user's functions run exactly as before: same
+arguments, same order relative to torch's own seeding, the very same return
+value, and their exceptions propagate untouched.  dlwatch's own steps never raise.
 """
 
 from __future__ import annotations
@@ -13,6 +18,12 @@ import os
 from typing import Any, Callable
 
 from dlwatch import events
+
+# In a worker whose start fingerprint was taken: events path -> (worker_id, epoch, snapshot)
+# until its first batch is collated (keyed by run, should two watches share a worker).  Filled
+# only inside worker processes (by WorkerHook), empty everywhere else, so CollateHook costs one
+# global lookup per batch.
+_start: dict[str, tuple[int, int | None, Any]] = {}
 
 PR_SET_PTRACER = 0x59616D61  # Yama: allow this pid (and its descendants) to ptrace us
 
@@ -41,6 +52,7 @@ class WorkerHook:
         # enough to see a duplicate, and after that the ~1 ms per worker start is saved
         # (set in the parent before each new iterator forks or pickles its workers).
         self.fingerprint = True
+        self.epoch: int | None = None  # the watch's epoch in which these workers start (set likewise)
 
     def __call__(self, worker_id: int) -> None:
         self._register(worker_id)
@@ -59,8 +71,20 @@ class WorkerHook:
                 dump_path = faultdump.install(os.path.join(self.run_dir, "dumps"))
             except Exception:
                 pass
+            self._crash_dump()
             events.emit(self.events_path, "worker_registered", worker_id=worker_id,
                         start_method=self.start_method, ppid=os.getppid(), dump_path=dump_path)
+        except Exception:
+            pass
+
+    def _crash_dump(self) -> None:
+        """faulthandler on the fatal signals, into ``dumps/<pid>.crash.txt`` that the monitor reads
+        when this worker is gone: a native crash in ``__getitem__`` then leaves its Python line.
+        A program that enabled faulthandler itself keeps its own setting."""
+        try:
+            from dlwatch.collect import faultdump
+
+            faultdump.install_crash(os.path.join(self.run_dir, "dumps"))
         except Exception:
             pass
 
@@ -71,7 +95,58 @@ class WorkerHook:
 
             info = get_worker_info()
             dataset = info.dataset if info is not None else None
-            events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id,
-                        fingerprints=rngcheck.fingerprint(dataset, depth=self.rng_depth))
+            snap = rngcheck.snapshot(dataset, depth=self.rng_depth)
+            if events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=self.epoch,
+                           stage="start", fingerprints=snap.prints, states=_pairs(snap.prints)):
+                _start[self.events_path] = (worker_id, self.epoch, snap)
+        except Exception:
+            pass
+
+
+def _pairs(prints: dict[str, str]) -> list[list[str]]:
+    """The event's ``states``, [[path, hash], ...]: the hashes as the detector reads them.
+
+    ``fingerprints`` ({path: hash}, the form every reader of the events accepts) goes through
+    redaction, which masks the value of a secret-looking key such as ``dataset.tokenizer.rng``
+    to '***' in every worker, which would read as identical state.  In pairs no path is a key.
+    """
+    return [[path, h] for path, h in sorted(prints.items())]
+
+
+class CollateHook:
+    """The loader's collate_fn during the block: the user's, then (once per worker) the second fingerprint.
+
+    Returns the very batch the user's collate_fn returned and lets its exceptions through
+    untouched.  Only in a worker whose start fingerprint was taken, and only after its first
+    batch, does it fingerprint again (the generators' objects from the start are kept until
+    then, so a generator bound anew is told from one that advanced).
+    """
+
+    def __init__(self, user_fn: Callable[[Any], Any], events_path: str, rng_depth: int = 2) -> None:
+        self.user_fn = user_fn
+        self.events_path = events_path
+        self.rng_depth = rng_depth
+
+    def __call__(self, batch: Any) -> Any:
+        out = self.user_fn(batch)
+        if _start:
+            self._after_first_batch()
+        return out
+
+    def _after_first_batch(self) -> None:
+        start = _start.pop(self.events_path, None)
+        try:
+            from dlwatch import rngcheck
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+            if info is None or start is None:
+                return
+            worker_id, epoch, first = start
+            snap = rngcheck.snapshot(info.dataset, depth=self.rng_depth)
+            drew, rebound = rngcheck.drawn(first, snap)
+            events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=epoch,
+                        stage="after_first_batch", fingerprints=snap.prints, states=_pairs(snap.prints),
+                        drawn=drew, rebound=rebound)
         except Exception:
             pass

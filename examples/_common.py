@@ -57,3 +57,153 @@ def print_summary(watch) -> list[str]:
     if not ids:
         print("no advice", flush=True)
     return ids
+IN_CGROUP = "DLWATCH_EXAMPLE_IN_CGROUP"
+
+
+def skip(reason: str) -> None:
+    print(f"SKIP: {reason}", flush=True)
+    raise SystemExit(0)
+
+
+def _memory_cgroup_root() -> tuple[str, str] | None:
+    """(directory, limit file) of a writable memory cgroup hierarchy: v1 or v2."""
+    v1 = "/sys/fs/cgroup/memory"
+    if os.path.isfile(os.path.join(v1, "memory.limit_in_bytes")) and os.access(v1, os.W_OK):
+        return v1, "memory.limit_in_bytes"
+    v2 = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(v2, "cgroup.subtree_control")) as f:
+            if "memory" in f.read().split() and os.access(v2, os.W_OK):
+                return v2, "memory.max"
+    except OSError:
+        pass
+    return None
+
+
+def rerun_in_memory_cgroup(limit_bytes: int) -> None:
+    """Run this script again inside a new memory cgroup limited to ``limit_bytes``; exit with its status.
+
+    Returns (does nothing) when already inside.  Needs a writable cgroup hierarchy (root,
+    or a delegated subtree); where there is none, prints SKIP with the reason and exits 0.
+    """
+    import subprocess
+    import sys
+    import time
+
+    if os.environ.get(IN_CGROUP) == "1":
+        return
+    root = _memory_cgroup_root()
+    if root is None:
+        skip("no writable memory cgroup (v1 or v2) here: creating one needs root or a delegated subtree")
+    base, limit_file = root
+    cg = os.path.join(base, f"dlwatch-example-{os.getpid()}")
+    try:
+        os.mkdir(cg)
+    except OSError as exc:
+        skip(f"cannot create a memory cgroup ({exc.strerror})")
+    try:
+        with open(os.path.join(cg, limit_file), "w") as f:
+            f.write(str(limit_bytes))
+        env = dict(os.environ, **{IN_CGROUP: "1"})
+        script = f'echo $$ > "{cg}/cgroup.procs" && exec "$0" "$@"'
+        code = subprocess.call(["sh", "-c", script, sys.executable, *sys.argv], env=env)
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the cgroup can only go once it is empty
+            try:
+                with open(os.path.join(cg, "cgroup.procs")) as f:
+                    left = [int(x) for x in f.read().split()]
+            except OSError:
+                left = []
+            for pid in left:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(cg)
+                break
+            except OSError:
+                time.sleep(0.1)
+    raise SystemExit(code)
+
+
+def wait_for_incident(report_dir: str, before: set[str], timeout_s: float) -> bool:
+    """Whether an incident appeared in report_dir since ``before`` (polled, at most timeout_s)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if incidents(report_dir) - before:
+            return True
+        time.sleep(0.2)
+    return bool(incidents(report_dir) - before)
+
+
+def run_torchrun(script: str, report_dir: str, *, nproc: int = 2, until_incidents: int | None = None,
+                 give_up_s: float = 60.0) -> str:
+    """Play the job scheduler for a multi-rank example: start ``torchrun --standalone`` on ``script``,
+    wait until it ends (or ``until_incidents`` new incidents are written, or ``give_up_s``), then kill
+    torchrun and everything under it. Returns the job id the ranks ran under (DLWATCH_JOB_ID)."""
+    import secrets
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import dlwatch
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below still kills the job
+    job_id = f"example-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+    before = incidents(report_dir)
+    here = os.path.dirname(os.path.abspath(script))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlwatch.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", DLWATCH_JOB_ID=job_id,
+               PYTHONPATH=os.pathsep.join(p for p in (here, package_parent, os.environ.get("PYTHONPATH")) if p))
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(var, None)
+    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node", str(nproc), os.path.abspath(script), "--report-dir", report_dir],
+                             env=env, start_new_session=True)
+    deadline = time.monotonic() + give_up_s
+    try:
+        while child.poll() is None and time.monotonic() < deadline and (
+                until_incidents is None or len(incidents(report_dir) - before) < until_incidents):
+            time.sleep(0.2)
+        time.sleep(0.3)  # let the monitors finish their one-line notices on stderr
+        if child.poll() is None:
+            print("the job is hung and the reports are written: killing it "
+                  "(as a scheduler's time limit would)", flush=True)
+    finally:
+        _kill_job(child.pid)
+        child.wait()
+    return job_id
+
+
+def _kill_job(root_pid: int) -> None:
+    """SIGKILL torchrun and everything under it: torchrun runs each rank in a session of its own."""
+    import signal
+
+    import psutil
+
+    try:
+        procs = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    groups = {root_pid}
+    for p in procs:
+        try:
+            groups.add(os.getpgid(p.pid))
+        except ProcessLookupError:
+            pass
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=5)

@@ -5,7 +5,8 @@ each worker, but not generator objects the dataset holds. Here both workers draw
 the same "random" augmentation parameters, and every epoch repeats the last one
 (the workers' copies advance, the original in the main process never does).
 The loop finishes normally; dlwatch
-compares RNG fingerprints taken in each worker and writes a `threshold` incident
+fingerprints each worker's generators at its start and after its first batch, sees
+streams the workers draw from end alike in both, and writes a `threshold` incident
 with playbook rng-duplication.
 
     python examples/rng_duplication.py [--report-dir DIR]

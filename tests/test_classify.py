@@ -139,7 +139,12 @@ def test_slow_worker_burning_cpu() -> None:
 
 
 def test_slow_worker_in_io_state_d() -> None:
-    v = classify_stall([main_waiting(), worker(0, state="D", syscall=READ, frames=WORKER_LOCKED)])
+    # D in the last read only: a disk read in passing (a D throughout the window is io-wait, below)
+    o = worker(0, state="D", syscall=READ, frames=WORKER_LOCKED)
+    o = ProcessObservation(pid=o.pid, role=o.role, worker_id=0, stack=o.stack,
+                           before=ProcSample(pid=o.pid, ts=100.0, state="S", cpu_s=1.0, syscall=FUTEX),
+                           after=o.after)
+    v = classify_stall([main_waiting(), o])
     assert v.classification == "slow"
     assert (v.processes[1].status, v.processes[1].waiting_in) == ("running", "io")
 
@@ -216,11 +221,20 @@ def test_one_worker_only() -> None:
     assert classify_stall([main_waiting(), worker(0, frames=WORKER_IDLE, syscall=POLL)]).classification == "lost-batch"
 
 
-@pytest.mark.parametrize("noise", [0.0, 0.01, 0.02, CPU_PROGRESS_MIN_S - 0.001])
-def test_cpu_noise_is_no_progress(noise: float) -> None:
+@pytest.mark.parametrize("noise", [0.01, 0.02, CPU_PROGRESS_MIN_S - 0.001])
+def test_cpu_below_progress_is_not_running_but_alive(noise: float) -> None:
+    # the window is read before py-spy attaches, so any CPU at all is the process's own:
+    # not "running" (no progress), but alive, so never a deadlock
     v = classify_stall([main_waiting(), worker(0, cpu=(5.0, 5.0 + noise), frames=WORKER_LOCKED)])
-    assert v.classification == "deadlock"
-    assert v.processes[1].cpu_progress_s == pytest.approx(noise)
+    assert v.classification == "slow"
+    w = v.processes[1]
+    assert w.cpu_progress_s == pytest.approx(noise)
+    assert w.status == "blocked" and w.alive_by == ("cpu",)
+
+
+def test_no_cpu_at_all_is_deadlock() -> None:
+    v = classify_stall([main_waiting(), worker(0, cpu=(5.0, 5.0), frames=WORKER_LOCKED)])
+    assert v.classification == "deadlock" and v.processes[1].alive_by == ()
 
 
 def test_cpu_at_threshold_is_progress() -> None:
@@ -228,9 +242,10 @@ def test_cpu_at_threshold_is_progress() -> None:
     assert v.classification == "slow"
 
 
-def test_state_r_without_progress_is_not_running() -> None:
+def test_state_r_without_progress_is_runnable_so_running() -> None:
+    # a starved process: it wants a CPU it does not get (it used to read as blocked)
     v = judge_process(worker(0, cpu=(5.0, 5.0), state="R", frames=WORKER_LOCKED))
-    assert v.status == "blocked"
+    assert v.status == "running" and "runnable" in v.alive_by
 
 
 def test_state_r_without_cpu_figures_is_running() -> None:

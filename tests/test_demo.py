@@ -97,6 +97,10 @@ def test_table_lines():
         "healthy runs that raised a finding: 1/2",
         "skipped: shm_exhaustion",
     ]
+    wide = list(table_lines([Outcome("healthy_detection_collate", None, seconds=4.9), outcomes[0]]))
+    assert wide[1].startswith("healthy_detection_collate  (no incident)") and wide[2].startswith("deadlock" + " " * 19)
+    col = wide[0].index("EXPECTED")  # the columns stay aligned under their headers
+    assert wide[1].index("(no incident)") == col == wide[2].index("worker-deadlock") == 27
 
 
 def test_outcome_of_an_example_that_fails_is_not_a_match():
@@ -120,7 +124,7 @@ def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     (incident,) = [n for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"]  # runs: summaries
     path = os.path.join(report_dir, incident)
     assert f"  | REPORT {path}" in out  # the example's own output, passed through
-    assert f"incident {incident}  [threshold]" in out  # the rendered report
+    assert f"THRESHOLD: " in out and f"incident {incident}," in out  # the rendered report, headline first
     assert "finding: batch-dim-mismatch" in out
     assert f"full report: {os.path.join(path, 'report.md')}" in out
     assert os.path.isfile(os.path.join(path, "report.md"))

@@ -130,6 +130,20 @@ def test_rng_duplication(report_dir):
     assert "global:random" not in dups and "global:numpy" not in dups and "global:torch" not in dups
 
 
+def test_rng_epoch_repeat(report_dir):
+    run = run_example("rng_epoch_repeat", report_dir)
+    epochs = [line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 2 and epochs[0] == epochs[1]  # the same jitters both epochs, for real
+    _only_playbook(run, "rng-duplication")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "threshold"
+    ev = r["findings"][0]["evidence"]
+    assert ev["repeats"] == [{"attribute": "global:random", "workers": [0, 1], "epochs": [1, 2], "kind": "global"}]
+    assert "duplicates" not in ev  # each worker has its own stream; it is the epochs that repeat
+    assert ev["worker_init_fn"].endswith("seed_worker") and ev["persistent_workers"] is False
+
+
 def test_fd_exhaustion(report_dir):
     run = run_example("fd_exhaustion", report_dir)
     assert "training loop failed" in run.stdout
@@ -188,7 +202,110 @@ def test_deadlock(report_dir):
     assert run.seconds < 30
 
 
-@pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0", "healthy_eval_pause"])
+def test_io_stall(report_dir):
+    run = run_example("io_stall", report_dir)
+    _only_playbook(run, "io-stall")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "stall" and r["classification"] == "io-wait"
+    assert r["progress"]["batches"] == 0 and r["progress"]["stall_s"] >= 3
+    assert all(f["playbook"] != "worker-deadlock" for f in r["findings"])
+    ev = r["findings"][0]["evidence"]
+    workers = ev["workers"]
+    assert {w["worker_id"] for w in workers} == {0, 1}
+    (peer,) = ev["peers"]
+    assert peer["workers"] == 2 and peer["peer"].startswith("127.0.0.1:")
+    for w in workers:
+        assert w["via"] == "thread pool" and w["thread"].startswith("fetch") and w["tid"] != w["pid"]
+        assert w["kind"] == "socket poll"  # http.client's 600 s timeout: the read waits in poll
+        assert w["peer"] == peer["peer"] and w["tcp_state"] == "ESTABLISHED"
+        assert w["where"].startswith("RemoteShards._get (") and "io_stall.py" in w["where"]
+    assert ev["stall_s"] >= 3
+    assert ev["wait"].startswith("worker ") and f"socket poll on {peer['peer']} ESTABLISHED for " in ev["wait"]
+    assert run.seconds < 30
+
+
+def _skip_if_said(run: Run) -> None:
+    skip = [line for line in run.stdout.splitlines() if line.startswith("SKIP: ")]
+    if skip:
+        assert not run.reports
+        pytest.skip(skip[0][len("SKIP: "):])
+
+
+def test_worker_segfault(report_dir):
+    run = run_example("worker_segfault", report_dir)
+    assert "training loop failed" in run.stdout
+    _only_playbook(run, "worker-killed")
+    r = run.report(-1)
+    assert r["trigger"] == "exception"
+    ev = r["findings"][0]["evidence"]
+    assert ev["cause"] == "native-crash" and ev["exit_signal"] == "SIGSEGV"
+    assert ev["crash"]["fatal_error"] == "Segmentation fault"
+    # the dataset line torch never names: ctypes.string_at(0) in NativeDecoder.__getitem__
+    assert ev["crash_frame"].startswith("__getitem__ (") and "worker_segfault.py:" in ev["crash_frame"]
+    crashed = next(p for p in r["processes"] if p["pid"] == ev["pid"])
+    assert crashed["stack"]["source"] == "faulthandler-crash"
+    assert "from faulthandler-crash" in open(os.path.join(run.reports[-1], "report.md")).read()
+
+
+def test_worker_killed_from_outside(report_dir):
+    run = run_example("worker_killed", report_dir)
+    assert "exited unexpectedly" in run.stdout
+    _only_playbook(run, "worker-killed")
+    r = run.report(-1)
+    ev = r["findings"][0]["evidence"]
+    assert ev["exit_signal"] == "SIGKILL"
+    assert ev["cause"] == "external-kill", ev["cause_basis"]  # not called an OOM kill
+    assert "OOM" not in r["findings"][0]["title"]
+    assert any(m.get("rss") for m in ev["memory"])  # its memory up to the end (a read may miss a figure)
+
+
+def test_worker_oom_kill(report_dir):
+    run = run_example("worker_oom", report_dir)
+    _skip_if_said(run)
+    r = run.report(-1)
+    assert r["trigger"] == "exception"
+    top = run.top(r)
+    assert top["playbook"] == "worker-killed"
+    ev = top["evidence"]
+    assert ev["cause"] == "oom-kill", ev["cause_basis"]
+    assert ev["exit_signal"] == "SIGKILL"
+    assert ev["oom_kills"]["after"]["cgroup"] > ev["oom_kills"]["before"]["cgroup"]
+    assert ev["memory_limit"]["cgroup_memory_limit"] == 1 << 30
+    for path in run.reports[:-1]:  # growth seen before the kill, if any: that playbook only
+        assert load(path)["findings"][0]["playbook"] == "worker-memory-growth"
+
+
+def test_copy_on_read_caught_before_any_kill(report_dir):
+    run = run_example("copy_on_read", report_dir)
+    _skip_if_said(run)
+    _only_playbook(run, "worker-memory-growth")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "threshold" and r["exception"] is None
+    ev = r["findings"][0]["evidence"]
+    assert ev["copy_on_read"] is True and ev["workers_growing"] >= 1 and ev["workers"] == 2
+    assert ev["limit"] == "cgroup memory limit" and ev["limit_in_s"] <= ev["horizon_s"]
+    for g in ev["growth"]:
+        assert g["uss"]["rise_bytes"] >= 64 << 20
+        assert abs(g["rss_last"] - g["rss_first"]) < g["uss"]["rise_bytes"] * 0.3  # RSS flat
+    assert r["system"]["cgroup_oom_kills"] == 0  # before any kill
+
+
+def test_pinned_growth(report_dir):
+    run = run_example("pinned_growth", report_dir)
+    _skip_if_said(run)
+    _only_playbook(run, "pinned-memory-growth")
+    (path,) = run.reports
+    ev = load(path)["findings"][0]["evidence"]
+    assert ev["growth"]["rise_bytes"] >= 64 << 20
+    (locker,) = ev["lockers"]
+    assert locker["role"] == "main" and locker["vm_lck_rise"] >= 64 << 20
+
+
+@pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0", "healthy_eval_pause",
+                                  "healthy_detection_collate", "healthy_numpy_dataset", "healthy_warmup",
+                                  "healthy_pinned_flat"])
 def test_healthy_examples_raise_nothing(name, report_dir):
     run = run_example(name, report_dir)
     assert run.reports == []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import stat
 import platform
 import shutil
 import signal
@@ -191,9 +193,12 @@ def _in_private_mount(tmp_path, mount_opts: str, script: str, *args: str, timeou
 def _check_fallback(out: str, err: str, tmpdir: str) -> dict:
     assert "BATCHES 5" in out
     assert "ValueError: step failed" in err  # the user's exception, unchanged, ends the script
-    fallback = os.path.join(tmpdir, f"dlwatch-reports-{os.getuid()}")
-    found = incidents(fallback)
+    # a fresh mkdtemp directory (never the predictable dlwatch-reports-<uid>), 0700
+    made = glob.glob(os.path.join(tmpdir, f"dlwatch-reports-{os.getuid()}-*"))
+    assert not os.path.lexists(os.path.join(tmpdir, f"dlwatch-reports-{os.getuid()}"))
+    found = [i for d in made for i in incidents(d)]
     assert len(found) == 1, (out, err)
+    assert stat.S_IMODE(os.stat(os.path.dirname(found[0])).st_mode) == 0o700
     report = load(found[0])
     assert report["trigger"] == "exception" and report["exception"]["type"] == "builtins.ValueError"
     return report
@@ -203,7 +208,9 @@ def test_read_only_report_dir(tmp_path):
     rc, out, err, tmpdir = _in_private_mount(tmp_path, "ro,size=64k", "faulty.py")
     assert rc == 1
     assert out.count("WARNING dlwatch: report directory") == 1 and "not writable" in out
-    _check_fallback(out, err, tmpdir)
+    report = _check_fallback(out, err, tmpdir)
+    named = out.split("writing reports to ", 1)[1].split("'")[1]  # the warning names the fallback
+    assert report["id"] in os.listdir(named)
 
 
 def test_full_report_dir(tmp_path):

@@ -401,14 +401,56 @@ def test_rng_duplicate_event(playbooks: tuple) -> None:
     assert "get_worker_info().seed" in f[0].remediation
 
 
+def rng_fp(wid: int, stage: str = "start", drawn: tuple = (), epoch: int = 1, **prints: str) -> dict:
+    """An rng_fingerprint event; keyword ``dataset__np_rng`` stands for the path ``dataset.np_rng``,
+    ``global__numpy`` for ``global:numpy``."""
+    paths = {k.replace("dataset__", "dataset.").replace("global__", "global:"): v for k, v in prints.items()}
+    ev = {"ts": 2.0, "event": "rng_fingerprint", "worker_id": wid, "pid": 100 * epoch + wid, "epoch": epoch,
+          "stage": stage, "fingerprints": paths}
+    if stage == "after_first_batch":
+        ev["drawn"], ev["rebound"] = list(drawn), []
+    return ev
+
+
 def test_rng_duplicates_derived_from_fingerprints(playbooks: tuple) -> None:
     r = report(trigger="exit")
     for wid in (0, 1):
-        r["events"].append({"ts": 2.0, "event": "rng_fingerprint", "worker_id": wid, "pid": 101 + wid,
-                            "fingerprints": {"dataset.np_rng": "same", "global:random": f"g{wid}"}})
+        r["events"] += [rng_fp(wid, dataset__np_rng="same", global__random=f"g{wid}"),
+                        rng_fp(wid, "after_first_batch", ("dataset.np_rng", "global:random"),
+                               dataset__np_rng="drawn", global__random=f"h{wid}")]
     f = match(r, playbooks)
     assert ids(f) == ["rng-duplication"]
-    assert f[0].evidence["duplicates"] == [{"attribute": "dataset.np_rng", "workers": [0, 1], "kind": "object"}]
+    assert f[0].evidence["duplicates"] == [{"attribute": "dataset.np_rng", "workers": [0, 1], "kind": "object",
+                                            "epoch": 1}]
+    assert "Every worker draws from its own copy" in f[0].remediation
+    assert "The workers start the same stream every epoch" not in f[0].remediation
+
+
+def test_rng_identical_but_never_drawn_from_is_quiet(playbooks: tuple) -> None:
+    r = report(trigger="exit")
+    for wid in (0, 1):  # a generator used in Dataset.__init__ only: alike in every worker, never moves
+        r["events"] += [rng_fp(wid, dataset__rng="same"), rng_fp(wid, "after_first_batch", dataset__rng="same")]
+    assert match(r, playbooks) == []
+    r["events"] = [rng_fp(wid, dataset__rng="same") for wid in (0, 1)]  # the start alone proves nothing
+    assert match(r, playbooks) == []
+
+
+def test_rng_epoch_repeat_derived_from_fingerprints(playbooks: tuple) -> None:
+    r = report(trigger="exit", loader={"persistent_workers": False, "worker_init_fn": "train.seed_by_id",
+                                       "sampler": "torch.utils.data.sampler.RandomSampler"})
+    r["events"] += [rng_fp(0, global__numpy="s0"), rng_fp(0, "after_first_batch", ("global:numpy",),
+                                                          global__numpy="t0"),
+                    rng_fp(0, epoch=2, global__numpy="s0")]
+    f = match(r, playbooks)
+    check_well_formed(f)
+    assert ids(f) == ["rng-duplication"] and f[0].confidence == 0.85
+    ev = f[0].evidence
+    assert ev["repeats"] == [{"attribute": "global:numpy", "workers": [0], "epochs": [1, 2], "kind": "global"}]
+    assert ev["persistent_workers"] is False and ev["worker_init_fn"] == "train.seed_by_id"
+    assert ev["sampler"].endswith("RandomSampler")
+    assert 'ignore="rng-duplication"' in f[0].remediation  # the way out for a validation loader seeded on purpose
+    assert "torch.initial_seed()" in f[0].remediation
+    assert "Every worker draws from its own copy" not in f[0].remediation
 
 
 def test_rng_one_worker_only_is_quiet(playbooks: tuple) -> None:

@@ -1,4 +1,4 @@
-"""Loading and validating playbook files: the shipped five, user directories, malformed files."""
+"""Loading and validating playbook files: the shipped six, user directories, malformed files."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
-FAILURE_IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication"}
+FAILURE_IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication",
+               "io-stall", "worker-killed", "worker-memory-growth", "pinned-memory-growth", "straggler-rank"}
 # advice (the run summary) and preflight ids: found by code, never matched into an incident
 ADVICE_IDS = {"input-bound", "slow-epoch-start", "prefetch-too-deep", "too-many-workers", "pin-memory-without-cuda",
               "sampler-epoch-not-set", "dataset-memory-per-worker", "fork-with-threads", "fork-after-cuda",
@@ -84,7 +85,7 @@ def test_thresholds_are_data() -> None:
     pbs = {p.id: p for p in load_playbooks()}
     assert pbs["fd-exhaustion"].threshold("fd_share", 0.5) == 0.9
     assert pbs["fd-exhaustion"].threshold("missing", 0.5) == 0.5
-    assert pbs["shm-exhaustion"].threshold("free_share", 0) == 0.1
+    assert pbs["shm-exhaustion"].threshold("need_factor", 0) == 1.0
 
 
 def test_user_dir_adds_and_overrides(tmp_path: Path) -> None:

@@ -327,9 +327,11 @@ def test_pathological_input_finishes(unit: str) -> None:
 # --------------------------------------------------------------------------
 # property tests
 
-SECRET_WORDS_LOW = ("token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "credential")
+SECRET_WORDS_LOW = ("token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "credential",
+                    "passphrase", "signature", "pass", "pw", "key", "auth", "sig")
 # Literal prefixes of the name-independent patterns; excluded from "clean" text.
-PATTERN_MARKERS = ("akia", "asia", "aiza", "ya29", "hf_", "gh", "github_pat_", "xox", "bearer", "private key")
+PATTERN_MARKERS = ("akia", "asia", "aiza", "ya29", "hf_", "gh", "github_pat_", "xox", "bearer", "private key",
+                   "basic", "sk-", "sk_", "rk_", "gl", "sg.", "npm_", "pypi-", "eyj")
 
 CLEAN_ALPHABET = st.characters(
     blacklist_characters="=:@", blacklist_categories=("Cs",)
@@ -391,3 +393,43 @@ def test_planted_password_never_survives(prefix: str, secret: str, suffix: str) 
 )
 def test_redact_obj_never_raises(obj: object) -> None:
     redact_obj(obj)
+
+
+def _redact_without_gate(text: str) -> str:
+    from dlwatch.redact import _MAX_PASSES, _redact
+
+    prev, cur = text, _redact(text)
+    for _ in range(_MAX_PASSES):
+        if cur == prev:
+            break
+        prev, cur = cur, _redact(cur)
+    return cur
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(MIXED | st.sampled_from(["sk-" + "a" * 24, "glpat-" + "b" * 20, "\u212aey=v1", "PW = x", "Sig=1",
+                                         "eyJ" + "a" * 8 + ".eyJ" + "b" * 8 + ".c", "Basic Zm9vOmJhcg=="]),
+                max_size=10).map("".join))
+def test_fast_gate_never_skips_a_redaction(text: str) -> None:
+    """redact() returns clean text at once when no trigger occurs; that shortcut must change nothing."""
+    assert redact(text) == _redact_without_gate(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # healthy look-alikes of the issue-9 rules: names that merely contain pass/key/auth/sig,
+        # comparisons and augmented assignments, prose, and the usual ML command lines
+        "if x == y and token_count += 1",
+        "compass=north keyboard=us monkey=1 author: me bypass=0 sig_figs=3 keys=4",
+        "signal: SIGKILL (the training process was killed)",
+        "pip install scikit-learn; sk-learn is not a token",
+        "the basic idea: stack, do not concatenate",
+        "torchrun --nproc-per-node 8 train.py --epochs -1 --lr 3e-4",
+        "https://github.com/pytorch/pytorch/issues/1355#issuecomment-1",
+        "s3://bucket/key=value/part-0001.parquet",
+        "Thread 0x7f (most recent call first):\n  File \"/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py\", line 308 in _worker_loop",
+    ],
+)
+def test_issue9_look_alikes_are_untouched(text: str) -> None:
+    assert redact(text) == text

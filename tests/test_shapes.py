@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlwatch.shapes import BatchShapeProbe, batch_nbytes, leaves
+from dlwatch.shapes import CONFIRM_BATCHES, BatchShapeProbe, IgnoreKeys, batch_nbytes, leaves
 
 
 def stacked(n: int, c: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,23 +31,64 @@ def run(probe: BatchShapeProbe, batches: list, *, only_sampled: bool = True) -> 
     return None
 
 
-def test_cat_collate_is_found_on_first_batch() -> None:
+def test_cat_collate_is_found_once_confirmed() -> None:
     probe = BatchShapeProbe(4, False, dataset_len=40, collate_fn_name="train.cat_collate")
-    ev = probe.check(catted(4), 0)
+    assert CONFIRM_BATCHES == 8
+    for i in range(CONFIRM_BATCHES - 1):
+        assert probe.should_check(i) and probe.check(catted(4), i) is None
+    ev = probe.check(catted(4), CONFIRM_BATCHES - 1)
     assert ev is not None
     assert ev["reason"] == "inconsistent_leading_dims"
+    # the evidence is the first wrong batch
     assert ev["shapes"] == {"batch[0]": [12, 8, 8], "batch[1]": [4]}
     assert ev["leading_dims"] == {"batch[0]": 12, "batch[1]": 4}
     assert ev["expected_batch_size"] == 4 and ev["batch_index"] == 0 and ev["collate_fn"] == "train.cat_collate"
+    assert ev["leaf"] == "batch[0]" and ev["multiple"] == 3 and ev["sample_count"] == 4
+    assert ev["confirmed_batches"] == 8 and ev["confirmed_at_index"] == 7
     assert ev["signal"] == "batch_shape"
+    assert not {"path", "event"} & set(ev)  # the agent sends it as events.emit(path, "batch_shape", **ev)
     # one finding per run: the probe stops
-    assert not probe.should_check(1) and probe.check(catted(4), 1) is None
+    assert not probe.should_check(8) and probe.check(catted(4), 8) is None
+
+
+def _seed(layout: str, n: int, c: int = 3):
+    images, labels = catted(n, c)
+    return {"tuple": (images, labels), "dict": {"image": images, "label": labels}, "alone": images}[layout]
+
+
+@pytest.mark.parametrize("layout", ["tuple", "dict", "alone"])
+@pytest.mark.parametrize("dataset_len", [40, 38, None])
+def test_seed_case_caught_in_every_layout(layout, dataset_len) -> None:
+    """(B*C, H, W) next to B labels, in a tuple, a dict, or alone; with or without a partial last batch."""
+    probe = BatchShapeProbe(4, False, dataset_len=dataset_len)
+    sizes = [4] * 9 + [2 if dataset_len == 38 else 4]
+    found = None
+    for epoch in range(3):
+        for i, n in enumerate(sizes):
+            if probe.should_check(i):
+                found = found or probe.check(_seed(layout, n), i)
+        probe.end_epoch()
+    assert found is not None
+    assert found["batch_index"] == 0 and found["multiple"] == 3
+    assert found["reason"] == ("leading_dim_mismatch" if layout == "alone" else "inconsistent_leading_dims")
+
+
+def test_seed_case_alone_unknown_len_partial_last_batches() -> None:
+    """Epochs of 3 batches (12, 12, 6 rows): the small last one neither confirms nor clears."""
+    probe = BatchShapeProbe(4, False)
+    found = None
+    for epoch in range(4):
+        for i, n in enumerate((4, 4, 2)):
+            if probe.should_check(i):
+                found = found or probe.check(_seed("alone", n), i)
+    assert found is not None and found["leading_dims"] == {"batch": 12}
 
 
 def test_single_tensor_wrong_leading_dim() -> None:
     probe = BatchShapeProbe(4, True)
-    ev = probe.check(torch.zeros(12, 8), 0)
-    assert ev["reason"] == "leading_dim_mismatch" and ev["leading_dims"] == {"batch": 12}
+    evs = [probe.check(torch.zeros(12, 8), i) for i in range(CONFIRM_BATCHES)]
+    assert evs[:-1] == [None] * (CONFIRM_BATCHES - 1)
+    assert evs[-1]["reason"] == "leading_dim_mismatch" and evs[-1]["leading_dims"] == {"batch": 12}
 
 
 def test_healthy_epoch_with_last_partial_batch_known_len() -> None:
@@ -67,17 +108,24 @@ def test_wrong_dataset_len_costs_no_false_alarm() -> None:
     assert run(probe, [stacked(4)] * 5, only_sampled=False) is None
 
 
-def test_small_batch_mid_epoch_with_known_len() -> None:
+def test_small_batches_are_never_a_finding() -> None:
+    """Smaller batches are not torch.cat: IterableDataset workers each end with a partial batch, a
+    collate drops bad samples; every tensor agrees on the smaller size."""
+    for dataset_len, drop_last in ((40, False), (None, False), (None, True), (40, True)):
+        probe = BatchShapeProbe(4, drop_last, dataset_len=dataset_len)
+        sizes = [4, 4, 3, 4, 2, 2, 4, 1, 4, 4]
+        for i, n in enumerate(sizes * 3):
+            assert probe.check(stacked(n), i) is None, (dataset_len, drop_last, i)
+        probe = BatchShapeProbe(4, drop_last, dataset_len=dataset_len)
+        for i, n in enumerate(sizes * 3):
+            assert probe.check(torch.zeros(n, 5), i) is None, (dataset_len, drop_last, i)
+
+
+def test_larger_batch_that_all_tensors_agree_on() -> None:
+    # a collate that appends flipped copies of every sample: (2B, ...) images and 2B labels
     probe = BatchShapeProbe(4, False, dataset_len=40)
-    assert probe.check(stacked(3), 4) is None  # pending: only the next batch can tell
-    ev = probe.check(stacked(4), 5)
-    assert ev["reason"] == "small_batch_not_last" and ev["batch_index"] == 4 and ev["is_last_batch"] is False
-
-
-def test_larger_batch_on_the_last_index_is_found() -> None:
-    probe = BatchShapeProbe(4, False, dataset_len=10)
-    ev = probe.check(torch.zeros(6, 3), 2)
-    assert ev["reason"] == "leading_dim_mismatch" and ev["expected_batch_size"] == 2 and ev["is_last_batch"] is True
+    for i in range(20):
+        assert probe.check(stacked(8), i) is None
 
 
 def test_last_batch_checked_even_when_sparse() -> None:
@@ -86,30 +134,13 @@ def test_last_batch_checked_even_when_sparse() -> None:
     assert probe.should_check(999) and not probe.should_check(998)
 
 
-def test_small_batch_accepted_only_as_last_when_len_unknown() -> None:
-    probe = BatchShapeProbe(4, False)
-    # the small batch ends the epoch, then a new epoch starts at index 0: fine
-    assert run(probe, [stacked(4), stacked(4), stacked(2)], only_sampled=False) is None
-    assert probe.check(stacked(4), 0) is None
-    # a small batch in the middle of an epoch is found when the next batch comes
-    probe = BatchShapeProbe(4, False)
-    assert probe.check(stacked(4), 0) is None
-    assert probe.check(stacked(2), 1) is None
-    assert probe.should_check(2)
-    ev = probe.check(stacked(4), 2)
-    assert ev is not None and ev["reason"] == "small_batch_not_last" and ev["batch_index"] == 1
-
-
-def test_small_batch_pending_cleared_by_end_epoch() -> None:
-    probe = BatchShapeProbe(4, False)
-    probe.check(stacked(2), 5)
-    probe.end_epoch()
-    assert probe.check(stacked(4), 6) is None
-
-
-def test_drop_last_rejects_small_batch_at_once() -> None:
-    probe = BatchShapeProbe(4, True)
-    assert probe.check(stacked(2), 3)["reason"] == "leading_dim_mismatch"
+def test_every_batch_checked_while_suspicious() -> None:
+    probe = BatchShapeProbe(4, False, dataset_len=4000, check_first=2, sample_every=64)
+    assert probe.next_check(2) == 64
+    assert probe.check(catted(4), 64) is None  # a suspicion opens
+    assert probe.suspicious and probe.next_check(65) == 65 and probe.should_check(65)
+    assert probe.check(stacked(4), 65) is None  # the leaf had B rows: it varies, cleared
+    assert not probe.suspicious and probe.next_check(66) == 128
 
 
 def test_one_sample_dataset() -> None:
@@ -123,14 +154,15 @@ def test_nested_dicts_and_lists() -> None:
             "path": ["a", "b", "c", "d"], "aux": [torch.zeros(4, 2), torch.zeros(4, 5)]}
     assert probe.check(good, 0) is None
     bad = {"image": torch.zeros(12, 8, 8), "meta": {"label": torch.zeros(4)}}
-    ev = probe.check(bad, 1)
+    ev = run(BatchShapeProbe(4, False), [bad] * CONFIRM_BATCHES, only_sampled=False)
     assert ev["leading_dims"] == {"batch['image']": 12, "batch['meta']['label']": 4}
 
 
 def test_numpy_batches() -> None:
     probe = BatchShapeProbe(4, False)
     assert probe.check((np.zeros((4, 3)), np.zeros(4)), 0) is None
-    assert probe.check((np.zeros((12,)), np.zeros(4)), 1)["reason"] == "inconsistent_leading_dims"
+    bad = (np.zeros((12,)), np.zeros(4))
+    assert run(BatchShapeProbe(4, False), [bad] * CONFIRM_BATCHES)["reason"] == "inconsistent_leading_dims"
 
 
 def test_not_flagged_layouts() -> None:
@@ -146,6 +178,109 @@ def test_not_flagged_layouts() -> None:
     probe = BatchShapeProbe(4, False)
     for i, b in enumerate([det, seq, misc, raw]):
         assert probe.check(b, i) is None, i
+
+
+def _yolo(counts: list[int]) -> tuple:
+    """YOLO-style collate: images stacked, targets (sum of boxes, 6) = [batch index, class, box]."""
+    return torch.zeros(len(counts), 3, 16, 16), torch.zeros(sum(counts), 6), [f"img{i}.jpg" for i in counts]
+
+
+def _ultralytics(counts: list[int]) -> dict:
+    n = sum(counts)
+    return {"img": torch.zeros(len(counts), 3, 16, 16), "batch_idx": torch.zeros(n), "cls": torch.zeros(n, 1),
+            "bboxes": torch.zeros(n, 4), "im_file": [f"{i}.jpg" for i in counts],
+            "ori_shape": [(16, 16)] * len(counts)}
+
+
+def _packed(lengths: list[int]) -> dict:
+    t = sum(lengths)
+    return {"input_ids": torch.zeros(1, t, dtype=torch.long), "position_ids": torch.zeros(1, t, dtype=torch.long),
+            "labels": torch.zeros(1, t, dtype=torch.long), "cu_seqlens": torch.zeros(len(lengths) + 1),
+            "max_seqlen": max(lengths)}
+
+
+def _graph(nodes: list[int], *, ptr: bool = True) -> dict:
+    n = sum(nodes)
+    g = {"x": torch.zeros(n, 7), "edge_index": torch.zeros(2, 3 * n, dtype=torch.long),
+         "batch": torch.zeros(n, dtype=torch.long), "y": torch.zeros(len(nodes))}
+    if ptr:
+        g["ptr"] = torch.zeros(len(nodes) + 1, dtype=torch.long)
+    return g
+
+
+# boxes per image over 12 batches of 4: the first three batches total 8 boxes each (a multiple of 4, k=2)
+COUNTS = [[2, 2, 2, 2], [1, 3, 2, 2], [4, 0, 2, 2], [2, 2, 2, 3], [0, 1, 5, 2], [2, 2, 2, 2],
+          [3, 3, 3, 3], [1, 1, 1, 1], [2, 2, 2, 2], [7, 1, 0, 0], [2, 2, 2, 2], [2, 2, 2, 2]]
+
+
+@pytest.mark.parametrize("make", [_yolo, _ultralytics, _packed, _graph, lambda c: _graph(c, ptr=False)],
+                         ids=["yolo", "ultralytics", "packed", "graph", "graph-no-ptr"])
+@pytest.mark.parametrize("dataset_len", [48, None])
+def test_batches_that_join_samples_on_purpose(make, dataset_len) -> None:
+    probe = BatchShapeProbe(4, False, dataset_len=dataset_len)
+    for epoch in range(3):
+        for i, counts in enumerate(COUNTS):
+            assert probe.check(make(counts), i) is None, (epoch, i)
+    assert not probe.found
+
+
+def test_coincidence_then_variation_clears_the_leaf() -> None:
+    probe = BatchShapeProbe(4, False)
+    for i in range(3):
+        probe.check(_yolo([2, 2, 2, 2]), i)  # targets (8, 6) next to 4 images: a suspect, k=2
+    assert probe.suspicious
+    probe.check(_yolo([2, 2, 2, 3]), 3)  # 9 rows: the count follows the data
+    assert not probe.suspicious and "batch[1]" in probe._cleared
+    for i in range(4, 40):
+        assert probe.check(_yolo([2, 2, 2, 2]), i) is None
+
+
+def test_pre_batched_dataset_batch_size_one() -> None:
+    # batch_size=1, collate_fn=lambda b: b[0]: each "sample" is already a batch of 64
+    probe = BatchShapeProbe(1, False, dataset_len=10)
+    for i in range(30):
+        assert probe.check((torch.zeros(64, 3, 8, 8), torch.zeros(64)), i % 10) is None
+        assert probe.check(torch.zeros(64, 3, 8, 8), i % 10) is None
+
+
+def test_padded_variable_length_batches() -> None:
+    probe = BatchShapeProbe(4, False)
+    for i, length in enumerate([8, 12, 16, 24, 32, 8, 4, 12] * 3):
+        hf = {"input_ids": torch.zeros(4, length), "attention_mask": torch.zeros(4, length),
+              "labels": torch.zeros(4, length)}  # token classification pads labels too
+        assert probe.check(hf, i) is None
+        assert probe.check((torch.zeros(length, 4, 16), torch.zeros(4), torch.tensor([length] * 4)), i) is None
+
+
+def test_constant_multiple_by_design_needs_an_ignore_key() -> None:
+    """Two augmented views concatenated, (2B, C, H, W) next to B labels: the shapes of the bug."""
+    batch = {"views": torch.zeros(8, 3, 8, 8), "label": torch.zeros(4)}
+    assert run(BatchShapeProbe(4, False), [batch] * 20)["leaf"] == "batch['views']"
+    probe = BatchShapeProbe(4, False, ignore_keys=("views",))
+    assert run(probe, [batch] * 20, only_sampled=False) is None
+
+
+def test_ignore_keys_name_leaves_three_ways() -> None:
+    nested = {"images": torch.zeros(4, 3, 8, 8),
+              "targets": {"boxes": torch.zeros(12, 4), "labels": torch.zeros(4)}}
+    keys = lambda b, ign: [p for p, _ in leaves(b, 4, 4, ignore=IgnoreKeys.parse(ign))]  # noqa: E731
+    assert keys(nested, ["boxes"]) == ["batch['images']", "batch['targets']['labels']"]  # at any depth
+    assert keys(nested, ["targets"]) == ["batch['images']"]  # a whole subtree
+    assert keys(nested, ["batch['targets']['boxes']"]) == ["batch['images']", "batch['targets']['labels']"]
+    assert keys(nested, ['batch["targets"]["boxes"]']) == ["batch['images']", "batch['targets']['labels']"]
+    assert keys(nested, ["batch['boxes']"]) == keys(nested, [])  # a full path must be the full path
+    flat = (torch.zeros(12, 8, 8), torch.zeros(4), (torch.zeros(4), torch.zeros(4, 2)))
+    assert keys(flat, ["0"]) == ["batch[1]", "batch[2][0]", "batch[2][1]"]  # a top-level position
+    assert keys(flat, ["1"]) == ["batch[0]", "batch[2][0]", "batch[2][1]"]  # not batch[2][1]: top level only
+    assert keys(flat, ["batch[2][1]"]) == ["batch[0]", "batch[1]", "batch[2][0]"]
+    assert keys({1: torch.zeros(4), "a": torch.zeros(4)}, ["1"]) == ["batch['a']"]  # a dict key by its str
+
+
+def test_ignored_key_leaves_the_others_checked() -> None:
+    batch = {"image": torch.zeros(12, 8, 8), "label": torch.zeros(4), "boxes": torch.zeros(8, 4)}
+    ev = run(BatchShapeProbe(4, False, ignore_keys=("boxes",)), [batch] * 10, only_sampled=False)
+    assert ev["leaf"] == "batch['image']" and "batch['boxes']" not in ev["shapes"]
+    assert ev["ignored_keys"] == ["boxes"]
 
 
 def test_batch_size_none_skips() -> None:
@@ -217,15 +352,15 @@ def test_real_dataloader_cat_vs_stack() -> None:
         loader = DataLoader(ds, batch_size=4, collate_fn=collate)
         name = f"{cat_collate.__module__}.{cat_collate.__qualname__}" if collate else "default_collate"
         probe = BatchShapeProbe(loader.batch_size, loader.drop_last, len(loader.sampler), name)
-        for epoch in range(2):
-            found = None
+        found = None
+        for epoch in range(4):  # 3 batches an epoch (4, 4, 2): confirmed in the third epoch
             for i, batch in enumerate(loader):
                 if probe.should_check(i):
                     found = found or probe.check(batch, i)
-            if expect_found:
-                assert found is not None and found["shapes"] == {"batch[0]": [12, 8, 8], "batch[1]": [4]}
-                assert found["collate_fn"].endswith("cat_collate")
-                break
+        if expect_found:
+            assert found is not None and found["shapes"] == {"batch[0]": [12, 8, 8], "batch[1]": [4]}
+            assert found["collate_fn"].endswith("cat_collate")
+        else:
             assert found is None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, strategies as st
 
 from dlwatch.detect.thresholds import (
-    fd_near_limit, fd_pressure, fd_trend, inflight_shm_bytes, shm_pressure,
+    fd_near_limit, fd_pressure, fd_trend, held_shm_bytes, inflight_shm_bytes, shm_pressure,
 )
 from dlwatch.model import FdSummary, ProcSample, SystemSample
 
@@ -126,15 +126,53 @@ def test_shm_healthy_is_quiet() -> None:
     assert shm_pressure(sysample(64 * MiB, 60 * MiB)) is None
 
 
-def test_shm_nearly_full_boundary() -> None:
-    assert shm_pressure(sysample(100 * MiB, 10 * MiB)) is None  # exactly 10 % free
-    ev = shm_pressure(sysample(100 * MiB, 10 * MiB - 1))
-    assert ev is not None and ev["reason"] == "nearly_full" and ev["shm_free"] == 10 * MiB - 1
+def test_shm_nearly_full_of_another_tenant_is_quiet_while_the_need_fits() -> None:
+    # 2 % free: another tenant's files; this job needs 1 MiB in flight
+    assert shm_pressure(sysample(100 * MiB, 2 * MiB), need_bytes=1 * MiB) is None
+    assert shm_pressure(sysample(100 * MiB, 2 * MiB, files=500), need_bytes=2 * MiB) is None  # exactly fits
+    assert shm_pressure(sysample(100 * MiB, 2 * MiB), need_bytes=2 * MiB + 1)["reason"] == "free_below_need"
+    # full, and the need unknown (no batch measured yet): no proof of anything
+    assert shm_pressure(sysample(100 * MiB, 0)) is None
+    assert shm_pressure(sysample(100 * MiB, 0), {"num_workers": 2, "prefetch_factor": 2}) is None
+
+
+def test_shm_num_workers_zero_needs_nothing() -> None:
+    loader = {"batch_bytes": 64 * MiB, "prefetch_factor": None, "num_workers": 0}
+    assert shm_pressure(sysample(4 * MiB, 0), loader) is None  # tiny and full: batches never go there
+
+
+def test_shm_counts_what_this_job_holds() -> None:
+    # the job's own 3 in-flight batches of 4 MiB already take 12 of the 16 MiB used; 4 MiB free
+    loader = {"batch_bytes": 4 * MiB, "prefetch_factor": 2, "num_workers": 2, "sharing_strategy": "file_system"}
+    assert shm_pressure(sysample(20 * MiB, 4 * MiB), loader) is not None  # without what it holds: 4 < 16
+    assert shm_pressure(sysample(20 * MiB, 4 * MiB), loader, held_bytes=12 * MiB) is None
+    ev = shm_pressure(sysample(20 * MiB, 4 * MiB), loader, held_bytes=11 * MiB)
+    assert ev["reason"] == "free_below_need" and ev["available_bytes"] == 15 * MiB
+    assert ev["held_bytes"] == 11 * MiB and ev["need_bytes"] == 16 * MiB and ev["sharing_strategy"] == "file_system"
+    # it holds 60 MiB (batches it keeps, and its in-flight ones): only the need counts as room it reuses
+    assert shm_pressure(sysample(64 * MiB, 1 * MiB), loader, held_bytes=60 * MiB) is None  # 1 + 16 >= 16
+    ev = shm_pressure(sysample(64 * MiB, 0), loader, held_bytes=60 * MiB)
+    assert ev is None  # 0 + 16: its next batches go where its last ones were
+    ev = shm_pressure(sysample(64 * MiB, 0), loader, held_bytes=10 * MiB)
+    assert ev["reason"] == "free_below_need" and ev["available_bytes"] == 10 * MiB
+
+
+def test_held_shm_bytes_from_samples() -> None:
+    from dlwatch.model import FdSummary, ProcSample
+
+    main = ProcSample(pid=1, ts=1.0, shm_map_bytes=6 * MiB)
+    worker = ProcSample(pid=2, ts=1.0, shm_map_bytes=1 * MiB)
+    gone = ProcSample(pid=3, ts=1.0, gone=True, shm_map_bytes=50 * MiB)
+    fds = FdSummary(shm=3, shm_bytes=3 * MiB)
+    assert held_shm_bytes([(main, None), (worker, fds), (gone, None), (None, None)]) == 9 * MiB
+    assert held_shm_bytes([(ProcSample(pid=4, ts=1.0), None)]) == 0  # not read yet (slow cadence)
 
 
 def test_shm_smaller_than_need() -> None:
     ev = shm_pressure(sysample(64 * MiB, 64 * MiB), need_bytes=96 * MiB)
     assert ev["reason"] == "smaller_than_need" and ev["need_bytes"] == 96 * MiB and ev["signal"] == "shm_pressure"
+    assert shm_pressure(sysample(64 * MiB, 64 * MiB), need_bytes=96 * MiB, held_bytes=96 * MiB)["reason"] \
+        == "smaller_than_need"  # holding it cannot make /dev/shm bigger
     assert shm_pressure(sysample(256 * MiB, 50 * MiB), need_bytes=96 * MiB)["reason"] == "free_below_need"
 
 
@@ -142,6 +180,25 @@ def test_shm_takes_loader_dict() -> None:
     loader = {"batch_bytes": 16 * MiB, "prefetch_factor": 2, "num_workers": 4}
     assert shm_pressure(sysample(64 * MiB, 64 * MiB), loader)["reason"] == "smaller_than_need"
     assert shm_pressure(sysample(64 * MiB, 64 * MiB), {"num_workers": 4}) is None
+
+
+def test_shm_detector_reads_the_job_from_the_view() -> None:
+    from types import SimpleNamespace
+
+    from dlwatch.detect.base import View
+    from dlwatch.detect.shm import ShmPressure
+    from dlwatch.model import ProcSample
+
+    def view(shm_map_bytes: int, gone: bool = False) -> View:
+        t = SimpleNamespace(gone=gone, last=ProcSample(pid=1, ts=1.0, shm_map_bytes=shm_map_bytes), last_fds=None)
+        loader = {"batch_bytes": 2 * MiB, "prefetch_factor": 2, "num_workers": 2}
+        return View(now=2.0, procs={1: t}, loader=loader, loader_pids=frozenset(), system=sysample(32 * MiB, 4 * MiB),
+                    heartbeat=None)
+
+    det = ShmPressure({"need_factor": 1.0, "free_share": 0.5})  # an old playbook's free_share is ignored
+    assert list(det.on_poll(view(4 * MiB))) == []  # 4 free + 4 held = 8 MiB = the need
+    (ev,) = det.on_poll(view(4 * MiB, gone=True))
+    assert ev["event"] == "threshold" and ev["reason"] == "free_below_need" and ev["held_bytes"] == 0
 
 
 def test_shm_unknown_is_quiet() -> None:

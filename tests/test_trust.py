@@ -152,3 +152,46 @@ def test_an_ignored_playbook_makes_no_finding_in_a_real_report(tmp_path):
     assert all(f["playbook"] != "fd-exhaustion" for f in report["findings"])
     assert any("ignored" in n and "fd-exhaustion" in n for n in report["notes"])
     json.dumps(report)
+
+
+def test_batch_bytes_are_measured_without_a_shape_probe(tmp_path, no_leftovers):
+    """batch_size=None (pre-batched) or an ignored batch check: the shm need must still be known."""
+    import torch
+
+    loader = DataLoader([torch.zeros(4, 8)] * 6, batch_size=None, num_workers=1)
+    with dlwatch.watch(loader, report_dir=str(tmp_path), ignore=["batch-dim-mismatch"]) as w:
+        assert w._shape_probe is None
+        assert sum(1 for _ in w) == 6
+        with open(os.path.join(w.run_dir, "events.jsonl")) as f:
+            sizes = [json.loads(line)["batch_bytes"] for line in f if '"batch_bytes"' in line]
+    assert sizes == [4 * 8 * 4]
+
+
+def test_batch_check_confirmation_is_a_playbook_threshold(tmp_path, no_leftovers):
+    """A user who wants the cat-collate finding sooner lowers confirm_batches in their own copy."""
+    import shutil
+
+    import torch
+
+    from dlwatch.playbooks import builtin_dir
+
+    mine = tmp_path / "playbooks"
+    mine.mkdir()
+    text = (builtin_dir() / "batch-dim-mismatch.toml").read_text()
+    assert "confirm_batches = 8" in text
+    (mine / "batch-dim-mismatch.toml").write_text(text.replace("confirm_batches = 8", "confirm_batches = 2"))
+
+    def cat_collate(samples):
+        return torch.cat([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+    data = [(torch.zeros(3, 8, 8), i) for i in range(12)]  # (12, 8, 8) next to 4 labels
+    loader = DataLoader(data, batch_size=4, num_workers=1, collate_fn=cat_collate)
+    rd = tmp_path / "r"
+    with dlwatch.watch(loader, report_dir=str(rd), playbooks=[str(mine)], poll_interval=0.1) as w:
+        assert w.thresholds["confirm_batches"] == 2
+        assert sum(1 for _ in w) == 3  # 3 batches: the shipped 8 would never confirm
+        assert wait_for(lambda: incidents(str(rd)), timeout=15)
+    (inc,) = incidents(str(rd))
+    ev = load(inc)["findings"][0]["evidence"]
+    assert ev["confirmed_batches"] == 2 and ev["confirmed_at_index"] == 1
+    shutil.rmtree(mine)

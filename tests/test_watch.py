@@ -14,6 +14,7 @@ import weakref
 import psutil
 import pytest
 from torch.utils.data import DataLoader
+from torch.utils.data import default_collate
 
 import dlwatch
 from conftest import REPO, TARGETS, batches_of, incidents, load, wait_for
@@ -86,7 +87,8 @@ def test_start_methods(method, tmp_path, target):
     out, err = t.communicate(timeout=90)
     assert t.proc.returncode == 0, err[-2000:]
     result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-    assert result == {"same": True, "n": 6}
+    assert result == {"same": True, "n": 6,
+                      "fingerprints": ["after_first_batch", "after_first_batch", "start", "start"]}
     # two epochs (bare and watched), two workers each: the user's init ran once per worker
     assert len(init_log.read_text().splitlines()) == 4
 
@@ -267,10 +269,13 @@ def test_rng_fingerprints_only_for_the_first_worker_generations(tmp_path, no_lef
             batches_of(batches)
         events = [json.loads(line) for line in open(os.path.join(batches.run_dir, "events.jsonl"))]
     registered = [e for e in events if e["event"] == "worker_registered"]
-    fingerprinted = [e for e in events if e["event"] == "rng_fingerprint"]
+    fingerprinted = [(e["epoch"], e["worker_id"], e["stage"]) for e in events if e["event"] == "rng_fingerprint"]
     assert len(registered) == 8  # every worker still registers
-    assert len(fingerprinted) == 4  # two generations of two workers: enough to compare
+    # two generations of two workers, each at its start and after its first batch: enough to compare
+    assert sorted(fingerprinted) == [(epoch, wid, stage) for epoch in (1, 2) for wid in (0, 1)
+                                     for stage in ("after_first_batch", "start")]
     assert dl.worker_init_fn is None
+    assert dl.collate_fn is default_collate
 
 
 def test_sys_exit_zero_is_not_an_incident(tmp_path, no_leftovers):

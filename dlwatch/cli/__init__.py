@@ -18,7 +18,7 @@ from typing import Sequence
 from dlwatch import __version__
 from dlwatch.errors import DlwatchError
 
-COMMANDS = ("report", "attach", "playbooks", "demo")
+COMMANDS = ("run", "top", "report", "attach", "playbooks", "demo")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except DlwatchError as exc:
-        print(f"dlwatch: error: {exc}", file=sys.stderr)
+        from dlwatch.redact import outbound
+        from dlwatch.report.render import terminal_safe  # messages name paths and pids a user chose
+
+        print(terminal_safe(outbound(f"dlwatch: error: {exc}")), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -17,18 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from dlwatch import events as events_mod
 from dlwatch import forensics, heartbeat
-from dlwatch.collect import procfs
+from dlwatch.collect import procfs, rundir
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import read_system
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import PTRACE_HELP, NotFoundError, PermissionDeniedError, TargetError, UsageError
-from dlwatch.events import EventReader
+from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
 WORKER_COMM = "pt_data_worker"
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report directory root; the incident goes to DIR/<id>/ (default: $DLWATCH_DIR or ./dlwatch-reports)")
     parser.add_argument("--json", action="store_true", help="print the report JSON instead of a summary")
     parser.add_argument("--duration", type=float, default=forensics.SECOND_READ_AFTER_S, metavar="SECONDS",
-                        help="time between the two /proc reads that measure CPU progress (default %(default)s)")
+                        help="observation window: /proc is read across it for CPU progress and signs of life (default %(default)s)")
     parser.add_argument("--no-native", action="store_true", help="Python frames only (faster: ~10 ms a process instead of ~110 ms)")
 
 
@@ -106,46 +108,158 @@ def check_target(pid: int) -> None:
 
 
 def find_run_dir(pid: int) -> str | None:
-    """A watched process maps its run's heartbeat file: that names the run directory."""
+    """A watched process maps its run's heartbeat file: that names the run directory.
+
+    The path comes from the target: it is only a hint, read through rundir.RunDirReader.
+    """
     try:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
-                if path.endswith("/heartbeat") and f"/{store.RUNS_DIR}/" in path:
+                if path.endswith("/heartbeat") and f"/{store.RUNS_DIR}/" in path and "\x00" not in path:
                     return os.path.dirname(path)
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         pass
     return None
+
+
+# What attach reads from a run directory, and at most how much of each.
+_CAPS = {"config.json": 1 << 20, "events.jsonl": 16 << 20, "heartbeat": heartbeat.SIZE,
+         "timeline.jsonl": 8 << 20, "timeline.1.jsonl": 8 << 20}
+_DUMP_CAP = 8 << 20
+_DUMP_NAME = re.compile(r"^[0-9]{1,10}\.txt$")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+class _Relation:
+    """Whether a pid that the run names may be inspected: checked again at each use.
+
+    The run's files are the target user's to write: a pid they name is used only if it
+    is the target, one of its descendants, or shares the target's session and uid.
+    """
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        fields = _stat_fields(target)
+        self.session = fields[3] if fields and len(fields) > 3 else None
+        creds = rundir.target_creds(target)
+        self.uid = creds.uid if creds else None
+
+    def __call__(self, pid: int) -> bool:
+        if pid == self.target:
+            return True
+        if pid <= 1:
+            return False
+        if pid in procfs.descendants(self.target):
+            return True
+        fields = _stat_fields(pid)
+        creds = rundir.target_creds(pid)
+        return (self.session is not None and self.uid is not None and fields is not None and len(fields) > 3
+                and fields[3] == self.session and creds is not None and creds.uid == self.uid)
+
+
+def _dump_name(run_dir: str, path: Any) -> str | None:
+    """A dump path from the run as a name inside it (``dumps/<pid>.txt``), or None if it points elsewhere."""
+    if not isinstance(path, str) or "\x00" in path:
+        return None
+    head, base = os.path.split(path)
+    if not _DUMP_NAME.match(base) or os.path.normpath(head) != os.path.join(os.path.normpath(run_dir), "dumps"):
+        return None
+    return f"dumps/{base}"
+
+
+def _jsonl(data: bytes, limit: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and events_mod.depth_ok(record):
+            out.append(record)
+    return out[-limit:]
 
 
 def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
     procs: dict[int, _Proc] = {pid: _Proc(pid, "main")}
     run: dict[str, Any] = {}
+    notes: list[str] = []
+    allowed = _Relation(pid)
+    run["allowed"] = allowed
+    run["notes"] = notes
     run_dir = find_run_dir(pid)
-    if run_dir:
-        run["run_dir"] = run_dir
+    run["found_run_dir"] = run_dir
+    creds = rundir.target_creds(pid)
+    if run_dir and creds is None:
+        notes.append(f"the run directory {run_dir} was not read: the target's uid could not be read")
+    elif run_dir:
+        reader = rundir.RunDirReader(run_dir, creds, caps=_CAPS, default_cap=_DUMP_CAP)
         try:
-            with open(os.path.join(run_dir, "config.json"), "rb") as f:
-                run["config"] = json.loads(f.read())
-            procs[pid].dump_path = run["config"].get("main_dump_path")
-        except (OSError, ValueError):
-            pass
-        run["heartbeat"] = heartbeat.read(os.path.join(run_dir, "heartbeat"))
+            files = reader.read(list(_CAPS))
+        except rundir.RefusedError as exc:
+            files = {}
+            notes.append(str(exc))
+        if files:
+            run["run_dir"] = run_dir
+            run["reader"] = reader
+        try:
+            cfg = json.loads(files["config.json"]) if "config.json" in files else None
+        except (ValueError, RecursionError):
+            cfg = None
+        if isinstance(cfg, dict):
+            run["config"] = cfg
+            name = _dump_name(run_dir, cfg.get("main_dump_path"))
+            if name is None and cfg.get("main_dump_path") is not None:
+                notes.append("the run's main_dump_path points outside its run directory: not used")
+            procs[pid].dump_path = name
+        hb = heartbeat.parse(files.get("heartbeat") or b"")
+        for _ in range(3):  # caught mid-write (the two seq fields differ): read it again
+            if hb is not None or "heartbeat" not in files:
+                break
+            hb = heartbeat.parse(reader.read_one("heartbeat") or b"")
+        run["heartbeat"] = hb
         run["events"] = []
-        for ev in EventReader(os.path.join(run_dir, "events.jsonl")).new():
-            if ev.get("event") == "worker_registered" and isinstance(ev.get("pid"), int):
+        refused_pids: list[int] = []
+        for ev in events_mod.parse_lines(files.get("events.jsonl", b"").splitlines()):
+            if ev.get("event") == "worker_registered":
                 wpid = ev["pid"]
-                if os.path.exists(f"/proc/{wpid}"):
-                    procs[wpid] = _Proc(wpid, "worker", ev.get("worker_id"), ev.get("dump_path"), ev.get("start_method"))
+                if not allowed(wpid):
+                    refused_pids.append(wpid)
+                elif os.path.exists(f"/proc/{wpid}"):
+                    name = _dump_name(run_dir, ev.get("dump_path"))
+                    if name is None and ev.get("dump_path") is not None:
+                        notes.append(f"worker {wpid}'s dump_path points outside the run directory: not used")
+                    procs[wpid] = _Proc(wpid, "worker", ev.get("worker_id"), name, ev.get("start_method"))
             if ev.get("event") not in ("stop",):
                 run["events"].append(ev)
-        run["timeline"] = build.read_timeline(run_dir)
+        if refused_pids:
+            shown = ", ".join(str(p) for p in sorted(set(refused_pids))[:8])
+            notes.append(f"pids named by the run that are not the target's processes were not inspected: {shown}")
+        timeline = files.get("timeline.1.jsonl", b"") + b"\n" + files.get("timeline.jsonl", b"")
+        run["timeline"] = _jsonl(timeline, build.TIMELINE_WINDOW)
+        dirs = ((cfg or {}).get("options") or {}).get("playbooks") if isinstance(cfg, dict) else None
+        if dirs:
+            notes.append("playbook directories named by the run were not loaded (attach uses the shipped "
+                         "playbooks and your own $DLWATCH_PLAYBOOKS)")
+        notes.extend(f"run directory file refused: {r}" for r in reader.refusals)
     for child in procfs.descendants(pid):
         if child in procs:
             continue
         name = procfs.comm(child)
         procs[child] = _Proc(child, "worker" if name == WORKER_COMM else "other")
     return procs, run
+
+
+def _no_dump(_name: str) -> bytes | None:
+    return None  # no run directory was read: no dump file either
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,12 +271,29 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--duration must be between 0.05 and 60 seconds")
     check_target(pid)
     out_dir = args.out or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR
+    report, path = write_attach_incident(pid, out_dir, duration=args.duration, native=not args.no_native)
+    shown = outbound(report)  # what is printed is redacted like what is written (one redaction point)
+    if args.json:
+        json.dump(shown, sys.stdout, indent=2)
+        print()
+    else:
+        print_summary(shown, outbound(path), sys.stdout)
+    return 0
+
+
+def write_attach_incident(pid: int, out_dir: str, *, duration: float = forensics.SECOND_READ_AFTER_S,
+                          native: bool = True) -> tuple[dict[str, Any], str]:
+    """Inspect ``pid`` (checked by check_target) and write its attach incident; return (report, path).
+
+    Shared by ``dlwatch attach`` and the ``s`` key of ``dlwatch top``.
+    """
     procs, watched = gather(pid)
     now = time.time()
     report = store.skeleton(trigger="attach", pid=pid, now=now)
     cfg = watched.get("config") or {}
-    report["loader"] = cfg.get("loader")
-    report["config"] = {"duration_s": args.duration, "report_dir": out_dir, "watched": bool(watched)}
+    report["loader"] = cfg.get("loader") if isinstance(cfg.get("loader"), dict) else None
+    report["config"] = {"duration_s": duration, "report_dir": out_dir, "watched": "run_dir" in watched}
+    report["notes"].extend(watched.get("notes") or ())
     hb = watched.get("heartbeat")
     if hb is not None:
         report["progress"] = hb.to_dict()
@@ -182,37 +313,42 @@ def run(args: argparse.Namespace) -> int:
     gpu = GpuProbe()
     report["gpus"] = [g.to_dict() for g in gpu.sample()]
     gpu.close()
-    if not watched:
+    if not watched.get("found_run_dir"):
         report["notes"].append("the target does not run under dlwatch.watch: no heartbeat or timeline")
     waiting = None
     if hb is not None and hb.state in (heartbeat.STATE_WAITING, heartbeat.STATE_BODY):
         waiting = hb.state == heartbeat.STATE_WAITING
+    reader = watched.get("reader")
     workers = sum(1 for p in procs.values() if p.role == "worker")
     expected = (report["loader"] or {}).get("num_workers") if report["loader"] else None
     extra = forensics.investigate(report, procs, main_waiting_for_data=waiting,
                                   expected_workers=expected if isinstance(expected, int) and expected > 0 else (workers or None),
-                                  native=not args.no_native, interval_s=args.duration)
-    build.add_findings(report, tuple((cfg.get("options") or {}).get("playbooks") or ()))
+                                  native=native, interval_s=duration,
+                                  read_dump=reader.read_one if reader is not None else _no_dump,
+                                  allow=watched.get("allowed"))
+    if reader is not None:  # dump files refused while the stacks were taken
+        report["notes"].extend(n for n in (f"run directory file refused: {r}" for r in reader.refusals)
+                               if n not in report["notes"])
+    # never the run's own playbook directories: code-free, but the target's user wrote them
+    build.add_findings(report, ())
     path = build.write(report, out_dir, extra_files=extra)
-    if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
-        print()
-    else:
-        print_summary(report, path, sys.stdout)
-    return 0
+    return report, path
 
 
 def print_summary(report: dict[str, Any], path: str, file: Any) -> None:
-    print(f"pid {report['pid']}: {report.get('classification')} - {report.get('classification_reason') or ''}", file=file)
+    from dlwatch.report.render import terminal_safe  # names and frames come from the target
+
+    def out(line: str) -> None:
+        print(terminal_safe(line), file=file)
+
+    out(f"pid {report['pid']}: {report.get('classification')} - {report.get('classification_reason') or ''}")
     for p in report["processes"]:
         who = p["role"] + (f" {p['worker_id']}" if p.get("worker_id") is not None else "")
         where = f" at {p['where']}" if p.get("where") else ""
         wait = f" in {p['waiting_in']}" if p.get("waiting_in") else ""
-        print(f"  pid {p['pid']} ({who}): {p.get('status') or '?'}{wait}{where}", file=file)
+        out(f"  pid {p['pid']} ({who}): {p.get('status') or '?'}{wait}{where}")
     for f in report.get("findings") or ():
-        print(f"  finding: {f['playbook']} ({f['confidence']:.2f}) {f['title']}", file=file)
+        out(f"  finding: {f['playbook']} ({f['confidence']:.2f}) {f['title']}")
     for n in report.get("notes") or ():
-        print(f"  note: {n}", file=file)
-    print(f"report: {os.path.join(path, 'report.md')}", file=file)
-
-
+        out(f"  note: {n}")
+    out(f"report: {os.path.join(path, 'report.md')}")

@@ -4,6 +4,8 @@
   dlwatch demo NAME         run one example and show its report
   dlwatch demo --list       list the examples
   dlwatch demo all          run every example; print expected vs found, one line each
+  dlwatch demo ddp          two ranks under torchrun (gloo, CPU): rank 1's workers deadlock, rank 0
+                            blocks in all_reduce; shows `dlwatch report --job` (alias of ddp_deadlock)
 
 Each example is a short script (see `dlwatch demo --list` for where they are) that
 runs a real DataLoader under dlwatch.watch, ends by itself, and prints `REPORT <path>`
@@ -28,6 +30,7 @@ from typing import Iterable, Iterator, Sequence, TextIO
 
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import DlwatchError, NotFoundError, UsageError
+from dlwatch.redact import outbound
 from dlwatch.report import render, store
 from dlwatch.report import summary as summary_render
 
@@ -36,12 +39,25 @@ EXAMPLES: dict[str, str | None] = {
     "deadlock": "worker-deadlock",
     "cat_collate": "batch-dim-mismatch",
     "rng_duplication": "rng-duplication",
+    "rng_epoch_repeat": "rng-duplication",
     "fd_exhaustion": "fd-exhaustion",
     "shm_exhaustion": "shm-exhaustion",
+    "io_stall": "io-stall",
+    "worker_segfault": "worker-killed",
+    "worker_killed": "worker-killed",
+    "worker_oom": "worker-killed",
+    "copy_on_read": "worker-memory-growth",
+    "pinned_growth": "pinned-memory-growth",
+    "ddp_deadlock": "worker-deadlock",  # judged on the job view: the rank that stalled first
+    "ddp_straggler": "straggler-rank",  # judged on the job view, and no incident at all
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
     "healthy_eval_pause": None,
+    "healthy_detection_collate": None,
+    "healthy_numpy_dataset": None,
+    "healthy_warmup": None,
+    "healthy_pinned_flat": None,
     "input_bound": None,
     "slow_epoch_start": None,
     "prefetch_too_deep": None,
@@ -61,6 +77,11 @@ ADVICE: dict[str, str | None] = {
     "sampler_no_set_epoch": "sampler-epoch-not-set",
     "balanced": None,
 }
+ALIASES = {"ddp": "ddp_deadlock"}
+STRAGGLER = "straggler-rank"
+# examples of a multi-rank job: judged by the job view's origin (the rank that stalled first),
+# and a waiting rank must be named too
+JOB_EXAMPLES = frozenset({"ddp_deadlock", "ddp_straggler"})
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
 PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.toml package-dir)
@@ -125,6 +146,8 @@ class Outcome:
     error: str | None = None  # exit status, timeout, unreadable report
     seconds: float = 0.0
     output: list[str] = field(default_factory=list)
+    job: dict | None = None  # the job view, for a multi-rank example
+    job_top: str | None = None  # what the job view found: the origin's top finding, or straggler-rank
     summary: str | None = None  # the run summary's directory (SUMMARY line)
     advice: list[str] = field(default_factory=list)  # its advice ids (ADVICE lines)
 
@@ -139,6 +162,8 @@ class Outcome:
             return None
         if self.error is not None:
             return False
+        if self.job is not None:
+            return self.job_top == self.expected
         if self.is_advice_example:
             want = ADVICE[self.name]
             return not self.reports and self.summary is not None and (
@@ -153,6 +178,8 @@ class Outcome:
             return f"skipped: {self.skipped}"
         if self.error is not None:
             return f"error: {self.error}"
+        if self.job is not None:
+            return self.job_top or "-"
         if not self.reports:
             if self.is_advice_example:
                 return "advice: " + (", ".join(self.advice) or "none")
@@ -162,10 +189,17 @@ class Outcome:
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _example_argv(script: str, report_dir: str) -> list[str]:
+    """The example runs isolated (-I): nothing from the working directory or PYTHONPATH is imported;
+    this dlwatch is loaded by location and the examples folder (ours) comes first for ``_common``."""
+    from dlwatch._spawn import MONITOR_DEPS, python_argv
+
+    return python_argv(script=script, args=["--report-dir", report_dir], first=[os.path.dirname(script)],
+                       deps=(*MONITOR_DEPS, "torch", "numpy"))
 
 
 def _stop_group(proc: "subprocess.Popen[str]") -> None:
@@ -188,7 +222,7 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
     out = Outcome(name, EXAMPLES[name])
     script = os.path.join(directory, f"{name}.py")
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, script, "--report-dir", report_dir], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(_example_argv(script, report_dir), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                             env=_child_env(), start_new_session=True)
 
@@ -230,7 +264,33 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
             continue
         top = findings[0] if findings and isinstance(findings[0], dict) else {}
         out.top_findings.append(top.get("playbook"))
+    if name in JOB_EXAMPLES and out.error is None and out.skipped is None:
+        _judge_job(out, report_dir)
     return out
+
+
+def _judge_job(out: Outcome, report_dir: str) -> None:
+    """A multi-rank example is judged on its job view (the job id is its ``JOB <id>`` line):
+    the rank that stalled first and a rank waiting for it, or a straggler and no incident."""
+    from dlwatch.report.jobview import job_view
+
+    job_id = next((line[len("JOB "):].strip() for line in out.output if line.startswith("JOB ")), None)
+    if job_id is None:
+        out.error = "the example printed no JOB line"
+        return
+    try:
+        out.job = job_view(report_dir, job_id)
+    except DlwatchError as exc:
+        out.error = f"no job view: {exc}"
+        return
+    if out.expected == STRAGGLER:
+        out.job_top = STRAGGLER if out.job.get("stragglers") else None
+        if out.reports:
+            out.error = f"a healthy job wrote {len(out.reports)} incident(s)"
+        return
+    out.job_top = (out.job.get("origin") or {}).get("top_finding")
+    if not out.job.get("waiting"):
+        out.error = "no rank was found waiting in a collective"
 
 
 # --------------------------------------------------------------------------- rendering
@@ -249,11 +309,12 @@ def list_lines(directory: str) -> Iterator[str]:
 
 def table_lines(outcomes: Sequence[Outcome]) -> Iterator[str]:
     """The `dlwatch demo all` table, then the two numbers the README quotes."""
-    yield f"{'EXAMPLE':<18} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
+    width = max([18, *(len(o.name) + 1 for o in outcomes)])  # a long example name keeps the columns
+    yield f"{'EXAMPLE':<{width}} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
     for o in outcomes:
         matched = {True: "yes", False: "NO", None: "skipped"}[o.matched]
         expected = o.expected or (f"advice {ADVICE[o.name] or 'none'}" if o.is_advice_example else "(no incident)")
-        yield f"{o.name:<18} {expected:<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
+        yield f"{o.name:<{width}} {expected:<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
     failing = [o for o in outcomes if o.expected is not None and o.matched is not None]
     healthy = [o for o in outcomes if o.expected is None and o.matched is not None and not o.is_advice_example]
     advised = [o for o in outcomes if o.is_advice_example and ADVICE[o.name] and o.matched is not None]
@@ -290,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
         for line in list_lines(directory):
             print(line)
         return 0
+    args.name = ALIASES.get(args.name, args.name)
     if args.name != "all" and args.name not in EXAMPLES:
         raise UsageError(f"no example named {args.name!r}",
                          help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
@@ -332,8 +394,8 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         except DlwatchError as exc:
             print(f"cannot show {o.summary}: {exc}")
             return 1
-        for line in summary_render.terminal_lines(data):
-            print(line)
+        for line in summary_render.terminal_lines(outbound(data)):
+            print(render.terminal_safe(line))
         print()
         print(f"full summary: {os.path.join(o.summary, 'summary.md')}")
         print(f"see it again: dlwatch report {o.summary}")
@@ -341,15 +403,26 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
             print(f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}")
             return 1
         return 0
-    if not o.reports:
+    if not o.reports and o.job is None:
         print("no incident: dlwatch found nothing wrong" if o.expected is None
               else f"no incident was written (expected {o.expected})")
         return 0 if o.matched else 1
+    if o.job is not None:
+        from dlwatch.report.jobview import job_lines
+
+        for line in job_lines(outbound(o.job)):
+            print(render.terminal_safe(line))
+        print()
+        print(f"see it again: dlwatch report --job {report_dir}")
+        if not o.matched:
+            print(f"expected {o.expected} in the job view, found {o.top}")
+            return 1
+        return 0
     for path in o.reports[:-1]:  # earlier incidents of the same run (e.g. a threshold before the crash)
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report
     try:
-        render.render_terminal(store.load_report(last), sys.stdout)
+        render.render_terminal(outbound(store.load_report(last)), sys.stdout, color=render.use_color(sys.stdout))
     except DlwatchError as exc:
         print(f"cannot show {last}: {exc}")
         return 1

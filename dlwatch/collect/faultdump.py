@@ -25,11 +25,12 @@ import os
 import re
 import signal
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from dlwatch.model import Frame, StackDump, ThreadStack
 
-__all__ = ["DUMP_SIGNAL", "install", "is_handler_installed", "request_dumps", "parse_faulthandler"]
+__all__ = ["DUMP_SIGNAL", "crash_path", "install", "install_crash", "is_handler_installed", "read_crash",
+           "request_dumps", "parse_faulthandler"]
 
 # SIGUSR1/2 are often taken by users and schedulers (SLURM, torchelastic); glibc
 # reserves the first two real-time signals for itself (SIGRTMIN already skips
@@ -85,7 +86,9 @@ def install(dump_dir: str) -> str | None:
         # O_APPEND: the monitor truncates this file before each request; every
         # write then lands at the new end, not at a stale offset past it (which
         # would leave a hole of NUL bytes in front of the dump).
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        from dlwatch._fs import open_private
+
+        fd = open_private(path)  # O_APPEND, 0600; never through a link, never another user's file
         try:
             faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
         except Exception:
@@ -196,21 +199,36 @@ def _read(path: str) -> bytes:
 
 
 def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
-                  settle_s: float = 0.05) -> dict[int, StackDump]:
+                  settle_s: float = 0.05, read: Callable[[str], bytes | None] | None = None,
+                  allow: Callable[[int], bool] | None = None,
+                  raw: dict[int, bytes] | None = None) -> dict[int, StackDump]:
     """Ask each process for a faulthandler dump and parse it; never raises.
 
     Only pids that installed the handler (``install`` returned ``path``) may be
     passed, and each is signalled only if /proc confirms it still catches
-    DUMP_SIGNAL.  A file counts as complete once it is non-empty and has not
-    grown for ``settle_s``; the whole call returns within about ``timeout_s``.
+    DUMP_SIGNAL (and ``allow(pid)`` holds, when given: checked right before the
+    signal).  A file counts as complete once it is non-empty and has not grown
+    for ``settle_s``; the whole call returns within about ``timeout_s``.
+
+    By default (the monitor: the run directory is its own) each file is emptied
+    before the signal and read by path.  With ``read`` (attach: the files belong
+    to the target's user) a file is only ever read, through ``read(path)``, never
+    emptied nor written: the dump is what the file gained after the signal (the
+    writer appends).  ``raw``, when given, receives the dump text of each pid.
     """
     start = time.monotonic()
     results: dict[int, StackDump] = {}
     pending: dict[int, str] = {}
+    base: dict[int, int] = {}
 
     def fail(pid: int, error: str) -> None:
         results[pid] = StackDump(pid=pid, source="none", error=error,
                                  duration_s=round(time.monotonic() - start, 6))
+
+    def contents(pid: int, path: str) -> bytes:
+        if read is None:
+            return _read(path)
+        return (read(path) or b"")[base.get(pid, 0):base.get(pid, 0) + (4 << 20)]
 
     for pid, path in pids_to_paths.items():
         pid = int(pid)
@@ -218,14 +236,25 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             if not os.path.exists(f"/proc/{pid}"):
                 fail(pid, f"process {pid} no longer exists")
                 continue
+            if allow is not None and not allow(pid):
+                fail(pid, f"process {pid} is not the target or one of its processes (not signalled)")
+                continue
             if not is_handler_installed(pid):
                 fail(pid, f"process {pid} has no dlwatch dump handler on signal {DUMP_SIGNAL} "
                           "(not signalled: it would kill the process)")
                 continue
-            # The writer's fd is O_APPEND, so emptying the file from here is safe:
-            # its next write goes to offset 0 of the emptied file.
-            with open(path, "r+b") as fh:
-                fh.truncate(0)
+            if read is not None:
+                before = read(path)
+                if before is None:
+                    fail(pid, f"faulthandler dump file {path} of process {pid} cannot be read safely (not signalled)")
+                    continue
+                base[pid] = len(before)
+            else:
+                # The writer's fd is O_APPEND, so emptying the file from here is safe:
+                # its next write goes to offset 0 of the emptied file.
+                with open(path, "r+b") as fh:
+                    fh.truncate(0)
+                base[pid] = 0
             os.kill(pid, DUMP_SIGNAL)
             pending[pid] = path
         except ProcessLookupError:
@@ -236,19 +265,28 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         except OSError as exc:
             fail(pid, f"faulthandler dump file {path} unusable: {exc.strerror or exc}")
 
+    def size(pid: int) -> int:
+        if read is None:
+            return _size(pending[pid])
+        data = read(pending[pid])
+        return -1 if data is None else max(0, len(data) - base[pid])
+
     last_size = {pid: 0 for pid in pending}
     last_change = {pid: time.monotonic() for pid in pending}
     deadline = start + timeout_s
     while pending:
         now = time.monotonic()
         for pid in list(pending):
-            size = _size(pending[pid])
-            if size != last_size[pid]:
-                last_size[pid], last_change[pid] = size, now
-            elif size > 0 and now - last_change[pid] >= settle_s:
+            grown = size(pid)
+            if grown != last_size[pid]:
+                last_size[pid], last_change[pid] = grown, now
+            elif grown > 0 and now - last_change[pid] >= settle_s:
                 path = pending.pop(pid)
-                threads = parse_faulthandler(_read(path))
+                text = contents(pid, path)
+                threads = parse_faulthandler(text)
                 if threads:
+                    if raw is not None:
+                        raw[pid] = text
                     results[pid] = StackDump(pid=pid, source="faulthandler", threads=threads,
                                              duration_s=round(now - start, 6))
                 else:
@@ -257,8 +295,11 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             break
         if now >= deadline:
             for pid, path in pending.items():
-                threads = parse_faulthandler(_read(path))
+                text = contents(pid, path)
+                threads = parse_faulthandler(text)
                 if threads:  # partial but useful: say so
+                    if raw is not None:
+                        raw[pid] = text
                     results[pid] = StackDump(
                         pid=pid, source="faulthandler", threads=threads,
                         error=f"dump still growing after {timeout_s:g} s; may be incomplete",
@@ -268,5 +309,96 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
                     fail(pid, f"no faulthandler dump from process {pid} within {timeout_s:g} s "
                               f"(process {state}; a stopped process cannot run the handler)")
             break
-        time.sleep(0.01)
+        time.sleep(0.01 if read is None else 0.05)
     return results
+
+
+# --------------------------------------------------------------------------- a crashed process's last stack
+
+CRASH_SUFFIX = ".crash.txt"
+_FATAL = re.compile(r"^Fatal Python error: (?P<what>[^\n]*)$", re.MULTILINE)
+# faulthandler's names for the fatal signals it handles
+CRASH_SIGNALS = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
+                 "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                 "Illegal instruction": "SIGILL"}
+
+# (pid, fd, path) of the crash file this process enabled
+_crash: tuple[int, int, str] | None = None
+
+
+def crash_path(dump_dir: str, pid: int) -> str:
+    return os.path.join(dump_dir, f"{int(pid)}{CRASH_SUFFIX}")
+
+
+def install_crash(dump_dir: str) -> str | None:
+    """In a DataLoader worker: faulthandler on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL into a private file.
+
+    The worker then writes every thread's Python stack before it dies of a native crash,
+    the line of the dataset that torch's "killed by signal" never names.  When the
+    program already enabled faulthandler (``-X faulthandler``, ``PYTHONFAULTHANDLER``,
+    pytest), its own choice stays as it is and this returns None.  Never raises.
+    """
+    global _crash
+    try:
+        import faulthandler
+
+        pid = os.getpid()
+        if _crash is not None and _crash[0] == pid:
+            return _crash[2]
+        if faulthandler.is_enabled() and _crash is None:
+            return None  # the program's own setting: not ours to change
+        os.makedirs(dump_dir, mode=0o700, exist_ok=True)
+        path = crash_path(dump_dir, pid)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            faulthandler.enable(file=fd, all_threads=True)
+        except Exception:
+            os.close(fd)
+            return None
+        inherited, _crash = _crash, (pid, fd, path)
+        if inherited is not None:  # a forked child of a process that had its own crash file
+            try:
+                os.close(inherited[1])
+            except OSError:
+                pass
+        return path
+    except Exception:
+        return None
+
+
+def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
+    """The stack a crashed process left in its crash file, or None when it wrote nothing.
+
+    Reads only a regular file (no symlink followed), at most ``limit`` bytes.  Returns
+    ``{"signal": "SIGSEGV", "fatal_error": "Segmentation fault", "stack": StackDump dict}``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat as _stat
+
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not data.strip():
+        return None
+    text = data.decode("utf-8", errors="replace")
+    m = _FATAL.search(text)
+    what = m.group("what").strip() if m else None
+    threads = parse_faulthandler(text)
+    if what is None and not threads:
+        return None
+    dump = StackDump(pid=_pid_of(path), source="faulthandler-crash", threads=threads)
+    return {"signal": CRASH_SIGNALS.get(what or ""), "fatal_error": what, "stack": dump.to_dict()}
+
+
+def _pid_of(path: str) -> int:
+    name = os.path.basename(path)
+    head = name[: -len(CRASH_SUFFIX)] if name.endswith(CRASH_SUFFIX) else name
+    return int(head) if head.isdigit() else 0

@@ -2,8 +2,14 @@
 
 Every poll (tens of microseconds a process): /proc/<pid>/stat (state, CPU time,
 threads), statm (RSS), the fd count, the soft RLIMIT_NOFILE, syscall, wchan.
+On a stall (``sched_detail``, about 35 us more, so not every poll): schedstat
+(ns on a CPU, run delay, times switched in), the context switches of status and
+the byte counts of io, so that a stall can tell a starved or periodically
+waking process from a dead one.
 On request (``fd_detail``: one readlink per fd; ``mem_detail``: smaps_rollup and
 maps, about 2.4 ms a process): what the fds point to, USS/PSS, /dev/shm mappings.
+On a stall only (``read_io``): each thread's state and syscall with its fd, and
+the TCP peers of the process's sockets from its network namespace's tables.
 
 A process that vanishes between two reads is normal: the sample says ``gone``.
 A figure that cannot be read (permission, an old kernel) is None; one failing
@@ -13,11 +19,14 @@ read never stops the others.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import os
+import platform
 import resource
+import sys
 import time
 
-from dlwatch.model import FdSummary, ProcSample
+from dlwatch.model import FdSummary, IoSample, ProcSample, SocketPeer, ThreadIo
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -45,14 +54,19 @@ def parse_stat(text: str) -> dict[str, object]:
     rest = text[rpar + 2:].split()
     if len(rest) < 20:
         raise ValueError("truncated stat")
-    return {
+    out: dict[str, object] = {
         "name": text[lpar + 1:rpar],
         "state": rest[0],
         "ppid": int(rest[1]),
+        "minflt": int(rest[7]),
         "cpu_s": (int(rest[11]) + int(rest[12])) / CLK_TCK,
         "num_threads": int(rest[17]),
         "starttime": int(rest[19]),
     }
+    # field 52 (Linux >= 3.5): the wait status; meaningful for a zombie (its parent has not reaped it)
+    if rest[0] == "Z" and len(rest) >= 50 and rest[49].lstrip("-").isdigit():
+        out["exit_code"] = int(rest[49])
+    return out
 
 
 def parse_syscall(text: str) -> int | None:
@@ -66,6 +80,101 @@ def parse_syscall(text: str) -> int | None:
         return int(head[0])
     except ValueError:
         return None
+
+
+def parse_syscall_args(text: str) -> tuple[int | None, tuple[int, ...]]:
+    """/proc/<pid>/syscall: (number, the six arguments) when blocked in a syscall; -1 running."""
+    parts = text.split()
+    nr = parse_syscall(text)
+    if nr is None or nr < 0 or len(parts) < 7:
+        return nr, ()
+    try:
+        return nr, tuple(int(a, 16) for a in parts[1:7])
+    except ValueError:
+        return nr, ()
+
+
+def parse_schedstat(text: str) -> tuple[int, int, int] | None:
+    """/proc/<pid>/schedstat: (ns on a CPU, ns waiting on a run queue, times switched in)."""
+    parts = text.split()
+    if len(parts) < 3:
+        return None
+    try:
+        run_ns, delay_ns, count = (int(x) for x in parts[:3])
+    except ValueError:
+        return None
+    return (run_ns, delay_ns, count) if min(run_ns, delay_ns, count) >= 0 else None
+
+
+def parse_ctx_switches(text: str) -> tuple[int | None, int | None]:
+    """(voluntary, involuntary) context switches from /proc/<pid>/status."""
+    vol = invol = None
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            val = rest.strip()
+            if val.isdigit():
+                if key[0] == "v":
+                    vol = int(val)
+                else:
+                    invol = int(val)
+    return vol, invol
+
+
+def parse_io_chars(text: str) -> tuple[int | None, int | None]:
+    """(rchar, wchar) from /proc/<pid>/io."""
+    got: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("rchar", "wchar") and rest.strip().isdigit():
+            got[key] = int(rest.strip())
+    return got.get("rchar"), got.get("wchar")
+
+
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
+              11: "CLOSING", 12: "NEW_SYN_RECV"}
+
+
+def _hex_addr(text: str) -> str | None:
+    """'0100007F:1F90' -> '127.0.0.1:8080'; IPv6 as '[::1]:8080'.
+
+    The kernel prints each 32-bit word of the address as a number in host order.
+    """
+    addr, sep, port = text.partition(":")
+    if not sep or len(addr) not in (8, 32):
+        return None
+    try:
+        raw = b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(addr), 8))
+        portnum = int(port, 16)
+    except (ValueError, OverflowError):  # "-0000001" parses as an int and overflows 4 bytes
+        return None
+    if not 0 <= portnum <= 0xFFFF:
+        return None
+    ip = ipaddress.ip_address(raw)
+    if ip.version == 6:
+        mapped = ip.ipv4_mapped
+        return f"{mapped}:{portnum}" if mapped is not None else f"[{ip}]:{portnum}"
+    return f"{ip}:{portnum}"
+
+
+def parse_tcp_table(text: str) -> dict[int, tuple[str, str, str]]:
+    """/proc/<pid>/net/tcp or tcp6 -> {inode: (local, remote, state)}; bad lines are skipped."""
+    out: dict[int, tuple[str, str, str]] = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        local, remote = _hex_addr(parts[1]), _hex_addr(parts[2])
+        try:
+            state = TCP_STATES.get(int(parts[3], 16), parts[3][:4])
+            inode = int(parts[9])
+        except ValueError:
+            continue
+        if local is None or remote is None or inode <= 0:
+            continue
+        out[inode] = (local, remote, state)
+    return out
 
 
 def parse_kv_kib(text: str, keys: tuple[str, ...]) -> dict[str, int]:
@@ -158,6 +267,37 @@ def _fd_limit(pid: int) -> int | None:
     return None
 
 
+CAP_IPC_LOCK = 14
+
+
+def _has_cap(status_text: str, cap: int) -> bool:
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split()[1], 16) >> cap & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
+def _memlock_limit(pid: int) -> int | None:
+    try:
+        soft, _hard = resource.prlimit(pid, resource.RLIMIT_MEMLOCK)
+        return None if soft == resource.RLIM_INFINITY else int(soft)
+    except ProcessLookupError:
+        raise _Gone from None
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in _read(f"/proc/{pid}/limits").splitlines():
+            if line.startswith("Max locked memory"):
+                soft = line.split()[3]
+                return None if soft == "unlimited" else int(soft)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def num_fds(pid: int) -> int:
     """Open fds of ``pid``.  Linux >= 6.2 reports the count as the size of /proc/<pid>/fd
     (one stat, ~1 us, instead of a listdir that grows with the fd count: forked workers
@@ -187,14 +327,21 @@ def fd_limit(pid: int) -> int | None:
         return None
 
 
-def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) -> ProcSample:
-    """One sample of one process; never raises for a process that vanished or a refused read."""
+def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
+              sched_detail: bool = False) -> ProcSample:
+    """One sample of one process; never raises for a process that vanished or a refused read.
+
+    ``sched_detail`` adds schedstat, context switches and byte counts (about 35 us more a
+    process: read on a stall, across the observation window, not every poll).
+    """
     ts = time.time()
     fields: dict[str, object] = {}
     try:
         stat = parse_stat(_read(f"/proc/{pid}/stat"))
         fields.update(name=stat["name"], state=stat["state"], cpu_s=stat["cpu_s"],
-                      num_threads=stat["num_threads"])
+                      num_threads=stat["num_threads"], minflt=stat["minflt"])
+        if "exit_code" in stat:
+            fields["exit_code"] = stat["exit_code"]
         try:
             fields["num_fds"] = num_fds(pid)
         except PermissionError:
@@ -213,6 +360,24 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
                 fields[key] = parse_syscall(text)
             else:
                 fields[key] = text.strip() if text.strip() not in ("", "0") else None
+        if sched_detail:
+            try:  # absent without CONFIG_SCHED_INFO: that is not a gone process
+                sched = parse_schedstat(_read(f"/proc/{pid}/schedstat"))
+                if sched is not None:
+                    fields["run_ns"], fields["run_delay_ns"], fields["run_count"] = sched
+            except (_Gone, OSError):
+                pass
+            try:
+                vol, invol = parse_ctx_switches(_read(f"/proc/{pid}/status"))
+                fields["num_ctx_switches_voluntary"] = vol
+                fields["num_ctx_switches_involuntary"] = invol
+            except PermissionError:
+                pass
+            try:
+                io = parse_io_chars(_read(f"/proc/{pid}/io"))
+                fields["read_chars"], fields["write_chars"] = io
+            except PermissionError:
+                pass
         if fd_detail:
             fields["fds"] = _fd_summary(pid)
         if mem_detail:
@@ -222,8 +387,18 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
                 if "Pss" in roll:
                     fields["pss"] = roll["Pss"]
                     fields["uss"] = roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
+                    fields["uss_ts"] = ts
             except PermissionError:
                 pass
+            cap_ipc_lock = False
+            try:
+                status = _read(f"/proc/{pid}/status")
+                fields["vm_lck"] = parse_kv_kib(status, ("VmLck",)).get("VmLck")
+                cap_ipc_lock = _has_cap(status, CAP_IPC_LOCK)
+            except PermissionError:
+                pass
+            # CAP_IPC_LOCK lifts RLIMIT_MEMLOCK: the process then has no lock limit to approach
+            fields["memlock_limit"] = None if cap_ipc_lock else _memlock_limit(pid)
             try:
                 fields["shm_maps"], fields["shm_map_bytes"] = shm_mappings(_read(f"/proc/{pid}/maps"))
             except PermissionError:
@@ -233,6 +408,100 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False) ->
     except (ValueError, PermissionError):
         pass  # a garbled or refused stat: keep what was read
     return ProcSample(pid=pid, ts=ts, **fields)  # type: ignore[arg-type]
+
+
+# syscalls whose first argument is an fd (read, write, recv, connect, fsync, ...), by arch
+_FD_SYSCALLS = {
+    "x86_64": frozenset({0, 1, 17, 18, 19, 20, 295, 296, 45, 44, 47, 46, 42, 43, 288, 74, 75, 73, 40}),
+    "aarch64": frozenset({63, 64, 67, 68, 65, 66, 69, 70, 207, 206, 212, 211, 203, 202, 242, 82, 83, 32}),
+}
+_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+MAX_THREADS = 64  # threads read per process: a worker has a few, a main process may have hundreds
+MAX_FILES = 8
+MAX_SOCKETS = 16
+_MAX_FDS = 4096
+
+
+def _big_read(path: str, limit: int = 1 << 20) -> str:
+    with open(path, "rb", buffering=0) as f:
+        return f.read(limit).decode("ascii", "replace")
+
+
+def read_io(pid: int) -> IoSample:
+    """Threads' states and syscalls, TCP peers and open files of one process; never raises.
+
+    Everything here is text the target's kernel objects produce, but the target
+    chooses its fds, paths and sockets: parse, never trust (paths are shown, not opened).
+    """
+    ts = time.time()
+    threads: list[ThreadIo] = []
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+    except (FileNotFoundError, ProcessLookupError):
+        return IoSample(pid=pid, ts=ts, gone=True)
+    except OSError:
+        tids = []
+    if pid in tids:  # the main thread first
+        tids.remove(pid)
+        tids.insert(0, pid)
+    fd_syscalls = _FD_SYSCALLS.get(_ARCH, frozenset())
+    for tid in tids[:MAX_THREADS]:
+        base = f"/proc/{pid}/task/{tid}"
+        state = None
+        try:
+            state = str(parse_stat(_read(f"{base}/stat"))["state"])
+        except (_Gone, OSError, ValueError):
+            pass
+        nr: int | None = None
+        args: tuple[int, ...] = ()
+        try:
+            nr, args = parse_syscall_args(_read(f"{base}/syscall"))
+        except (_Gone, OSError):
+            pass
+        fd = target = None
+        if nr is not None and nr in fd_syscalls and args and 0 <= args[0] < (1 << 31):
+            fd = args[0]
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                pass
+        run_ns = run_count = None
+        try:
+            sched = parse_schedstat(_read(f"{base}/schedstat"))
+            if sched is not None:
+                run_ns, _delay, run_count = sched
+        except (_Gone, OSError):
+            pass
+        threads.append(ThreadIo(tid=tid, state=state, syscall=nr, args=args, fd=fd, fd_target=target,
+                                run_ns=run_ns, run_count=run_count))
+    socket_fds: dict[int, int] = {}
+    files: list[str] = []
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        names = []
+    for name in names[:_MAX_FDS]:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link.endswith("]") and link[8:-1].isdigit() and name.isdigit():
+            socket_fds[int(link[8:-1])] = int(name)
+        elif classify_fd_target(link) == "file" and link not in files and len(files) < MAX_FILES:
+            files.append(link)
+    sockets: list[SocketPeer] = []
+    if socket_fds:
+        for family in ("tcp", "tcp6"):
+            try:
+                table = parse_tcp_table(_big_read(f"/proc/{pid}/net/{family}"))
+            except (OSError, ValueError):
+                continue
+            for inode, (local, remote, state) in table.items():
+                if inode in socket_fds and len(sockets) < MAX_SOCKETS:
+                    sockets.append(SocketPeer(fd=socket_fds[inode], inode=inode, family=family,
+                                              local=local, remote=remote, tcp_state=state))
+    sockets.sort(key=lambda s: s.fd)
+    return IoSample(pid=pid, ts=ts, threads=tuple(threads), sockets=tuple(sockets), files=tuple(files))
 
 
 def children(pid: int) -> list[int]:

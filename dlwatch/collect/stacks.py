@@ -69,6 +69,13 @@ class _Fatal(Exception):
 # --------------------------------------------------------------------------- finding py-spy
 
 
+def _which(name: str) -> str | None:
+    """shutil.which over PATH's absolute entries only: an empty or "." entry would run whatever
+    another user left in the working directory (as root, under `dlwatch attach`)."""
+    path = os.environ.get("PATH", os.defpath)
+    return shutil.which(name, path=os.pathsep.join(p for p in path.split(os.pathsep) if os.path.isabs(p)))
+
+
 def find_py_spy() -> str | None:
     """The py-spy executable to use, or None.
 
@@ -82,8 +89,8 @@ def find_py_spy() -> str | None:
             return None
         if os.sep in env:
             return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
-        return shutil.which(env)
-    found = shutil.which("py-spy")
+        return _which(env)
+    found = _which("py-spy")
     if found:
         return found
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")

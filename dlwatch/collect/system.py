@@ -93,13 +93,23 @@ def torch_shm_files(path: str = SHM_DIR, cap: int = 100_000) -> int | None:
         return None
 
 
+def vm_oom_kills() -> int | None:
+    """The host's OOM kills since boot (/proc/vmstat ``oom_kill``, Linux >= 4.13); None if absent."""
+    text = _read("/proc/vmstat") or ""
+    idx = text.find("\noom_kill ")
+    if idx < 0:
+        return None
+    return _int(text[idx + 10:].split("\n", 1)[0])
+
+
 def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = None) -> SystemSample:
     mem = parse_kv_kib(_read("/proc/meminfo") or "", ("MemAvailable", "Mlocked"))
     total, free = shm_usage()
     limit, usage, ooms = cgroup_memory(pid, cgroup_paths)
     return SystemSample(ts=time.time(), mem_available=mem.get("MemAvailable"), mlocked=mem.get("Mlocked"),
                         shm_total=total, shm_free=free, shm_torch_files=torch_shm_files(),
-                        cgroup_memory_limit=limit, cgroup_memory_usage=usage, cgroup_oom_kills=ooms)
+                        cgroup_memory_limit=limit, cgroup_memory_usage=usage, cgroup_oom_kills=ooms,
+                        vm_oom_kills=vm_oom_kills())
 
 
 def _cpu_cgroup_paths(pid: int) -> tuple[str | None, str | None]:

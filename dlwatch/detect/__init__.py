@@ -21,11 +21,14 @@ def _classes() -> tuple[type[Detector], ...]:
     from dlwatch.detect.batch_shape import BatchShape
     from dlwatch.detect.fd import FdPressure
     from dlwatch.detect.rng import RngDuplication
+    from dlwatch.detect.memory_growth import WorkerMemoryGrowth
+    from dlwatch.detect.pinned_memory import PinnedMemoryGrowth
     from dlwatch.detect.shm import ShmPressure
-
+    from dlwatch.detect.worker_killed import WorkerKilled
     from dlwatch.detect.advice import ADVISORS
 
-    return (FdPressure, ShmPressure, BatchShape, RngDuplication, *ADVISORS)
+    return (FdPressure, ShmPressure, BatchShape, RngDuplication, WorkerKilled, WorkerMemoryGrowth,
+            PinnedMemoryGrowth, *ADVISORS)
 
 
 def build(thresholds_by_playbook: Mapping[str, Mapping[str, float]],

@@ -14,6 +14,13 @@ ID, "confidence": C, ...evidence}`` is never an incident: the monitor keeps it f
 run summary (see :mod:`dlwatch.detect.advice`), from any of the three calls; advisors
 judge in ``on_finish``, when the block ends, over ``View.run`` (the run's figures).  Detectors never read the system, never write,
 and never raise into the monitor (the monitor contains a failing detector).
+
+A signal whose ``event`` is in :data:`NOTE_EVENTS` is not an incident: the monitor writes
+it to the timeline and keeps it among the events every later report carries.
+``{"event": "advice", "playbook": ID, ...}`` is a finding too slow to act on now (e.g.
+memory that would reach its limit in hours): a run summary picks it up;
+``{"event": "observation", ...}`` is evidence for a report that may come later (a
+worker that vanished, with its memory and the limits at that moment).
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from typing import Any, Iterable, Mapping, Protocol
 from dlwatch.heartbeat import Heartbeat
 from dlwatch.model import ProcSample, SystemSample
 
-__all__ = ["Detector", "TrackedView", "View"]
+__all__ = ["Detector", "NOTE_EVENTS", "TrackedView", "View"]
+
+NOTE_EVENTS = frozenset({"advice", "observation"})
 
 
 class TrackedView(Protocol):
@@ -36,6 +45,7 @@ class TrackedView(Protocol):
     gone: bool
     history: Any  # deque of ProcSample, oldest first
     last_fds: Any  # the latest fd breakdown (FdSummary) or None
+    crash: Any  # after a fatal signal: {"signal", "fatal_error", "stack"} from its crash file, else None
 
     @property
     def last(self) -> ProcSample | None: ...

@@ -1,50 +1,64 @@
 """Why a DataLoader loop stalled: pure judgement over /proc samples and stacks.
 
 This module owns the per-process verdict (``status``, ``waiting_in``,
-``cpu_progress_s`` of report.json's ``processes[]``) and the run's stall
-``classification``: ``deadlock``, ``lost-batch``, ``slow``, ``main-blocked`` or
-``dead-worker``.  No I/O: the monitor takes two ProcSamples per process an
-interval apart and the stacks, and passes them in.
+``cpu_progress_s``, ``alive_by``, ``io_wait`` of report.json's ``processes[]``)
+and the run's stall ``classification``: ``deadlock``, ``lost-batch``, ``slow``,
+``main-blocked``, ``dead-worker`` or ``io-wait``.  No I/O: the monitor reads
+/proc several times across a window, then the threads' syscalls and sockets
+(IoSample) and the stacks, and passes them in.
 
 Evidence, strongest first: the stack (which code a thread waits in), then the
 syscall number of /proc/<pid>/syscall (which kind of wait), then the scheduler
 state.  wchan names are not used: they differ between kernels.
+
+Alive is judged over the whole window, not at one instant: a process that was
+runnable (state R) in any read, whose run delay grew (it waited for a CPU: a
+starved process), whose CPU time grew at all, that woke up (context switches:
+a ``cond.wait(timeout=1)`` loop) or moved bytes is not deadlocked.  A deadlock
+needs none of these and a lock wait.  A process waiting on a socket or a file
+read that never returns (in its main thread, or in a pool thread its main
+thread waits for through ``Future.result``/``Event.wait``) is ``io-wait``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 
 import platform
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from dlwatch.model import Frame, ProcSample, StackDump, ThreadStack, _ToDict
+from dlwatch.model import Frame, IoSample, ProcSample, SocketPeer, StackDump, ThreadStack, _ToDict
 
 __all__ = [
     "CPU_PROGRESS_MIN_S",
     "CLASSIFICATIONS",
     "STATUSES",
+    "IoWait",
     "ProcessObservation",
     "ProcessVerdict",
     "StallVerdict",
     "classify_stall",
+    "collective_from_stack",
     "judge_process",
+    "alive_signs",
+    "io_wait",
     "syscall_category",
     "waiting_in_from_stack",
     "is_waiting_for_data",
     "main_thread",
 ]
 
-# CPU seconds between the two reads below which a process counts as making no
-# progress.  /proc's clock tick is 10 ms, and a hung process still wakes now and
-# then (torch's worker and main loops poll with a 5 s timeout, py-spy's attach
-# costs a tick or two), so a few ticks are noise.  Five ticks separate that
-# noise from real work for the >= 0.5 s intervals the monitor samples a stall
-# over (a busy worker burns ~interval seconds).
+# CPU seconds between the first and last read of the window at or above which a
+# process is "running".  /proc's clock tick is 10 ms; five ticks separate real work
+# from a process that only wakes now and then.  Below it a process is not running,
+# but any CPU time at all is still a sign of life (see alive_signs): the window is
+# read before py-spy attaches, so a stuck process gains none.
 CPU_PROGRESS_MIN_S = 0.05
 
-CLASSIFICATIONS = ("deadlock", "lost-batch", "slow", "main-blocked", "dead-worker")
+CLASSIFICATIONS = ("deadlock", "lost-batch", "slow", "main-blocked", "dead-worker", "io-wait")
 STATUSES = ("running", "blocked", "idle", "gone")
 
 # waiting_in values that mean "will come back by itself": a worker blocked in
@@ -57,7 +71,12 @@ _TRANSIENT_WAITS = ("sleep", "io")
 
 @dataclass(frozen=True)
 class ProcessObservation:
-    """What the monitor saw of one process: two /proc reads and maybe a stack."""
+    """What the monitor saw of one process: /proc reads across a window and maybe a stack.
+
+    ``before`` and ``after`` open and close the window; ``reads`` are the reads
+    in between (state R in any read is a runnable process).  ``io`` is read at
+    the end of the window, before a stack dumper attached.
+    """
 
     pid: int
     role: str  # "main", "worker" or "other"
@@ -65,6 +84,26 @@ class ProcessObservation:
     after: ProcSample | None
     stack: StackDump | None = None
     worker_id: int | None = None
+    reads: tuple[ProcSample, ...] = ()
+    io: IoSample | None = None
+    io_before: IoSample | None = None  # the same at the start of the window
+
+
+@dataclass(frozen=True)
+class IoWait(_ToDict):
+    """A wait on remote or file I/O that did not return over the window."""
+
+    kind: str  # socket poll | socket recv | socket send | socket connect | file read | uninterruptible
+    basis: str  # what showed it: "stack", "syscall", "state D"
+    tid: int | None = None  # the thread that waits
+    thread: str | None = None  # its name, from the stack
+    via: str | None = None  # "thread pool": the main thread waits for this thread (Future.result, Event.wait)
+    syscall: int | None = None
+    peer: str | None = None  # "ip:port" of the socket waited on (or the process's only live TCP peer)
+    tcp_state: str | None = None
+    sockets: tuple[SocketPeer, ...] = ()  # the process's TCP sockets other than listeners
+    file: str | None = None  # the regular file read (fd of the syscall), else None
+    where: str | None = None  # innermost frame of the program's own code in the waiting thread
 
 
 @dataclass(frozen=True)
@@ -72,11 +111,13 @@ class ProcessVerdict(_ToDict):
     pid: int
     status: str  # running | blocked | idle | gone
     waiting_in: str | None  # lock acquire | queue get | poll | sleep | io | native: <fn> | ...
-    cpu_progress_s: float | None  # CPU seconds between the two reads; None if unreadable
+    cpu_progress_s: float | None  # CPU seconds over the window; None if unreadable
     role: str = "other"
     worker_id: int | None = None
     where: str | None = None  # innermost frame of the program's own code: "func (file:line)"
     in_dataloader: bool | None = None  # main only: inside the DataLoader's __next__
+    alive_by: tuple[str, ...] = ()  # signs of life over the window: runnable run-delay cpu wakes io
+    io_wait: IoWait | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +265,68 @@ def _native_wait_kind(name: str) -> str | None:
     return None
 
 
+# A rank waiting for the others: torch.distributed's collectives (Python frames), or the
+# native frames of gloo, NCCL and c10d's process groups under them.
+_DIST_DIR = "/torch/distributed/"
+_COLLECTIVES = frozenset((
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_coalesced", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object",
+    "scatter", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
+    "_reduce_scatter_base", "_all_gather_base", "_coalescing_manager",
+))
+# nccl<Op> / gloo::<op> / c10d::ProcessGroupGloo::Async<Op>Work -> torch's name of the op
+_NATIVE_OPS = (re.compile(r"\bnccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|GroupEnd|CommInitRank)\b"),
+               re.compile(r"ProcessGroupGloo::Async(Allreduce|Allgather|Barrier|Broadcast|Reduce|ReduceScatter|"
+                          r"Gather|Scatter|Alltoall)"),
+               re.compile(r"\bgloo::(allreduce|allgather|allgatherv|barrier|broadcast|reduce|reduce_scatter|gather|"
+                          r"scatter|alltoall)\b"))
+_NATIVE_BACKEND = re.compile(r"\b(?:c10d::ProcessGroup(?:NCCL|Gloo)|gloo::|c10d::Work::wait|c10d::ProcessGroupNCCL)")
+_OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgatherv": "all_gather",
+             "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all",
+             "groupend": "group", "comminitrank": "init_process_group"}
+
+
+def _native_collective(name: str) -> str | None:
+    for rx in _NATIVE_OPS:
+        m = rx.search(name)
+        if m is not None:
+            key = m.group(1).lower()
+            return _OP_NAMES.get(key, key)
+    if _NATIVE_BACKEND.search(name) is None:
+        return None
+    low = name.lower()
+    return "gloo" if "gloo" in low else "nccl" if "nccl" in low else "c10d"
+
+
+def collective_from_stack(thread: ThreadStack | None) -> str | None:
+    """The collective a thread waits in (``all_reduce``, ``barrier``, ...); None if it waits in none.
+
+    Only the innermost frames count, up to the first frame of the program's own code: a
+    loop body that calls ``all_reduce`` and is now waiting for data is not in a collective.
+    A Python frame of ``torch.distributed`` names the op best; native gloo/NCCL/c10d frames
+    (py-spy ``--native``) name it when Python frames are missing.
+    """
+    if thread is None or not thread.frames:
+        return None
+    native: str | None = None
+    for frame in thread.frames:
+        if frame.native:
+            if native is None and not _is_address(frame.function):
+                native = _native_collective(frame.function)
+            continue
+        p = _path(frame)
+        if _DIST_DIR in p:
+            fn = _short_name(frame)
+            if fn in _COLLECTIVES:
+                return fn
+            continue
+        if _is_plumbing(frame) or "/torch/" in p:
+            continue
+        break
+    return native
+
+
 def waiting_in_from_stack(thread: ThreadStack | None) -> str | None:
     """What a thread waits in, from its innermost meaningful frames; None if not telling.
 
@@ -237,6 +340,9 @@ def waiting_in_from_stack(thread: ThreadStack | None) -> str | None:
     """
     if thread is None or not thread.frames:
         return None
+    collective = collective_from_stack(thread)
+    if collective is not None:
+        return f"collective: {collective}"
     python_kind: str | None = None
     native_kind: str | None = None
     native_name: str | None = None
@@ -298,16 +404,17 @@ _DLWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).repla
 
 def _is_own_code(frame: Frame) -> bool:
     return (not frame.native and not _is_plumbing(frame) and _TORCH_DATA not in _path(frame)
+            and _DIST_DIR not in _path(frame)  # a collective's frames: the caller is where it waits
             and not (_path(frame).startswith(_DLWATCH_DIR)
                      and not _path(frame).startswith(_DLWATCH_DIR + "_examples/")))
 
 
-def _where(thread: ThreadStack | None) -> str | None:
+def _where(thread: ThreadStack | None, *, skip: tuple[str, ...] = ()) -> str | None:
     """Innermost frame of the program's own code (a dataset, the loop body)."""
     if thread is None:
         return None
     for f in thread.frames:
-        if _is_own_code(f):
+        if _is_own_code(f) and not any(part in _path(f) for part in skip):
             file = (f.filename or "?").replace("\\", "/").rsplit("/", 1)[-1]
             return f"{f.function} ({file}:{f.line})" if f.line is not None else f"{f.function} ({file})"
     return None
@@ -340,6 +447,269 @@ def _idle_in(thread: ThreadStack | None, role: str) -> bool | None:
     return False
 
 
+# --------------------------------------------------------------------------- alive over the window
+
+
+def _window(obs: ProcessObservation) -> list[ProcSample]:
+    return [r for r in (obs.before, *obs.reads, obs.after) if r is not None and not r.gone]
+
+
+def _grew(reads: Sequence[ProcSample], *keys: str) -> bool:
+    """Whether the sum of these counters rose between the first and last read that has them all."""
+    def total(r: ProcSample) -> float | None:
+        vals = [getattr(r, k) for k in keys]
+        return None if any(v is None for v in vals) else float(sum(vals))
+
+    have = [t for t in (total(r) for r in reads) if t is not None]
+    return len(have) >= 2 and have[-1] > have[0]
+
+
+def alive_signs(obs: ProcessObservation) -> tuple[str, ...]:
+    """Signs of life over the window, in a fixed order.
+
+    ``runnable``: state R in any read; ``run-delay``: it waited on a run queue (it
+    wants a CPU it cannot get: a starved process, not a stuck one); ``cpu``: CPU
+    time grew at all; ``wakes``: its main thread was switched in (a sleeper
+    waking on a timeout); ``io``: bytes went through its read/recv/write/send.
+    schedstat and context switches are the main thread's; CPU time and bytes
+    are the whole process's.
+    """
+    reads = _window(obs)
+    signs = []
+    if any(r.state == "R" for r in reads):
+        signs.append("runnable")
+    if _grew(reads, "run_delay_ns"):
+        signs.append("run-delay")
+    if _grew(reads, "cpu_s") or _grew(reads, "run_ns"):
+        signs.append("cpu")
+    if (_grew(reads, "num_ctx_switches_voluntary", "num_ctx_switches_involuntary")
+            or _grew(reads, "run_count")):
+        signs.append("wakes")
+    if _grew(reads, "read_chars", "write_chars"):
+        signs.append("io")
+    return tuple(signs)
+
+
+def _run_delay_s(obs: ProcessObservation) -> float:
+    reads = [r for r in _window(obs) if r.run_delay_ns is not None]
+    if len(reads) < 2:
+        return 0.0
+    return max(0, reads[-1].run_delay_ns - reads[0].run_delay_ns) / 1e9  # type: ignore[operator]
+
+
+# --------------------------------------------------------------------------- io waits
+
+# A thread in remote I/O: native frames of CPython's socket and ssl modules and
+# OpenSSL, or Python frames of the stdlib's and common clients' network code.
+_SOCKET_NATIVE = re.compile(r"^sock_|_sock_|^internal_(connect|select)|^SSL_(read|write|peek|do_handshake|connect)"
+                            r"|^_ssl__SSLSocket_|^ssl3_read|^BIO_read|^sock_call", re.IGNORECASE)
+_NET_FILES = ("/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py", "/ftplib.py",
+              "/urllib3/", "/requests/", "/botocore/", "/httpx/", "/httpcore/", "/aiohttp/",
+              "/grpc/", "/s3fs/", "/gcsfs/", "/adlfs/", "/smart_open/", "/fsspec/implementations/http")
+# The main thread waits for another thread's result: Future.result, Event.wait, Condition.wait
+_HANDOFF_FILES = ("/concurrent/futures/_base.py", "/threading.py")
+_HANDOFF_FUNCS = ("result", "wait", "wait_for", "exception", "as_completed", "_wait_for_tstate_lock", "join")
+_POLL_NATIVE = ("poll", "ppoll", "select", "pselect", "epoll_wait", "epoll_pwait", "__poll")
+_IDLE_TCP = ("LISTEN", "TIME_WAIT", "CLOSE")
+
+
+def _thread_by_tid(dump: StackDump | None, tid: int) -> ThreadStack | None:
+    if dump is None:
+        return None
+    return next((t for t in dump.threads if t.native_tid == tid), None)
+
+
+def _socket_frames(thread: ThreadStack | None) -> bool:
+    """Whether the thread waits inside socket/SSL/HTTP client code (innermost frames)."""
+    if thread is None:
+        return False
+    for frame in thread.frames:
+        if frame.native:
+            if _SOCKET_NATIVE.search(frame.function.split("(", 1)[0].strip()):
+                return True
+            continue
+        return any(part in _path(frame) for part in _NET_FILES)
+    return False
+
+
+def _native_socket_kind(thread: ThreadStack | None) -> str | None:
+    """socket poll / recv / send / connect from the innermost native frames."""
+    if thread is None:
+        return None
+    for frame in thread.frames:
+        if not frame.native:
+            break
+        low = frame.function.split("(", 1)[0].strip().lower()
+        if low in _POLL_NATIVE or low.endswith(("_poll", "_select")) or "internal_select" in low:
+            return "socket poll"
+        if "connect" in low:
+            return "socket connect"
+        if "recv" in low or "read" in low:
+            return "socket recv"
+        if "send" in low or "write" in low:
+            return "socket send"
+    return None
+
+
+def _hands_off(thread: ThreadStack | None) -> bool:
+    """Main thread in Future.result / Event.wait / Condition.wait / Thread.join."""
+    if thread is None:
+        return False
+    for frame in thread.frames:
+        if frame.native:
+            continue
+        if _path(frame).endswith(_HANDOFF_FILES) and _short_name(frame) in _HANDOFF_FUNCS:
+            return True
+        if not _is_plumbing(frame):
+            return False
+    return False
+
+
+def _kind_from_syscall(nr: int | None, fd_target: str | None, machine: str | None) -> str | None:
+    cat = syscall_category(nr, machine)
+    arch = _arch(machine)
+    if fd_target is not None and fd_target.startswith("socket:"):
+        if nr in _CONNECT_NR.get(arch, ()):
+            return "socket connect"
+        if nr in _SEND_NR.get(arch, ()):
+            return "socket send"
+        return "socket recv" if cat == "io" else None
+    if cat == "poll":
+        return "socket poll"
+    if nr in _CONNECT_NR.get(arch, ()):
+        return "socket connect"
+    return None
+
+
+_CONNECT_NR = {"x86_64": (42,), "aarch64": (203,)}
+_SEND_NR = {"x86_64": (1, 20, 44, 46), "aarch64": (64, 66, 206, 211)}
+_FILE_READ_NR = {"x86_64": (0, 17, 19, 295), "aarch64": (63, 67, 65, 69)}
+
+
+def _regular_file(target: str | None) -> bool:
+    return (target is not None and target.startswith("/")
+            and not target.startswith(("/dev/", "/proc/", "/sys/")))
+
+
+def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | None:
+    """The I/O wait of a process with no CPU progress, or None if it is not waiting on I/O.
+
+    Threads are judged main thread first, then the others only when the main
+    thread hands off to them (``Future.result``/``Event.wait``): a background
+    thread on a socket beside a main thread stuck on a fork-held lock is a
+    deadlock, not an I/O wait.
+    """
+    io = obs.io
+    dump = obs.stack
+    reads = _window(obs)
+    main_t = main_thread(dump, obs.pid)
+    sockets = tuple(s for s in (io.sockets if io else ()) if s.tcp_state not in _IDLE_TCP)
+    threads = list(io.threads) if io and not io.gone else []
+    main_io = next((t for t in threads if t.tid == obs.pid), None)
+
+    def peer_of(target: str | None) -> SocketPeer | None:
+        if target and target.startswith("socket:[") and target.endswith("]"):
+            inode = target[8:-1]
+            found = next((s for s in sockets if str(s.inode) == inode), None)
+            if found is not None:
+                return found
+        return sockets[0] if len(sockets) == 1 else None
+
+    def build(kind: str, basis: str, tid: int | None, stack: ThreadStack | None, nr: int | None,
+              target: str | None) -> IoWait:
+        peer = peer_of(target) if kind.startswith("socket") else None
+        return IoWait(kind=kind, basis=basis, tid=tid, thread=stack.name if stack else None,
+                      syscall=nr, peer=peer.remote if peer else None,
+                      tcp_state=peer.tcp_state if peer else None,
+                      sockets=sockets if kind.startswith("socket") else (),
+                      file=target if _regular_file(target) else None,
+                      where=_where(stack, skip=_NET_FILES))
+
+    def socket_wait(tid: int, stack: ThreadStack | None, nr: int | None, target: str | None) -> IoWait | None:
+        if stack is not None and _is_queue_get_wait(stack):
+            return None  # torch's own queue waits are not remote I/O
+        on_socket = target is not None and target.startswith("socket:")
+        by_stack = _socket_frames(stack)
+        if by_stack:
+            kind = _native_socket_kind(stack) or _kind_from_syscall(nr, target, machine) or "socket recv"
+            return build(kind, "stack", tid, stack, nr, target)
+        if on_socket:
+            kind = _kind_from_syscall(nr, target, machine)
+            if kind is not None:
+                return build(kind, "syscall", tid, stack, nr, target)
+        return None
+
+    # 1. the main thread itself: socket, file read, or uninterruptible sleep
+    nr_main = main_io.syscall if main_io else (obs.after.syscall if obs.after else None)
+    target_main = main_io.fd_target if main_io else None
+    found = socket_wait(obs.pid, main_t, nr_main, target_main)
+    if found is None and main_t is not None and sockets and not _is_queue_get_wait(main_t):
+        # a socket with a timeout waits in poll: CPython's sock_recv polls first.  Without
+        # native frames the innermost Python frame is the caller of recv(); a poll from the
+        # program's own code (not torch's queue) in a process with a live TCP peer is that wait.
+        if syscall_category(nr_main, machine) == "poll" and _own_innermost(main_t):
+            found = build("socket poll", "syscall", obs.pid, main_t, nr_main, None)
+    if found is not None:
+        return found
+    all_d = bool(reads) and all(r.state == "D" for r in reads)
+    if main_io is not None and _regular_file(main_io.fd_target) and main_io.syscall in _FILE_READ_NR.get(
+            _arch(machine), ()):
+        if all_d or main_io.state == "D" or (obs.after is not None and obs.after.state in ("S", "D")):
+            return build("file read", "state D" if all_d or main_io.state == "D" else "syscall",
+                         obs.pid, main_t, main_io.syscall, main_io.fd_target)
+    if all_d:
+        return build("uninterruptible", "state D", obs.pid, main_t, nr_main, target_main)
+
+    # 2. another thread, when the main thread waits for it
+    if not _hands_off(main_t):
+        return None
+    for t in threads:
+        if t.tid == obs.pid:
+            continue
+        stack = _thread_by_tid(dump, t.tid)
+        found = socket_wait(t.tid, stack, t.syscall, t.fd_target)
+        if found is None and _regular_file(t.fd_target) and t.syscall in _FILE_READ_NR.get(_arch(machine), ()):
+            found = build("file read", "state D" if t.state == "D" else "syscall", t.tid, stack, t.syscall,
+                          t.fd_target)
+        if found is None and t.state == "D":
+            found = build("uninterruptible", "state D", t.tid, stack, t.syscall, t.fd_target)
+        if found is not None:
+            return dataclasses.replace(found, via="thread pool")
+    if dump is not None:  # no IoSample thread list (unreadable): the stacks alone
+        for st in dump.threads:
+            if st is main_t or st.native_tid == obs.pid:
+                continue
+            if _socket_frames(st):
+                kind = _native_socket_kind(st) or "socket recv"
+                return dataclasses.replace(build(kind, "stack", st.native_tid, st, None, None),
+                                           via="thread pool")
+    return None
+
+
+def _thread_woke(obs: ProcessObservation, tid: int | None) -> bool:
+    """Whether the thread was switched in between the two IoSamples (unknown: no)."""
+    if tid is None or obs.io is None or obs.io_before is None:
+        return False
+    start = next((t for t in obs.io_before.threads if t.tid == tid), None)
+    end = next((t for t in obs.io.threads if t.tid == tid), None)
+    if start is None or end is None or start.run_count is None or end.run_count is None:
+        return False
+    return end.run_count > start.run_count or (end.run_ns or 0) > (start.run_ns or 0)
+
+
+def _is_queue_get_wait(thread: ThreadStack) -> bool:
+    return waiting_in_from_stack(thread) == "queue get"
+
+
+def _own_innermost(thread: ThreadStack) -> bool:
+    """The innermost Python frame is the program's (or a client library's) code, not plumbing."""
+    for f in thread.frames:
+        if f.native:
+            continue
+        return not _is_plumbing(f) and _TORCH_DATA not in _path(f)
+    return False
+
+
 # --------------------------------------------------------------------------- per process
 
 
@@ -352,16 +722,18 @@ def _cpu_progress(before: ProcSample | None, after: ProcSample | None) -> float 
 
 
 def judge_process(obs: ProcessObservation, *, machine: str | None = None) -> ProcessVerdict:
-    """status / waiting_in / cpu_progress_s of one process."""
+    """status / waiting_in / cpu_progress_s / alive_by / io_wait of one process."""
     after = obs.after
     thread = main_thread(obs.stack, obs.pid)
     progress = _cpu_progress(obs.before, after)
     in_loader = is_waiting_for_data(thread) if obs.role == "main" else None
+    alive = alive_signs(obs)
 
-    def verdict(status: str, waiting_in: str | None) -> ProcessVerdict:
+    def verdict(status: str, waiting_in: str | None, io: IoWait | None = None) -> ProcessVerdict:
         return ProcessVerdict(pid=obs.pid, status=status, waiting_in=waiting_in,
                               cpu_progress_s=progress, role=obs.role, worker_id=obs.worker_id,
-                              where=_where(thread), in_dataloader=in_loader)
+                              where=_where(thread), in_dataloader=in_loader,
+                              alive_by=alive if status != "gone" else (), io_wait=io)
 
     if after is None or after.gone or after.state in ("Z", "X", "x"):
         return verdict("gone", None)
@@ -370,13 +742,26 @@ def judge_process(obs: ProcessObservation, *, machine: str | None = None) -> Pro
     sys_kind = syscall_category(after.syscall, machine)
     if progress is not None and progress >= CPU_PROGRESS_MIN_S:
         return verdict("running", None)
+    if after.state in ("T", "t"):
+        return verdict("blocked", "stopped")
+    if "io" not in alive:  # bytes moving: a slow transfer, judged below as alive
+        io = io_wait(obs, machine=machine)
+        if io is not None and _thread_woke(obs, io.tid):
+            # the thread in the socket wait woke in the window: data arrives (a slow
+            # transfer) or a short timeout fires and the client retries; alive, not stuck
+            alive = (*alive, "io")
+            return verdict("running", "io")
+        if io is not None:
+            return verdict("blocked", "io", io)
+    if "runnable" in alive or _run_delay_s(obs) >= CPU_PROGRESS_MIN_S:
+        # it wants a CPU: starved (many workers on few cores), not stuck.  A sleeper that
+        # wakes waits a few microseconds on the run queue too: that is a wake, not starving
+        return verdict("running", None)
     if after.state == "D":
         # uninterruptible sleep is I/O (disk, NFS, page faults); it accrues no CPU
         return verdict("running", "io")
     if after.state == "R" and progress is None:
         return verdict("running", None)
-    if after.state in ("T", "t"):
-        return verdict("blocked", "stopped")
 
     waiting_in = stack_kind or sys_kind
     idle = _idle_in(thread, obs.role)
@@ -393,13 +778,38 @@ def judge_process(obs: ProcessObservation, *, machine: str | None = None) -> Pro
 def _describe(v: ProcessVerdict) -> str:
     who = f"worker {v.worker_id}" if v.role == "worker" and v.worker_id is not None else v.role
     bits = [f"{who} (pid {v.pid}) {v.status}"]
-    if v.waiting_in:
+    if v.io_wait is not None:
+        w = v.io_wait
+        bits.append(f"in {w.kind}")
+        if w.via:
+            bits.append(f"(thread {w.thread or w.tid}, via {w.via})")
+        if w.peer:
+            bits.append(f"on {w.peer}")
+        elif w.file:
+            bits.append(f"on {w.file}")
+    elif v.waiting_in:
         bits.append(f"in {v.waiting_in}")
     if v.where:
         bits.append(f"at {v.where}")
     if v.cpu_progress_s is not None:
         bits.append(f"{v.cpu_progress_s:.2f} s CPU")
+    if v.alive_by and v.status != "gone":
+        bits.append(f"alive: {', '.join(v.alive_by)}")
     return " ".join(bits)
+
+
+def _wakes(v: ProcessVerdict) -> bool:
+    """A blocked process that woke, ran or moved bytes in the window polls; it is not deadlocked."""
+    return bool(set(v.alive_by) & {"cpu", "wakes", "io", "runnable", "run-delay"})
+
+
+def _io_what(v: ProcessVerdict) -> str:
+    w = v.io_wait
+    if w is None:
+        return "I/O"
+    if w.kind.startswith("socket"):
+        return "a socket" + (f" ({w.peer})" if w.peer else "")
+    return "a file read" + (f" ({w.file})" if w.file else "")
 
 
 def _summary(verdicts: Iterable[ProcessVerdict]) -> str:
@@ -427,9 +837,11 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
 
     Order of judgement: a dead worker explains everything after it; then a main
     process outside the loader (the loop body, not the data, is stuck); then,
-    with the main waiting for data, the workers: any making progress -> slow;
-    any blocked in a lock -> deadlock; all idle -> the batch the main waits for
-    was lost.
+    with the main waiting for data, the workers: any making progress (or runnable,
+    or starved of CPU) -> slow; any blocked in a lock with no sign of life over the
+    window -> deadlock; any waiting on a socket or a file read that never
+    returned -> io-wait; blocked but waking or in a transient wait -> slow; all
+    idle -> the batch the main waits for was lost.
     """
     obs = list(observations)
     verdicts = tuple(judge_process(o, machine=machine) for o in obs)
@@ -461,6 +873,15 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
             if syscall_category(after.syscall if after else None, machine) == "poll":
                 waiting, how = True, "syscall"
 
+    if waiting is False and main is not None and (main.waiting_in or "").startswith("collective: ") \
+            and not any(w.status == "blocked" and w.io_wait is None and not _wakes(w) for w in live):
+        op = main.waiting_in[len("collective: "):]  # type: ignore[index]
+        loader = (f"its own DataLoader is healthy (workers: {', '.join(sorted({w.status for w in live}))})"
+                  if live else "it has no DataLoader workers")
+        return out("main-blocked", f"the main process waits in the collective {op} for other ranks; "
+                                   f"{loader}: the rank that stalled first is elsewhere "
+                                   f"(see `dlwatch report --job`): {_describe(main)}")
+
     if waiting is False:
         state = _describe(main) if main else "the main process"
         busy = " busy" if main is not None and main.status == "running" else ""
@@ -470,8 +891,9 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
                                    f"(in the loop body): {state}{workers_note}")
 
     running = [w for w in live if w.status == "running"]
-    blocked = [w for w in live if w.status == "blocked"]
-    hard = [w for w in blocked if w.waiting_in not in _TRANSIENT_WAITS]
+    io_waits = [w for w in live if w.io_wait is not None]
+    blocked = [w for w in live if w.status == "blocked" and w.io_wait is None]
+    hard = [w for w in blocked if w.waiting_in not in _TRANSIENT_WAITS and not _wakes(w)]
     waits = "waits for data" if waiting else "state unknown"
     if waiting and how != "heartbeat":
         waits += f" (from its {how})"
@@ -479,12 +901,15 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
     if not live:  # num_workers=0: the main process loads the data itself
         if main is None:
             return out("slow", "no processes observed: nothing to judge")
+        if main.io_wait is not None:
+            return out("io-wait", "no workers; the main process loads data itself and waits on "
+                                  f"{_io_what(main)} that never returned: {_describe(main)}")
         if main.status == "running":
             return out("slow", f"no workers; the main process is loading data itself: {_describe(main)}")
         if main.status == "idle" and waiting:
             return out("dead-worker", "the main process waits for data from workers but no "
                                       f"live worker was observed: {_describe(main)}")
-        if main.waiting_in in _TRANSIENT_WAITS:
+        if main.waiting_in in _TRANSIENT_WAITS or (main.status == "blocked" and _wakes(main)):
             return out("slow", f"no workers; the main process waits in {main.waiting_in} "
                                f"while loading data: {_describe(main)}")
         if waiting:
@@ -492,14 +917,19 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
                                    f"DataLoader with no CPU progress: {_describe(main)}")
         return out("main-blocked", f"no workers; the main process is blocked: {_describe(main)}")
 
-    if running or (blocked and not hard):
-        busy = running or blocked
-        return out("slow", f"{len(busy)} of {len(live)} workers still working "
-                           f"(CPU or I/O): {_summary(busy)}; main {waits}")
+    if running:
+        return out("slow", f"{len(running)} of {len(live)} workers still working "
+                           f"(CPU or I/O): {_summary(running)}; main {waits}")
     if hard:
         note = f"; main {waits}" if waiting else "; main state unknown"
-        return out("deadlock", f"{len(hard)} of {len(live)} workers blocked with no CPU progress: "
-                               f"{_summary(hard)}{note}")
+        return out("deadlock", f"{len(hard)} of {len(live)} workers blocked with no CPU progress "
+                               f"and no sign of life: {_summary(hard)}{note}")
+    if io_waits:
+        return out("io-wait", f"{len(io_waits)} of {len(live)} workers wait on {_io_what(io_waits[0])} "
+                              f"that never returned: {_summary(io_waits)}; main {waits}")
+    if blocked:
+        return out("slow", f"{len(blocked)} of {len(live)} workers waiting but alive "
+                           f"(a transient wait, or waking up): {_summary(blocked)}; main {waits}")
     if waiting:
         return out("lost-batch", f"all {len(live)} workers idle in their loop waiting for work "
                                  f"while the main process {waits}: the batch it waits for was "

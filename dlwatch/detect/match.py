@@ -12,25 +12,31 @@ no finding, so a healthy report makes none at all.
 Detector events it reads (emitted by the monitor, see dlwatch.detect.thresholds,
 dlwatch.shapes and dlwatch.rngcheck), matched by their ``signal`` key (or by
 ``event`` for the same name):
-``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate", ...}``
-and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "fingerprints"}``.
+``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate"
+| "rng_epoch_repeat", ...}`` and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "epoch",
+"stage", "fingerprints", "states", "drawn", "rebound"}`` (judged by :func:`dlwatch.detect.rng.judge`).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Mapping, Sequence
 
+from dlwatch import _regex
 from dlwatch.detect import thresholds as th
+from dlwatch.detect import rng as rng_detect
 from dlwatch._log import get_logger
 from dlwatch.model import Finding, ProcSample
 from dlwatch.playbooks import Hint, Playbook, Signal
-from dlwatch.rngcheck import duplicates
 
 __all__ = ["match", "errnos_in"]
 
-_ERRNO_BRACKET = re.compile(r"\[Errno (\d+)\]")
-_ERRNO_TORCH = re.compile(r":\s+[A-Za-z][A-Za-z ,'-]*? \((\d+)\)")  # "...: No space left on device (28)"
+# Every pattern here runs on text the training program controls: RE2 (linear time), bounded text.
+_ERRNO_BRACKET = _regex.compile(r"\[Errno (\d+)\]")
+_ERRNO_TORCH = _regex.compile(r":\s+[A-Za-z][A-Za-z ,'-]*? \((\d+)\)")  # "...: No space left on device (28)"
+_SHM_FD_TEXT = _regex.compile(r"Communication with the workers is no longer possible|received 0 items of "
+                              r"ancdata|unable to open shared memory object")
+_OPENS_FILE = _regex.compile(r"\bopen\(|Image\.open|np\.load|h5py|lmdb")
+_LIBRARY_PATH = _regex.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\]torch[/\\]")
 _MAX_FRAMES = 8
 _MAX_WORKERS = 8
 _MAX_EVENTS = 5
@@ -45,10 +51,19 @@ def errnos_in(exception: Mapping[str, Any] | None) -> tuple[int, ...]:
     found: list[int] = []
     if isinstance(exception.get("errno"), int):
         found.append(exception["errno"])
-    text = f"{exception.get('message') or ''}\n{exception.get('traceback') or ''}"
+    text = _exception_text(exception)
     for rx in (_ERRNO_BRACKET, _ERRNO_TORCH):
         found.extend(int(m.group(1)) for m in rx.finditer(text))
     return tuple(dict.fromkeys(found))
+
+
+def _exception_text(exception: Mapping[str, Any]) -> str:
+    """Message and traceback, bounded: patterns never see more than _regex.MAX_TEXT_CHARS of it."""
+    return _regex.bound_text(f"{exception.get('message') or ''}\n{exception.get('traceback') or ''}")
+
+
+def _field(value: Any) -> str:
+    return str(value or "")[:_regex.MAX_FIELD_CHARS]
 
 
 def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Finding]:
@@ -71,7 +86,7 @@ def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Find
 # --------------------------------------------------------------------------- context
 
 
-def _excerpt(text: str, m: re.Match[str], width: int = 200) -> str:
+def _excerpt(text: str, m: Any, width: int = 200) -> str:
     start = text.rfind("\n", 0, m.start()) + 1
     end = text.find("\n", m.end())
     line = text[start:end if end >= 0 else len(text)].strip()
@@ -103,8 +118,8 @@ def _cut_parent_frames(frames: list[Mapping[str, Any]]) -> list[Mapping[str, Any
 
 
 def _frame_matches(cond: Signal | Hint, f: Mapping[str, Any]) -> bool:
-    function = str(f.get("function") or "")
-    filename = str(f.get("filename") or "")
+    function = _field(f.get("function"))
+    filename = _field(f.get("filename"))
     if isinstance(cond, Hint) and cond.native is not None and bool(f.get("native")) != cond.native:
         return False
     if cond.frame is not None and not (cond.frame.search(function) or cond.frame.search(filename)):
@@ -121,7 +136,7 @@ class _Context:
         self.report = report
         self.exception: Mapping[str, Any] | None = report.get("exception") or None
         exc = self.exception or {}
-        self.text = f"{exc.get('message') or ''}\n{exc.get('traceback') or ''}"
+        self.text = _exception_text(exc)
         self.errnos = errnos_in(self.exception)
         self.classification = report.get("classification")
         self.loader: Mapping[str, Any] = report.get("loader") or {}
@@ -142,13 +157,12 @@ class _Context:
             if not isinstance(ev, Mapping):
                 continue
             key = (ev.get("ts"), ev.get("event"), ev.get("signal"), ev.get("pid"), ev.get("worker_id"),
-                   ev.get("batch_index"))
+                   ev.get("batch_index"), ev.get("stage"))
             if key in seen:
                 continue
             seen.add(key)
             out.append(ev)
-        if not self._signal_events(out, "rng_duplicate"):
-            out.extend(self._rng_from_fingerprints(out))
+        out.extend(self._rng_from_fingerprints(out))
         if not self._signal_events(out, "fd_pressure"):
             out.extend(self._fd_from_timeline(report))
         return out
@@ -160,17 +174,21 @@ class _Context:
     def signal_events(self, name: str) -> list[Mapping[str, Any]]:
         return self._signal_events(self.events, name)
 
-    @staticmethod
-    def _rng_from_fingerprints(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        by_worker: dict[int, Mapping[str, str]] = {}
-        for ev in events:
-            if ev.get("event") == "rng_fingerprint" and isinstance(ev.get("fingerprints"), Mapping):
-                by_worker[ev.get("worker_id", ev.get("pid"))] = ev["fingerprints"]
-        dups = duplicates(by_worker) if len(by_worker) >= 2 else []
-        if not dups:
+    @classmethod
+    def _rng_from_fingerprints(cls, events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The rng detector's signals, judged again from raw fingerprint events (the same rule),
+        for each signal the report does not already hold."""
+        prints = [ev for ev in events if ev.get("event") == "rng_fingerprint"]
+        if not prints:
             return []
-        return [{"event": "threshold", "signal": "rng_duplicate", "duplicates": dups,
-                 "num_workers_checked": len(by_worker), "derived": "rng_fingerprint events"}]
+        dups, repeats = rng_detect.judge(prints)
+        checked = len({(ev.get("pid"), ev.get("worker_id")) for ev in prints})
+        out = []
+        for name, key, found in (("rng_duplicate", "duplicates", dups), ("rng_epoch_repeat", "repeats", repeats)):
+            if found and not cls._signal_events(events, name):
+                out.append({"event": "threshold", "signal": name, key: found,
+                            "num_workers_checked": checked, "derived": "rng_fingerprint events"})
+        return out
 
     def _fd_from_timeline(self, report: Mapping[str, Any]) -> list[dict[str, Any]]:
         histories: dict[int, list[ProcSample]] = {}
@@ -249,7 +267,7 @@ def _eval_signal(sig: Signal, ctx: _Context) -> dict[str, Any] | None:
         return None
     if exc:
         if sig.exception_type is not None:
-            if not sig.exception_type.search(str(exc.get("type") or "")):
+            if not sig.exception_type.search(_field(exc.get("type"))):
                 return None
             hit["exception_type"] = exc.get("type")
         if sig.exception_text is not None:
@@ -308,7 +326,7 @@ def _find_hint(hint: Hint, ctx: _Context) -> dict[str, Any] | None:
     for p in ctx.processes:
         if hint.role != "any" and p.get("role") != hint.role:
             continue
-        if hint.waiting_in is not None and not hint.waiting_in.search(str(p.get("waiting_in") or "")):
+        if hint.waiting_in is not None and not hint.waiting_in.search(_field(p.get("waiting_in"))):
             continue
         where = {"hint": hint.name, "pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id")}
         if not has_frame:
@@ -413,12 +431,11 @@ def _enrich_fd(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     strategy = ctx.loader.get("sharing_strategy")
     if strategy:
         ev["sharing_strategy"] = strategy
-    if cause is None and re.search(r"Communication with the workers is no longer possible|received 0 items of "
-                                   r"ancdata|unable to open shared memory object", ctx.text):
+    if cause is None and _SHM_FD_TEXT.search(ctx.text):
         cause, basis = "shm-fds", "torch's error is about passing shared memory by fd"
     if cause is None and strategy == "file_system":
         cause, basis = "regular-files", "the file_system strategy keeps no fd per shared tensor"
-    if cause is None and ctx.exception and re.search(r"\bopen\(|Image\.open|np\.load|h5py|lmdb", ctx.text):
+    if cause is None and ctx.exception and _OPENS_FILE.search(ctx.text):
         cause, basis = "regular-files", "the failing call in the traceback opens a file"
     ev["cause"] = cause or "unknown"
     if basis:
@@ -474,7 +491,7 @@ def _worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
 def _is_user_frame(f: Mapping[str, Any]) -> bool:
     name = str(f.get("filename") or "")
     return (bool(name) and not f.get("native") and not name.startswith("<")
-            and not re.search(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\]torch[/\\]", name))
+            and not _LIBRARY_PATH.search(name))
 
 
 def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
@@ -490,6 +507,47 @@ def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | N
         ev["main"] = mv
     if ctx.loader.get("multiprocessing_context") is not None:
         ev["multiprocessing_context"] = ctx.loader.get("multiprocessing_context")
+    if ctx.loader.get("timeout") is not None:
+        ev["timeout"] = ctx.loader.get("timeout")
+    return None
+
+
+def _enrich_io(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    """Which workers wait, in which thread, on what (peer ip:port or file), and for how long."""
+    waiting = [p for p in ctx.processes if isinstance(p.get("io_wait"), Mapping)]
+    waiting.sort(key=lambda p: (p.get("role") != "worker", p.get("worker_id") if isinstance(p.get("worker_id"), int) else 1 << 30))
+    views = []
+    peers: dict[str, int] = {}
+    for p in waiting:
+        w = p["io_wait"]
+        view = {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
+                "kind": w.get("kind"), "thread": w.get("thread"), "tid": w.get("tid"), "via": w.get("via"),
+                "peer": w.get("peer"), "tcp_state": w.get("tcp_state"), "file": w.get("file"),
+                "syscall": w.get("syscall"), "basis": w.get("basis"), "where": w.get("where") or p.get("where")}
+        if not view["peer"] and w.get("sockets"):  # poll on one of several sockets: name them all
+            view["sockets"] = [f"{s.get('remote')} {s.get('tcp_state')}" for s in w["sockets"][:4]
+                               if isinstance(s, Mapping)]
+        views.append({k: v for k, v in view.items() if v is not None})
+        key = w.get("peer") or w.get("file")
+        if key:
+            peers[str(key)] = peers.get(str(key), 0) + 1
+    stall_s = (ctx.report.get("progress") or {}).get("stall_s")
+    if views:  # one line for people first: who waits, on what, how, for how long
+        v0 = views[0]
+        who = (f"worker {v0['worker_id']}" if v0.get("worker_id") is not None else str(v0.get("role") or "process"))
+        more = f" (+{len(views) - 1} more)" if len(views) > 1 else ""
+        thread = f", thread {v0.get('thread') or v0.get('tid')}" + (f" via {v0['via']}" if v0.get("via") else "")
+        on = v0.get("peer") or v0.get("file") or ", ".join(v0.get("sockets") or ()) or "?"
+        state = f" {v0['tcp_state']}" if v0.get("tcp_state") else ""
+        since = f" for {stall_s:.1f} s" if isinstance(stall_s, (int, float)) else ""
+        ev["wait"] = f"{who} (pid {v0.get('pid')}{thread}): {v0.get('kind')} on {on}{state}{since}{more}"
+        ev["workers"] = views[:_MAX_WORKERS]
+        if len(views) > _MAX_WORKERS:
+            ev["workers_not_shown"] = len(views) - _MAX_WORKERS
+    if peers:
+        ev["peers"] = [{"peer": k, "workers": n} for k, n in sorted(peers.items(), key=lambda kv: -kv[1])]
+    if stall_s is not None:
+        ev["stall_s"] = stall_s
     if ctx.loader.get("timeout") is not None:
         ev["timeout"] = ctx.loader.get("timeout")
     return None
@@ -511,26 +569,126 @@ def _enrich_batch(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None
 
 
 def _enrich_rng(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
-    dups: list[Any] = []
-    for e in ctx.signal_events("rng_duplicate"):
-        for d in e.get("duplicates") or ():
-            if d not in dups:
-                dups.append(d)
-    if dups:
-        ev["duplicates"] = dups
+    for signal, key in (("rng_duplicate", "duplicates"), ("rng_epoch_repeat", "repeats")):
+        found: list[Any] = []
+        for e in ctx.signal_events(signal):
+            for d in e.get(key) or ():
+                if d not in found:
+                    found.append(d)
+        if found:
+            ev[key] = found
+    if ev.get("repeats"):
+        # workers restart each epoch; a sequential sampler means the very same samples get the
+        # very same draws (on purpose only for a validation loader seeded alike every epoch)
+        for key in ("persistent_workers", "sampler"):
+            if ctx.loader.get(key) is not None:
+                ev[key] = ctx.loader.get(key)
     if ctx.loader.get("worker_init_fn") is not None:
         ev["worker_init_fn"] = ctx.loader.get("worker_init_fn")
-    return None
+    if ev.get("duplicates") and not ev.get("repeats"):
+        return "worker-copies"
+    if ev.get("repeats") and not ev.get("duplicates"):
+        return "epoch-repeat"
+    return None  # both (or neither measured): every variant is shown
 
 
 def _strip_event(e: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in e.items() if k not in ("event", "kind")}
 
 
+def _samples_of(ctx: _Context, pid: Any) -> list[Mapping[str, Any]]:
+    out = []
+    for rec in ctx.report.get("timeline") or ():
+        if isinstance(rec, Mapping) and rec.get("kind") == "sample":
+            for p in rec.get("procs") or ():
+                if isinstance(p, Mapping) and p.get("pid") == pid and not p.get("gone"):
+                    out.append(p)
+    return out
+
+
+def _enrich_worker_killed(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    from dlwatch.detect.worker_killed import exit_cause, torch_worker_exit
+
+    obs = [e for e in ctx.signal_events("worker_exit") if e.get("event") == "observation"]
+    pids, sig_text = torch_worker_exit(ctx.text)
+    crashed = [p for p in ctx.processes if p.get("role") == "worker" and p.get("crash")]
+    gone = [p for p in ctx.processes if p.get("role") == "worker" and p.get("status") == "gone"]
+    pid = (pids[0] if pids else None) or next((e.get("pid") for e in obs), None) \
+        or next((p.get("pid") for p in crashed + gone), None)
+    if pid is None:
+        return None
+    mine = [e for e in obs if e.get("pid") == pid]
+    merged: dict[str, Any] = {}
+    for e in mine:  # later observations add what earlier ones lacked (an exit code read after torch raised)
+        merged.update({k: v for k, v in e.items() if v is not None})
+    proc = next((p for p in ctx.processes if p.get("pid") == pid), None)
+    crash = (proc or {}).get("crash") or merged.get("crash") or {}
+    sig = merged.get("exit_signal") or sig_text or crash.get("signal")
+    share = merged.get("memory_share")
+    before, after = merged.get("oom_kills_before") or {}, merged.get("oom_kills_after") or {}
+    cg_b, cg_a = before.get("cgroup"), after.get("cgroup")
+    if cg_b is not None and cg_a is not None:
+        oom = cg_a > cg_b
+    else:
+        oom = (before.get("host") is not None and after.get("host") is not None and after["host"] > before["host"])
+    cause, basis = exit_cause(sig, oom_rose=oom, memory_share=share, crash_signal=crash.get("signal"),
+                              near_share=pb.threshold("near_limit_share", 0.9))
+    ev.update({"pid": pid, "worker_id": (proc or {}).get("worker_id", merged.get("worker_id")),
+               "exit_signal": sig, "cause": cause, "cause_basis": basis})
+    if merged.get("exit_status") is not None:
+        ev["exit_status"] = merged["exit_status"]
+    if merged.get("last_seen_ts") is not None:
+        ev["last_seen_ts"] = merged["last_seen_ts"]
+    memory = merged.get("memory") or [{"ts": s.get("ts"), "rss": s.get("rss"), "uss": s.get("uss")}
+                                      for s in _samples_of(ctx, pid)][-12:]
+    if memory:
+        ev["memory"] = memory
+    limits = {k: merged.get(k, ctx.system.get(k)) for k in ("cgroup_memory_limit", "cgroup_memory_usage",
+                                                            "mem_available")}
+    ev["memory_limit"] = {k: v for k, v in limits.items() if v is not None}
+    if share is not None:
+        ev["memory_share"] = share
+    if before or after:
+        ev["oom_kills"] = {"before": before or None, "after": after or None,
+                           "at_start": merged.get("oom_kills_at_start")}
+    shm = {k: merged.get(k, ctx.system.get(k)) for k in ("shm_total", "shm_free")}
+    if any(v is not None for v in shm.values()):
+        ev["shm"] = shm
+    if crash:
+        ev["crash"] = {"signal": crash.get("signal"), "fatal_error": crash.get("fatal_error")}
+    if proc is not None and crash:
+        threads = _threads(proc)  # the thread that crashed in the dataset's code first
+        threads.sort(key=lambda t: not any(_is_user_frame(f) for f in t))
+        frames = threads[0] if threads else []
+        ev["crash_stack"] = [_frame_str(f) for f in frames[:_MAX_FRAMES]]
+        user = next((f for f in frames if _is_user_frame(f)), None)
+        if user is not None:
+            ev["crash_frame"] = _frame_str(user)
+    if cause == "sigbus":
+        ev["see_also"] = "shm-exhaustion"
+    growth = ctx.signal_events("worker_memory_growth") + [
+        e for e in ctx.events if e.get("event") == "advice" and e.get("playbook") == "worker-memory-growth"]
+    if growth:
+        ev["memory_growth_before"] = _strip_event(growth[-1])
+    return cause if cause != "unknown" else None
+
+
+def _enrich_growth(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
+    name = "worker_memory_growth" if pb.id == "worker-memory-growth" else "pinned_memory_growth"
+    events = ctx.signal_events(name)
+    if events:
+        ev.update({k: v for k, v in _strip_event(events[-1]).items() if k not in ev})
+    return None
+
+
 _ENRICHERS = {
     "fd-exhaustion": _enrich_fd,
     "shm-exhaustion": _enrich_shm,
     "worker-deadlock": _enrich_deadlock,
+    "io-stall": _enrich_io,
     "batch-dim-mismatch": _enrich_batch,
     "rng-duplication": _enrich_rng,
+    "worker-killed": _enrich_worker_killed,
+    "worker-memory-growth": _enrich_growth,
+    "pinned-memory-growth": _enrich_growth,
 }

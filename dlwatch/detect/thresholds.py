@@ -9,17 +9,18 @@ a timeline event ``{"event": "threshold", **evidence}``; the matcher in
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from dlwatch.model import ProcSample, SystemSample
+from dlwatch.model import FdSummary, ProcSample, SystemSample
 
 __all__ = [
     "FD_SHARE",
     "FD_HORIZON_S",
-    "SHM_FREE_SHARE",
+    "SHM_NEED_FACTOR",
     "fd_near_limit",
     "fd_pressure",
     "fd_trend",
+    "held_shm_bytes",
     "inflight_shm_bytes",
     "shm_pressure",
 ]
@@ -32,7 +33,6 @@ FD_MIN_WINDOW_S = 2.0  # a trend needs this much history: workers open fds quick
 FD_TREND_MIN_SHARE = 0.25  # ... and a count already this share of the limit
 FD_AT_LIMIT_SHARE = 0.95  # "at or near the limit" (a stall or a bare EOFError is then fd exhaustion)
 FD_AT_LIMIT_MARGIN = 4  # ... or within this many fds of it
-SHM_FREE_SHARE = 0.1  # /dev/shm with less than this share free is "nearly full"
 SHM_NEED_FACTOR = 1.0  # free /dev/shm below need × this is pressure
 
 
@@ -111,6 +111,9 @@ def inflight_shm_bytes(batch_bytes: int | None, prefetch_factor: int | None,
     """What the loader keeps in shared memory at once: batch bytes × prefetch_factor × num_workers.
 
     None when unknown; 0 with no workers (batches then never travel through /dev/shm).
+    Both sharing strategies take this room in /dev/shm: under ``file_descriptor`` (the
+    default) a segment is unlinked at once but its pages stay until the last fd and
+    mapping go; under ``file_system`` it is a named ``torch_*`` file until then.
     """
     if num_workers is not None and num_workers <= 0:
         return 0
@@ -119,39 +122,71 @@ def inflight_shm_bytes(batch_bytes: int | None, prefetch_factor: int | None,
     return int(batch_bytes) * int(prefetch_factor or 2) * int(num_workers)
 
 
+def held_shm_bytes(procs: Iterable[tuple[ProcSample | None, FdSummary | None]]) -> int:
+    """/dev/shm bytes this job already holds: per process, the larger of what it maps and holds by fd.
+
+    ``procs`` is (latest sample, latest fd breakdown) of each live process of the job.
+    Mappings cover both sharing strategies (``torch_* (deleted)`` segments and named
+    files); fds cover segments received but not mapped yet.  A segment that two of the
+    job's processes map counts twice: an upper bound, which :func:`shm_pressure` caps at
+    the job's own need.
+    """
+    total = 0
+    for sample, fds in procs:
+        mapped = (sample.shm_map_bytes or 0) if sample is not None and not sample.gone else 0
+        by_fd = (fds.shm_bytes or 0) if fds is not None else 0
+        total += max(mapped, by_fd)
+    return total
+
+
 def shm_pressure(system: SystemSample, need_bytes: int | Mapping[str, Any] | None = None, *,
-                 free_share: float = SHM_FREE_SHARE,
-                 need_factor: float = SHM_NEED_FACTOR) -> dict[str, Any] | None:
-    """/dev/shm nearly full, or smaller (in total or free) than the loader needs in flight.
+                 held_bytes: int = 0, need_factor: float = SHM_NEED_FACTOR) -> dict[str, Any] | None:
+    """This job's batches in flight do not fit in /dev/shm: judged against the job's own need only.
 
     ``need_bytes`` is the in-flight need (see :func:`inflight_shm_bytes`), or the
     report's ``loader`` dict, from which it is computed when that has ``batch_bytes``.
+    ``held_bytes`` is what this job's processes already hold there
+    (:func:`held_shm_bytes`): those bytes are counted as used in ``shm_free`` but are
+    the job's own batches in flight, which it reuses.
+
+    - ``smaller_than_need``: /dev/shm is smaller in total than the need;
+    - ``free_below_need``: free space plus what the job holds (at most its need) is
+      less than the need.
+
+    Nothing else fires: a /dev/shm that is small, or nearly full of another tenant's
+    files, is fine for a job whose need fits; with ``num_workers=0`` the need is 0
+    (batches never travel through /dev/shm); an unknown need (no batch measured yet)
+    proves nothing.
     """
+    loader: Mapping[str, Any] = {}
     if isinstance(need_bytes, Mapping):
         loader = need_bytes
         need_bytes = inflight_shm_bytes(loader.get("batch_bytes"), loader.get("prefetch_factor"),
                                         loader.get("num_workers"))
     total, free = system.shm_total, system.shm_free
-    if not total or total <= 0 or free is None:
+    if not total or total <= 0 or free is None or not need_bytes or need_bytes <= 0:
         return None
-    share = free / total
-    need = int(need_bytes * need_factor) if need_bytes else 0
-    if need and total < need:
+    need = int(need_bytes * need_factor)
+    held = max(0, int(held_bytes or 0))
+    available = free + min(held, need)
+    if total < need:
         reason = "smaller_than_need"
-    elif need and free < need:
+    elif available < need:
         reason = "free_below_need"
-    elif share < free_share:
-        reason = "nearly_full"
     else:
         return None
-    return {
+    ev: dict[str, Any] = {
         "signal": "shm_pressure",
         "reason": reason,
         "ts": system.ts,
         "shm_total": total,
         "shm_free": free,
-        "free_share": round(share, 4),
-        "threshold_free_share": free_share,
+        "free_share": round(free / total, 4),
         "need_bytes": need_bytes,
+        "held_bytes": held,
+        "available_bytes": available,
         "shm_torch_files": system.shm_torch_files,
     }
+    if loader.get("sharing_strategy"):
+        ev["sharing_strategy"] = loader.get("sharing_strategy")
+    return ev

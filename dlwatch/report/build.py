@@ -24,6 +24,11 @@ def summary_line(report: Mapping[str, Any]) -> str:
     exc = report.get("exception") or {}
     findings = report.get("findings") or []
     top = f" -> {findings[0]['title']}" if findings and isinstance(findings[0], dict) and findings[0].get("title") else ""
+    job = report.get("job") or {}
+    if isinstance(job, dict) and job.get("role") == "waiting":
+        rank = (report.get("rank") or {}).get("rank")
+        top = (f" -> rank {rank if rank is not None else '?'} waits in {job.get('waiting_in')} for another rank: "
+               f"see `{job.get('view')}`")
     if trig == "exception":
         msg = (str(exc.get("message") or "").strip().splitlines() or [""])[-1][:160]
         return f"{exc.get('type', 'exception')}: {msg}{top}"
@@ -62,6 +67,12 @@ def add_findings(report: dict[str, Any], playbook_dirs: Sequence[str] = (), *,
         pass
     except Exception as exc:
         report["notes"].append(f"playbook matching failed: {type(exc).__name__}: {exc}")
+    try:  # a rank that only waits for other ranks: no DataLoader finding, a pointer at the job view
+        from dlwatch.report.jobview import annotate
+
+        annotate(report)
+    except Exception as exc:
+        report["notes"].append(f"job annotation failed: {type(exc).__name__}: {exc}")
 
 
 def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, bytes] | None = None) -> str:
@@ -69,7 +80,7 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
     if not report.get("summary") or report["trigger"] in ("exception", "stall", "attach"):
         report["summary"] = summary_line(report)
     try:
-        return store.write_incident(report_dir, report, render_markdown=render.render_markdown,
+        path = store.write_incident(report_dir, report, render_markdown=render.render_markdown,
                                     extra_files=extra_files)
     except OSError as exc:
         fallback = store.fallback_dir()
@@ -77,8 +88,12 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
             raise
         log.warning("report_dir_unwritable", report_dir=report_dir, error=str(exc), fallback=fallback)
         report["notes"].append(f"could not write to {report_dir} ({exc.strerror or exc}); written here instead")
-        return store.write_incident(fallback, report, render_markdown=render.render_markdown,
+        path = store.write_incident(fallback, report, render_markdown=render.render_markdown,
                                     extra_files=extra_files)
+    from dlwatch.report import html  # report.html in a short-lived child: not in this process's memory
+
+    html.spawn_render(path)
+    return path
 
 
 def read_timeline(run_dir: str, limit: int = TIMELINE_WINDOW) -> list[dict[str, Any]]:

@@ -7,18 +7,52 @@ the shorter view of ``dlwatch report ID``; ``list_lines`` the incident table.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
 
+from dlwatch.report import display
 
-def human_bytes(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+# C0 controls (ESC among them), DEL, C1 controls, and the bidirectional overrides that
+# reorder what a terminal shows: a report's text comes from the training program and
+# must not drive the terminal of whoever reads it.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BACKTICKS = re.compile("`+")
+
+
+def terminal_safe(text: Any) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``), so it prints as text."""
+    text = str(text)
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                       else f"\\u{ord(m.group()):04x}", text)
+
+
+def fence(text: str) -> str:
+    """A Markdown code fence longer than any run of backticks in ``text`` (at least three)."""
+    longest = max((len(m.group()) for m in _BACKTICKS.finditer(text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def code(value: Any) -> str:
+    """``value`` as Markdown inline code on one line, whatever backticks it holds."""
+    text = " ".join(str(value).splitlines())
+    ticks = "`" * (max((len(m.group()) for m in _BACKTICKS.finditer(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _one_line(value: Any) -> str:
+    return " ".join(str(value).splitlines())
+
+
+def _fenced(lines: Iterable[str]) -> Iterator[str]:
+    lines = list(lines)
+    mark = fence("\n".join(lines))
+    yield mark
+    yield from lines
+    yield mark
+
+
+human_bytes = display.human_bytes
 
 
 def _fmt(v: Any) -> str:
@@ -27,26 +61,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}"
     return str(v)
-
-
-def _proc_line(p: Mapping[str, Any]) -> str:
-    s = p.get("sample") or {}
-    who = p.get("role", "?") + (f" {p['worker_id']}" if p.get("worker_id") is not None else "")
-    parts = [f"pid {p.get('pid')} ({who})"]
-    if p.get("status"):
-        parts.append(str(p["status"]) + (f" in {p['waiting_in']}" if p.get("waiting_in") else ""))
-    if s.get("gone"):
-        parts.append("gone")
-    else:
-        parts.append(f"state {_fmt(s.get('state'))}")
-        parts.append(f"fds {_fmt(s.get('num_fds'))}/{_fmt(s.get('fd_limit'))}")
-        parts.append(f"rss {human_bytes(s.get('rss'))}")
-        if s.get("uss") is not None:
-            parts.append(f"uss {human_bytes(s.get('uss'))}")
-        parts.append(f"cpu {_fmt(s.get('cpu_s'))} s")
-        if s.get("syscall") not in (None, -1):
-            parts.append(f"syscall {s.get('syscall')}")
-    return ", ".join(parts)
 
 
 def _threads_main_first(stack: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -79,83 +93,156 @@ def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12, pytho
             yield f"      ... {len(frames) - max_frames} more frames"
 
 
+def _md_text(v: Any) -> str:
+    """A display string in Markdown: as is when it holds no markup, else as inline code."""
+    text = _one_line(v)
+    return text if display._plain_safe(text) else code(text)
+
+
+def _md_value(label: str, value: Any) -> Iterator[str]:
+    if isinstance(value, display.Table):
+        if not value.rows:
+            yield f"- {label}: none"
+            return
+        yield f"- {label}:"
+        yield ""
+        for line in display.md_table(value, code):
+            yield "  " + line
+        yield ""
+    elif isinstance(value, list):
+        yield f"- {label}:"
+        for line in value:
+            yield f"  - {_md_text(line)}"
+    else:
+        yield f"- {label}: {_md_text(value)}"
+
+
+def _progress_line(prog: Mapping[str, Any]) -> str:
+    text = (f"{display.human_number(prog.get('batches', 0))} batches, {display.human_number(prog.get('epochs', 0))} epochs; "
+            f"waiting for data {display.human_seconds(prog.get('data_wait_s'))}, "
+            f"in the loop body {display.human_seconds(prog.get('step_s'))}")
+    if prog.get("stall_s"):
+        text += f"; no progress for {display.human_seconds(prog.get('stall_s'))}"
+        if prog.get("stall_timeout_s"):
+            text += f" (allowance {display.human_seconds(prog.get('stall_timeout_s'))})"
+    return text
+
+
+def _first_remediation(f: Mapping[str, Any], limit: int = 160) -> str:
+    """The remediation's first paragraph, as plain words, cut at a sentence near ``limit``."""
+    para: list[str] = []
+    for line in str(f.get("remediation") or "").splitlines():
+        line = line.strip()
+        if line.startswith(("```", "#")) or (not line and para):
+            break
+        if line:
+            para.append(line.lstrip("-").strip())
+    text = " ".join(para).replace("**", "")
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(". ", 0, limit)
+    return text[:cut + 1] if cut > 40 else text[:limit - 3].rstrip() + "..."
+
+
 def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
-    yield f"# dlwatch incident {r.get('id')}"
+    yield f"# dlwatch incident {_one_line(r.get('id'))}"
     yield ""
-    yield f"**{r.get('summary') or r.get('trigger')}**"
+    yield f"**{_one_line(r.get('summary') or r.get('trigger'))}**"
     yield ""
+    findings = [f for f in r.get("findings") or () if isinstance(f, Mapping)]
+    verdict = r.get("classification")
+    yield f"- what happened: {_md_text(r.get('trigger'))}" + (f", verdict {_md_text(verdict)}" if verdict else "")
+    if findings:
+        top = findings[0]
+        yield (f"- top finding: {_md_text(top.get('title'))} ({code(top.get('playbook'))}, "
+               f"confidence {display.percent(top.get('confidence'))})")
+        todo = _first_remediation(top)
+        if todo:
+            yield f"- what to do: {_md_text(todo)} (details below)"
     rank = r.get("rank") or {}
     rank_txt = "" if rank.get("rank") is None else f", rank {rank.get('rank')}/{rank.get('world_size')}"
-    yield f"- trigger: `{r.get('trigger')}`; created {r.get('created_at')} on {r.get('host')}, pid {r.get('pid')}{rank_txt}"
-    if r.get("classification"):
-        yield f"- stall classification: `{r['classification']}`"
+    yield (f"- when and where: {_md_text(r.get('created_at'))} on {_md_text(r.get('host'))}, "
+           f"pid {display.human_number(r.get('pid'))}{rank_txt}")
+    job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
+    if job.get("job_id") or job.get("role") == "waiting":  # multi-rank jobs (issue 13's `job` key)
+        waits = f"; this rank waits in {code(job.get('waiting_in'))}" if job.get("role") == "waiting" else ""
+        yield f"- job: {code(job.get('job_id'))}{waits}; the whole job: {code(job.get('view'))}"
     prog = r.get("progress") or {}
     if prog:
-        yield (f"- progress: {prog.get('batches', 0)} batches, {prog.get('epochs', 0)} epochs; "
-               f"data wait {_fmt(prog.get('data_wait_s'))} s, step {_fmt(prog.get('step_s'))} s"
-               + (f"; no progress for {_fmt(prog.get('stall_s'))} s" if prog.get("stall_s") else ""))
+        yield f"- progress: {_progress_line(prog)}"
     exc = r.get("exception")
     if exc:
         yield ""
         yield "## Exception"
         yield ""
-        yield f"`{exc.get('type')}`" + (f" (errno {exc['errno']})" if exc.get("errno") is not None else "")
+        yield code(exc.get("type")) + (f" (errno {exc['errno']})" if exc.get("errno") is not None else "")
         yield ""
-        yield "```"
-        yield from str(exc.get("message") or "").splitlines()[:40]
-        yield "```"
+        yield from _fenced(str(exc.get("message") or "").splitlines()[:40])
         if exc.get("traceback"):
             yield ""
             yield "<details><summary>traceback</summary>"
             yield ""
-            yield "```"
-            yield from str(exc["traceback"]).rstrip().splitlines()[-60:]
-            yield "```"
+            yield from _fenced(str(exc["traceback"]).rstrip().splitlines()[-60:])
             yield "</details>"
-    findings = r.get("findings") or []
     yield ""
     yield "## Findings"
     yield ""
     if not findings:
         yield "No playbook matched. The evidence below is what dlwatch saw."
     for i, f in enumerate(findings, 1):
-        yield f"### {i}. {f.get('title')} (`{f.get('playbook')}`, confidence {_fmt(f.get('confidence'))})"
+        yield (f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, "
+               f"confidence {display.percent(f.get('confidence'))})")
         yield ""
-        ev = f.get("evidence") or {}
-        if ev:
+        items = display.evidence_items(f.get("evidence") or {})
+        if items:
             yield "Evidence:"
             yield ""
-            for k, v in ev.items():
-                yield f"- {k}: `{v}`"
+            for label, value in items:
+                yield from _md_value(label, value)
             yield ""
         if f.get("remediation"):
             yield "What to do:"
             yield ""
             yield from str(f["remediation"]).rstrip().splitlines()
             yield ""
-    procs = r.get("processes") or []
+    procs = [p for p in r.get("processes") or () if isinstance(p, Mapping)]
     if procs:
         yield ""
         yield "## Processes"
         yield ""
+        yield from display.md_table(display.process_table(procs), code)
+        fd_rows = []
         for p in procs:
-            yield f"- {_proc_line(p)}"
             s = p.get("sample") or {}
-            fds = s.get("fds")
-            if fds:
-                yield (f"  - fds: {fds.get('file')} files, {fds.get('shm')} shm ({human_bytes(fds.get('shm_bytes'))}), "
-                       f"{fds.get('socket')} sockets, {fds.get('pipe')} pipes, {fds.get('other')} other")
-        if any(p.get("stack") for p in procs):
+            fds = s.get("fds") if isinstance(s, Mapping) else None
+            if isinstance(fds, Mapping):
+                fd_rows.append((display.human_number(p.get("pid")), display.human_number(fds.get("file")),
+                                display.human_number(fds.get("shm")), display.human_bytes(fds.get("shm_bytes")),
+                                display.human_number(fds.get("socket")), display.human_number(fds.get("pipe")),
+                                display.human_number(fds.get("other"))))
+        if fd_rows:
+            yield ""
+            yield "Open file descriptors:"
+            yield ""
+            yield from display.md_table(display.Table(("pid", "files", "shm", "shm size", "sockets", "pipes", "other"),
+                                                      tuple(fd_rows)), code)
+        excerpts = display.process_excerpts(procs)
+        if excerpts:
             yield ""
             yield "## Stacks"
+            yield ""
+            yield "Innermost Python frames of each process's main thread:"
+            yield ""
+            for who, frames in excerpts:
+                yield f"- {who}: " + " <- ".join(code(fr) for fr in frames)
             for p in procs:
                 if p.get("stack"):
                     yield ""
-                    yield f"pid {p.get('pid')} ({p.get('role')}), from {p['stack'].get('source')}:"
+                    yield (f"<details><summary>pid {display.human_number(p.get('pid'))} "
+                           f"({_md_text(p.get('role'))}), full stack from {_md_text(p['stack'].get('source'))}</summary>")
                     yield ""
-                    yield "```"
-                    yield from _stack_lines(p["stack"], max_frames=40)
-                    yield "```"
+                    yield from _fenced(_stack_lines(p["stack"], max_frames=40))
+                    yield "</details>"
     sysd = r.get("system") or {}
     if sysd:
         yield ""
@@ -167,64 +254,140 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
             yield (f"- cgroup memory: {human_bytes(sysd.get('cgroup_memory_usage'))} of "
                    f"{human_bytes(sysd.get('cgroup_memory_limit'))}, OOM kills {_fmt(sysd.get('cgroup_oom_kills'))}")
     for g in r.get("gpus") or ():
-        yield f"- GPU {g.get('index')} {g.get('name')}: util {_fmt(g.get('util_percent'))}%, memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}"
+        yield (f"- GPU {_md_text(g.get('index'))} {_md_text(g.get('name'))}: util {_fmt(g.get('util_percent'))}%, "
+               f"memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}")
     loader = r.get("loader")
     if loader:
         yield ""
         yield "## Loader"
         yield ""
+        yield "| setting | value |"
+        yield "|---|---|"
         for k, v in loader.items():
-            yield f"- {k}: `{v}`"
+            yield f"| {display.md_cell(str(k))} | {display.md_cell(display.scalar(str(k), v), code)} |"
     if r.get("notes"):
         yield ""
         yield "## Notes"
         yield ""
         for n in r["notes"]:
-            yield f"- {n}"
+            yield f"- {_one_line(n)}"
     yield ""
-    yield f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl."
+    yield (f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl; "
+           "report.html draws them (`dlwatch report ID --html`).")
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(markdown_lines(report)) + "\n"
 
 
-def terminal_lines(r: Mapping[str, Any]) -> Iterator[str]:
-    yield f"incident {r.get('id')}  [{r.get('trigger')}]  {r.get('created_at')}  pid {r.get('pid')}"
-    yield f"  {r.get('summary') or ''}"
-    if r.get("classification"):
-        yield f"  classification: {r['classification']}"
+HEADLINE_LINES = 6  # what happened, verdict, top finding, what to do: the first lines, before any detail
+
+
+def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
+    """The terminal view: the headline first (what happened, the verdict, the top finding, what to
+    do), then the evidence of the top finding, the processes as a table, and short stacks."""
+    findings = [f for f in r.get("findings") or () if isinstance(f, Mapping)]
+    verdict = f" ({r['classification']})" if r.get("classification") else ""
+    yield f"{str(r.get('trigger') or '?').upper()}{verdict}: {_one_line(r.get('summary') or '')}"
+    yield f"  incident {r.get('id')}, {r.get('created_at')}, pid {r.get('pid')}"
+    job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
+    if job.get("role") == "waiting":
+        yield f"  job: this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
+    elif job.get("job_id"):
+        yield f"  job: {job.get('job_id')}; the whole job: {job.get('view')}"
     exc = r.get("exception")
     if exc:
         first = (str(exc.get("message") or "").splitlines() or [""])[-1]
         yield f"  exception: {exc.get('type')}: {first[:200]}"
-    for i, f in enumerate(r.get("findings") or ()):
-        yield f"  finding: {f.get('playbook')} ({_fmt(f.get('confidence'))}) {f.get('title')}"
-        if i == 0:  # the evidence of the most likely finding, briefly; report.md has all of it
-            shown = [(k, v) for k, v in (f.get("evidence") or {}).items() if k not in _PLUMBING_KEYS][:6]
-            for k, v in shown:
-                text = str(v)
-                yield f"    {k}: {text[:117] + '...' if len(text) > 120 else text}"
-        rem = str(f.get("remediation") or "").strip().splitlines()
-        if rem:
-            yield f"    -> {rem[0]}"
-    if not r.get("findings"):
+    if findings:
+        top = findings[0]
+        yield f"  finding: {top.get('playbook')} ({display.percent(top.get('confidence'))}) {_one_line(top.get('title'))}"
+        todo = _first_remediation(top)
+        if todo:
+            yield f"  -> {todo}"
+    else:
         yield "  no playbook matched"
-    for p in r.get("processes") or ():
-        yield "  " + _proc_line(p)
-        if p.get("where"):
-            yield f"    at {p['where']}"
-        for line in _stack_lines(p.get("stack"), max_frames=6, python_only=True, max_threads=1):
+    prog = r.get("progress") or {}
+    if prog:
+        stalled = (f"no progress for {display.human_seconds(prog.get('stall_s'))}; " if prog.get("stall_s") else "")
+        yield (f"  {stalled}{display.human_number(prog.get('batches', 0))} batches, "
+               f"data wait {display.human_seconds(prog.get('data_wait_s'))}, "
+               f"loop body {display.human_seconds(prog.get('step_s'))}")
+    if findings:
+        items = display.evidence_items(findings[0].get("evidence") or {}, plumbing=False)
+        if items:
+            yield ""
+            yield "evidence:"
+        for label, value in items:
+            if isinstance(value, display.Table):
+                yield f"  {label}:"
+                for line in display.text_table(value, width=width - 4, max_rows=8):
+                    yield "    " + line
+            elif isinstance(value, list):
+                yield f"  {label}:"
+                for line in value[:8]:
+                    yield f"    {line}"
+            else:
+                text = str(value)
+                yield f"  {label}: {text[:117] + '...' if len(text) > 120 else text}"
+        for f in findings[1:]:
+            yield f"  also: {f.get('playbook')} ({display.percent(f.get('confidence'))}) {_one_line(f.get('title'))}"
+    procs = [p for p in r.get("processes") or () if isinstance(p, Mapping)]
+    if procs:
+        yield ""
+        yield "processes:"
+        for line in display.text_table(display.process_table(procs), width=width - 2):
             yield "  " + line
+        excerpts = display.process_excerpts(procs, n=3)
+        if excerpts:
+            yield ""
+            yield "stacks (innermost first):"
+            for who, frames in excerpts:
+                yield f"  {who}: {frames[0]}"
+                for fr in frames[1:]:
+                    yield f"      <- {fr}"
     for n in r.get("notes") or ():
         yield f"  note: {n}"
+
+
+_STYLES = {"bold_red": "\x1b[1;31m", "yellow": "\x1b[33m", "green": "\x1b[32m", "bold": "\x1b[1m", "dim": "\x1b[2m"}
+_RESET = "\x1b[0m"
+
+
+def use_color(stream: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """Colour only on a terminal, never with NO_COLOR set (any value) or TERM=dumb."""
+    env = os.environ if environ is None else environ
+    if "NO_COLOR" in env or env.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except Exception:
+        return False
+
+
+def terminal_view(r: Mapping[str, Any], *, color: bool = False, width: int = 100) -> Iterator[str]:
+    """``terminal_lines`` made safe to print (controls escaped), then coloured when asked."""
+    for i, line in enumerate(terminal_lines(r, width=width)):
+        safe = terminal_safe(line)
+        if len(safe) > width:  # one screen wide; report.md has every word
+            safe = safe[:width - 1] + "~"
+        if not color:
+            yield safe
+        elif i == 0:
+            yield _STYLES["bold_red"] + safe + _RESET
+        elif safe.startswith("  finding:") or safe.startswith("  -> "):
+            yield _STYLES["yellow"] + safe + _RESET
+        elif safe.endswith(":") and not safe.startswith(" "):
+            yield _STYLES["bold"] + safe + _RESET
+        else:
+            yield safe
 
 
 _PLUMBING_KEYS = {"matched", "ts", "pid", "signal", "event"}
 
 
-def render_terminal(report: Mapping[str, Any], file: TextIO) -> None:
-    for line in terminal_lines(report):
+def render_terminal(report: Mapping[str, Any], file: TextIO, *, color: bool = False) -> None:
+    for line in terminal_view(report, color=color):
         print(line, file=file)
 
 
@@ -234,4 +397,7 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
         return
     yield f"{'ID':<44} {'CREATED':<25} {'TRIGGER':<9} TOP FINDING"
     for s in summaries:
-        yield f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}"
+        if getattr(s, "damaged", None):
+            yield terminal_safe(f"{s.id:<44} {'-':<25} {'DAMAGED':<9} {s.damaged}")
+        else:
+            yield terminal_safe(f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}")

@@ -1,28 +1,34 @@
 """Incident directories on disk: ids, atomic writes, listing and loading.
 
-An incident directory appears complete or not at all: it is written under
-``.tmp-<id>`` (which listings ignore) and renamed into place.  Run directories
+An incident directory appears complete or not at all: it is written in a fresh
+private ``.tmp-<id>-XXXXXX`` directory (``mkdtemp``; listings ignore it) and
+renamed into place.  The report directory itself is used only when no other user
+can change it (``_fs.check_report_dir``); a sticky shared one such as /tmp gets a
+private ``mkdtemp`` child, and the fallback is a ``mkdtemp`` directory too.  Run directories
 (``.runs/``) hold a run in progress and are never listed as incidents; run summaries
-(``runs/<run-id>/summary.json`` and ``summary.md``) are written the same way and listed
-apart (``dlwatch report --runs``).
+(``runs/<run-id>/summary.json`` and ``summary.md``) are written the same way, read with
+the same care as incidents, and listed apart (``dlwatch report --runs``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
-from dlwatch._fs import make_private_dir, write_json, write_jsonl, write_private
+from dlwatch._fs import (UnsafeDirError, check_links, check_report_dir, make_private_child, make_private_dir,
+                         sticky_parent, verify_created, write_json, write_jsonl, write_private)
 from dlwatch.errors import NotFoundError, ReportError
-from dlwatch.redact import redact_obj
+from dlwatch.redact import outbound
 
 SCHEMA_VERSION = 1
 TRIGGERS = ("exception", "stall", "threshold", "exit", "attach")
@@ -32,35 +38,35 @@ TMP_PREFIX = ".tmp-"
 REQUIRED_KEYS = ("schema_version", "id", "created_at", "trigger", "pid")
 
 
-def new_incident_id(trigger: str, pid: int, now: float | None = None) -> str:
+def new_incident_id(trigger: str, pid: int, now: float | None = None, rank: int | None = None) -> str:
+    """``<UTC time>-<trigger>[-r<rank>]-<pid>-<8 hex>``.  Ranks on many hosts may share one report
+    directory: the random part makes a clash unlikely, and :func:`write_incident` makes it impossible
+    (the final rename fails on an existing incident; it then takes a new id)."""
     when = _dt.datetime.fromtimestamp(now, _dt.timezone.utc) if now else _dt.datetime.now(_dt.timezone.utc)
-    return f"{when:%Y%m%dT%H%M%SZ}-{trigger}-{pid}-{secrets.token_hex(2)}"
+    who = f"r{rank}-{pid}" if isinstance(rank, int) and not isinstance(rank, bool) else str(pid)
+    return f"{when:%Y%m%dT%H%M%SZ}-{trigger}-{who}-{secrets.token_hex(4)}"
 
 
-def rank_info(environ: Mapping[str, str] | None = None) -> dict[str, int | None]:
-    env = os.environ if environ is None else environ
+def rank_info(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The report's ``rank`` object (see :mod:`dlwatch.job`)."""
+    from dlwatch.job import rank_info as _rank_info
 
-    def num(name: str) -> int | None:
-        try:
-            return int(env[name])
-        except (KeyError, ValueError):
-            return None
-
-    return {"rank": num("RANK"), "local_rank": num("LOCAL_RANK"), "world_size": num("WORLD_SIZE")}
+    return _rank_info(environ)
 
 
 def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
     """Every top-level key of schema 1, in documented order, with empty values."""
     if trigger not in TRIGGERS:
         raise ValueError(f"unknown trigger {trigger!r}")
+    rank = rank_info()
     return {
         "schema_version": SCHEMA_VERSION,
-        "id": new_incident_id(trigger, pid, now),
+        "id": new_incident_id(trigger, pid, now, rank.get("rank")),
         "created_at": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
         "dlwatch_version": __version__,
         "host": socket.gethostname(),
         "pid": pid,
-        "rank": rank_info(),
+        "rank": rank,
         "trigger": trigger,
         "summary": "",
         "classification": None,
@@ -78,23 +84,72 @@ def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
     }
 
 
+_private_children: dict[tuple[int, str], str] = {}  # (pid, sticky dir) -> our private child in it
+_fallback: tuple[int, str] | None = None  # (pid, directory): one per process
+
+
+def prepare_report_dir(report_dir: str) -> str:
+    """The directory incidents for ``report_dir`` really go to; raises OSError (UnsafeDirError) if none.
+
+    An existing directory must be ours and not writable by group or others; a
+    missing one is created 0700, level by level.  A sticky world-writable
+    directory (``/tmp``) is never written into directly: dlwatch makes a private
+    ``mkdtemp`` child there once per process and uses that.
+    """
+    if os.path.isdir(report_dir) and sticky_parent(report_dir):
+        check_links(report_dir)
+        key = (os.getpid(), os.path.abspath(report_dir))
+        child = _private_children.get(key)
+        if child is None or not os.path.isdir(child):
+            child = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-", dir=os.path.realpath(report_dir))
+            verify_created(child)
+            _private_children[key] = child
+        return child
+    make_private_dir(report_dir)
+    return report_dir
+
+
 def write_incident(report_dir: str, report: dict[str, Any], *,
                    render_markdown: Callable[[Mapping[str, Any]], str],
                    extra_files: Mapping[str, bytes] | None = None) -> str:
     """Write ``<report_dir>/<id>/`` atomically; return its path.  Raises OSError, leaving nothing."""
-    report = redact_obj(report)
-    make_private_dir(report_dir)
+    report = outbound(report)
+    report_dir = prepare_report_dir(report_dir)
+    for attempt in range(ID_ATTEMPTS):
+        try:
+            return _write_incident_once(report_dir, report, render_markdown, extra_files)
+        except OSError as exc:
+            # another rank or host took this id first (a shared report directory): rename onto
+            # a non-empty directory fails, so nothing was overwritten; take a fresh id
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt == ID_ATTEMPTS - 1:
+                raise
+            head = report["id"].rsplit("-", 1)[0]
+            report = dict(report, id=f"{head}-{secrets.token_hex(4)}")
+    raise AssertionError("unreachable")
+
+
+ID_ATTEMPTS = 8
+
+
+def _write_incident_once(report_dir: str, report: dict[str, Any],
+                         render_markdown: Callable[[Mapping[str, Any]], str],
+                         extra_files: Mapping[str, bytes] | None) -> str:
     final = os.path.join(report_dir, report["id"])
-    tmp = os.path.join(report_dir, TMP_PREFIX + report["id"])
+    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + report["id"] + "-", dir=report_dir)
     try:
-        make_private_dir(tmp)
+        verify_created(tmp)
         write_json(os.path.join(tmp, "report.json"), report)
         write_private(os.path.join(tmp, "report.md"), render_markdown(report))
         write_jsonl(os.path.join(tmp, "timeline.jsonl"), report.get("timeline") or [])
         for rel, data in (extra_files or {}).items():
-            path = os.path.join(tmp, rel)
-            make_private_dir(os.path.dirname(path))
-            write_private(path, data)
+            parts = os.path.normpath(rel).split(os.sep)
+            if os.path.isabs(rel) or ".." in parts or not parts[-1]:
+                raise UnsafeDirError(f"refusing to write {rel!r} outside the incident")
+            head = tmp
+            for part in parts[:-1]:
+                head = os.path.join(head, part) if os.path.isdir(os.path.join(head, part)) \
+                    else make_private_child(head, part)
+            write_private(os.path.join(head, parts[-1]), data)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,33 +158,161 @@ def write_incident(report_dir: str, report: dict[str, Any], *,
 
 
 def fallback_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"dlwatch-reports-{os.getuid()}")
+    """A private directory of this process, made by ``tempfile.mkdtemp`` the first time it is asked for.
+
+    Never a predictable name: another user could have prepared that one.
+    """
+    global _fallback
+    if _fallback is None or _fallback[0] != os.getpid() or not os.path.isdir(_fallback[1]):
+        path = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-")
+        verify_created(path)
+        _fallback = (os.getpid(), path)
+    return _fallback[1]
 
 
-def load_report(path: str) -> dict[str, Any]:
-    """Load and check one report.json (or the directory holding it)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "report.json")
+MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far below this
+MAX_DEPTH = 64  # nesting of report.json; schema 1 uses about 10
+
+
+def read_regular(path: str, cap: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else ReportError.
+
+    Never follows a symbolic link at the last component, never blocks on a FIFO or a
+    device (O_NONBLOCK, then fstat before the first read), never reads more than ``cap``.
+    """
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NotFoundError(f"no report at {path}", help="run `dlwatch report` to list the incidents") from None
     except PermissionError:
         raise ReportError(f"cannot read {path}: permission denied") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReportError(f"{path} is a symbolic link; dlwatch writes none and does not follow it") from None
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ReportError(f"{path} is not a regular file (a FIFO, device or directory); dlwatch writes none")
+        if st.st_size > cap:
+            raise ReportError(f"{path} is {st.st_size} bytes, more than the {cap} a report can be")
+        chunks, total = [], 0
+        while total <= cap:
+            chunk = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > cap:
+            raise ReportError(f"{path} grew past the {cap} bytes a report can be")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+_OPT_STR = (str, type(None))
+_OPT_DICT = (dict, type(None))
+_OPT_INT = (int, type(None))
+_OPT_NUM = (int, float, type(None))
+# What the renderers index into, by key: a report whose fields have other types is damaged.
+_TOP_TYPES: dict[str, Any] = {
+    "id": str, "created_at": str, "trigger": str, "pid": int, "summary": _OPT_STR, "host": _OPT_STR,
+    "classification": _OPT_STR, "classification_reason": _OPT_STR, "rank": _OPT_DICT, "progress": _OPT_DICT,
+    "exception": _OPT_DICT, "findings": (list, type(None)), "processes": (list, type(None)), "system": _OPT_DICT,
+    "gpus": (list, type(None)), "loader": _OPT_DICT, "notes": (list, type(None)), "timeline": (list, type(None)),
+    "events": (list, type(None)), "config": _OPT_DICT, "job": _OPT_DICT,
+}
+_ITEM_TYPES: dict[str, dict[str, Any]] = {
+    "exception": {"type": _OPT_STR, "message": _OPT_STR, "traceback": _OPT_STR, "errno": _OPT_INT},
+    "findings[]": {"playbook": _OPT_STR, "title": _OPT_STR, "confidence": _OPT_NUM, "evidence": _OPT_DICT,
+                   "remediation": _OPT_STR},
+    "processes[]": {"pid": _OPT_INT, "role": _OPT_STR, "worker_id": _OPT_INT, "status": _OPT_STR,
+                    "waiting_in": _OPT_STR, "where": _OPT_STR, "sample": _OPT_DICT, "stack": _OPT_DICT},
+    "processes[].sample": {"fds": _OPT_DICT},
+    "processes[].stack": {"threads": (list, type(None)), "error": _OPT_STR, "source": _OPT_STR},
+    "processes[].stack.threads[]": {"frames": (list, type(None)), "name": _OPT_STR},
+    "processes[].stack.threads[].frames[]": {"function": _OPT_STR, "filename": _OPT_STR, "line": _OPT_INT},
+    "gpus[]": {}, "progress": {}, "system": {}, "loader": {},
+    "rank": {"rank": _OPT_INT, "local_rank": _OPT_INT, "world_size": _OPT_INT, "job_id": _OPT_STR},
+    "job": {"role": _OPT_STR, "waiting_in": _OPT_STR, "job_id": _OPT_STR, "view": _OPT_STR},
+}
+
+
+def _type_problem(data: dict[str, Any]) -> str | None:
+    """The first field of ``data`` whose type the renderers cannot take, or None."""
+    for key, types in _TOP_TYPES.items():
+        if key in data and not isinstance(data[key], types) or isinstance(data.get(key), bool) and key == "pid":
+            return f"{key} is {type(data[key]).__name__}"
+    # (where, value, may it be None): an object field may be null, a list item may not
+    todo: list[tuple[str, Any, bool]] = [(k, data.get(k), True)
+                                         for k in ("exception", "rank", "progress", "system", "loader", "job")]
+    todo += [(f"{k}[]", item, False) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
+    if any(not isinstance(n, str) for n in data.get("notes") or ()):
+        return "notes[] holds a non-string"
+    while todo:
+        where, value, optional = todo.pop()
+        if value is None and optional:
+            continue
+        if not isinstance(value, dict):
+            return f"{where} is {type(value).__name__}, not an object"
+        for key, types in _ITEM_TYPES.get(where, {}).items():
+            if key in value and not isinstance(value[key], types):
+                return f"{where}.{key} is {type(value[key]).__name__}"
+            child = f"{where}.{key}"
+            if child in _ITEM_TYPES:
+                todo.append((child, value.get(key), True))
+            elif f"{child}[]" in _ITEM_TYPES:
+                todo += [(f"{child}[]", item, False) for item in value.get(key) or ()]
+    return None
+
+
+def load_report(path: str) -> dict[str, Any]:
+    """Load and check one report.json (or the directory holding it); ReportError if damaged.
+
+    The file may have been written by anyone who can write the report directory: it is
+    read only if it is a regular file (no FIFO, no link) within MAX_REPORT_BYTES, nested
+    at most MAX_DEPTH deep, and with the types the renderers rely on.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, "report.json")
+    raw = read_regular(path, MAX_REPORT_BYTES)
+    try:
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
                           help="it was not written by a complete dlwatch run; remove it") from None
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ReportError(f"{path} is damaged (nested deeper than any report)",
+                          help="it was not written by dlwatch; remove it") from None
     if not isinstance(data, dict) or any(k not in data for k in REQUIRED_KEYS):
         raise ReportError(f"{path} is not a dlwatch report (missing keys)")
     version = data.get("schema_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise ReportError(f"{path} has no valid schema_version")
     if version > SCHEMA_VERSION:
         raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands ({SCHEMA_VERSION})",
                           help="upgrade dlwatch (pip install -U dlwatch)")
+    if _too_deep(data):
+        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
+                          help="it was not written by dlwatch; remove it")
+    problem = _type_problem(data)
+    if problem:
+        raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
     return data
 
 
@@ -141,28 +324,46 @@ class IncidentSummary:
     trigger: str
     top_finding: str | None
     summary: str
+    damaged: str | None = None  # why the entry cannot be shown; the other fields are then placeholders
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
-    """Incidents newest first, and one warning per damaged entry (skipped, not fatal)."""
+    """Incidents newest first, damaged ones last (listed as such), and one warning per damaged entry."""
     if not os.path.isdir(report_dir):
         raise NotFoundError(f"no report directory {report_dir}",
                             help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named")
     found: list[IncidentSummary] = []
+    damaged: list[IncidentSummary] = []
     warnings: list[str] = []
-    for name in os.listdir(report_dir):
-        if name.startswith("."):
-            continue  # runs in progress and incidents being written
+    for name in sorted(os.listdir(report_dir)):
+        if name.startswith(".") or name == SUMMARIES_DIR:
+            continue  # runs in progress, incidents being written, and the run summaries (--runs)
         path = os.path.join(report_dir, name)
-        if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "report.json")):
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                if stat.S_ISLNK(st.st_mode) and os.path.isdir(path):
+                    raise ReportError("a symbolic link to a directory; dlwatch writes none and does not follow it")
+                continue
+            os.lstat(os.path.join(path, "report.json"))
+        except FileNotFoundError:
+            continue
+        except ReportError as exc:
+            warnings.append(f"skipped {name}: {exc.message}")
+            damaged.append(IncidentSummary(id=name, path=path, created_at="-", trigger="-", top_finding=None,
+                                           summary="", damaged=exc.message))
+            continue
+        except OSError:
             continue
         try:
             data = load_report(path)
-        except ReportError as exc:
+        except (ReportError, NotFoundError) as exc:
             warnings.append(f"skipped {name}: {exc.message}")
+            damaged.append(IncidentSummary(id=name, path=path, created_at="-", trigger="-", top_finding=None,
+                                           summary="", damaged=exc.message))
             continue
         findings = data.get("findings") or []
         top = findings[0].get("playbook") if findings and isinstance(findings[0], dict) else None
@@ -170,7 +371,7 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
                                      trigger=str(data["trigger"]), top_finding=top,
                                      summary=str(data.get("summary") or "")))
     found.sort(key=lambda s: (s.created_at, s.id), reverse=True)
-    return found, warnings
+    return found + damaged, warnings
 
 
 def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
@@ -180,6 +381,8 @@ def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
     if os.path.isdir(target):
         if os.path.exists(os.path.join(target, "report.json")):
             return "show", target
+        if os.path.isfile(os.path.join(target, "summary.json")):
+            return "summary", target  # a run summary's directory (runs/<run-id>)
         return "list", target
     if os.path.isfile(target) and os.path.basename(target) == "report.json":
         return "show", os.path.dirname(target) or "."
@@ -204,14 +407,27 @@ def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
 
 def write_summary(report_dir: str, summary: dict[str, Any], *,
                   render_markdown: Callable[[Mapping[str, Any]], str]) -> str:
-    """Write ``<report_dir>/runs/<id>/`` (summary.json, summary.md) atomically; return its path."""
-    summary = redact_obj(summary)
+    """Write ``<report_dir>/runs/<id>/`` (summary.json, summary.md) atomically; return its path.
+
+    Created like an incident: redacted (``outbound``), in the directory ``prepare_report_dir``
+    gives, through a fresh ``mkdtemp`` directory renamed into place.  ``runs/`` is made
+    exclusively by us, or an existing one must pass the report-directory check.  Raises
+    OSError, leaving nothing.
+    """
+    summary = outbound(summary)
+    report_dir = prepare_report_dir(report_dir)
     base = os.path.join(report_dir, SUMMARIES_DIR)
-    make_private_dir(base)
-    final = os.path.join(base, summary["id"])
-    tmp = os.path.join(base, TMP_PREFIX + summary["id"])
     try:
-        make_private_dir(tmp)
+        make_private_child(report_dir, SUMMARIES_DIR)
+    except FileExistsError:
+        check_report_dir(base)  # ours, a real directory, not writable by anyone else
+    run_id = str(summary["id"])
+    if not run_id or run_id.startswith(".") or os.sep in run_id or run_id in ("..",):
+        raise UnsafeDirError(f"refusing to write a run summary named {run_id!r}")
+    final = os.path.join(base, run_id)
+    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + run_id + "-", dir=base)
+    try:
+        verify_created(tmp)
         write_json(os.path.join(tmp, "summary.json"), summary)
         write_private(os.path.join(tmp, "summary.md"), render_markdown(summary))
         os.rename(tmp, final)
@@ -221,32 +437,53 @@ def write_summary(report_dir: str, summary: dict[str, Any], *,
     return final
 
 
+MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
+_SUMMARY_TYPES = {"id": str, "created_at": str, "loop": _OPT_DICT, "peaks": _OPT_DICT, "advice": (list, type(None)),
+                  "preflight": (list, type(None)), "incidents": (list, type(None)), "notes": (list, type(None)),
+                  "workers": (list, type(None))}
+
+
 def load_summary(path: str) -> dict[str, Any]:
-    """Load and check one summary.json (or the run directory holding it)."""
+    """Load and check one summary.json (or the run directory holding it); ReportError if damaged.
+
+    Read with the care of :func:`load_report`: a regular file only (no link, no FIFO), at
+    most MAX_SUMMARY_BYTES, nested at most MAX_DEPTH deep, with the types the renderers use.
+    """
     from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
 
     if os.path.isdir(path):
         path = os.path.join(path, "summary.json")
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
-    except FileNotFoundError:
+        raw = read_regular(path, MAX_SUMMARY_BYTES)
+    except NotFoundError:
         raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
-    except PermissionError:
-        raise ReportError(f"cannot read {path}: permission denied") from None
+    try:
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
                           help="it was not written by a complete dlwatch run; remove it") from None
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ReportError(f"{path} is damaged (nested deeper than any summary)",
+                          help="it was not written by dlwatch; remove it") from None
     if not isinstance(data, dict) or data.get("kind") != KIND or any(k not in data for k in SUMMARY_KEYS):
         raise ReportError(f"{path} is not a dlwatch run summary (missing keys)")
     version = data.get("schema_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise ReportError(f"{path} has no valid schema_version")
     if version > SUMMARY_SCHEMA_VERSION:
         raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands "
                           f"({SUMMARY_SCHEMA_VERSION})", help="upgrade dlwatch (pip install -U dlwatch)")
+    if _too_deep(data):
+        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
+                          help="it was not written by dlwatch; remove it")
+    for key, types in _SUMMARY_TYPES.items():
+        if key in data and not isinstance(data[key], types):
+            raise ReportError(f"{path} is damaged: {key} is {type(data[key]).__name__}",
+                              help="it was not written by dlwatch; remove it")
+    for key in ("advice", "preflight"):
+        if any(not isinstance(f, dict) for f in data.get(key) or ()):
+            raise ReportError(f"{path} is damaged: {key}[] holds a non-object",
+                              help="it was not written by dlwatch; remove it")
     return data
 
 
@@ -279,22 +516,35 @@ def list_runs(report_dir: str) -> tuple[list[RunInfo], list[str]]:
         names = os.listdir(base)
     except (FileNotFoundError, NotADirectoryError):
         names = []
-    for name in names:
+    for name in sorted(names):
         path = os.path.join(base, name)
-        if name.startswith(".") or not os.path.isfile(os.path.join(path, "summary.json")):
+        if name.startswith("."):
+            continue  # summaries being written
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                if stat.S_ISLNK(st.st_mode) and os.path.isdir(path):
+                    warnings.append(f"skipped run {name}: a symbolic link to a directory; "
+                                    "dlwatch writes none and does not follow it")
+                continue
+            os.lstat(os.path.join(path, "summary.json"))
+        except OSError:
             continue
         try:
             data = load_summary(path)
-        except ReportError as exc:
+        except (ReportError, NotFoundError) as exc:
             warnings.append(f"skipped run {name}: {exc.message}")
             continue
         loop = data.get("loop") if isinstance(data.get("loop"), dict) else {}
         share = loop.get("data_wait_share")
-        found.append(RunInfo(
-            id=str(data["id"]), path=path, created_at=str(data["created_at"]),
-            batches=int(loop.get("batches") or 0), epochs=int(loop.get("epochs") or 0),
-            data_wait_share=float(share) if isinstance(share, (int, float)) else None,
-            advice=tuple(str(f.get("playbook")) for f in data.get("advice") or () if isinstance(f, dict)),
-            incidents=len(data.get("incidents") or ())))
+        try:
+            found.append(RunInfo(
+                id=str(data["id"]), path=path, created_at=str(data["created_at"]),
+                batches=int(loop.get("batches") or 0), epochs=int(loop.get("epochs") or 0),
+                data_wait_share=float(share) if isinstance(share, (int, float)) else None,
+                advice=tuple(str(f.get("playbook")) for f in data.get("advice") or () if isinstance(f, dict)),
+                incidents=len(data.get("incidents") or ())))
+        except (TypeError, ValueError, OverflowError) as exc:
+            warnings.append(f"skipped run {name}: damaged loop figures ({type(exc).__name__})")
     found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
     return found, warnings

@@ -1,6 +1,7 @@
 """Run Squares under watch with a given start method; print a checksum line for comparison."""
 
 import json
+import os
 import sys
 
 import torch  # noqa: F401
@@ -16,4 +17,8 @@ if __name__ == "__main__":
     bare = [(x.tolist(), y.tolist()) for x, y in dl]
     with dlwatch.watch(dl, report_dir=report_dir, poll_interval=0.1) as batches:
         watched = [(x.tolist(), y.tolist()) for x, y in batches]
-    print("RESULT " + json.dumps({"same": bare == watched, "n": len(watched)}), flush=True)
+        with open(os.path.join(batches.run_dir, "events.jsonl")) as f:
+            events = [json.loads(line) for line in f]
+    # both hooks travel to the workers (pickled under spawn and forkserver) and both fingerprints come back
+    stages = sorted(e["stage"] for e in events if e["event"] == "rng_fingerprint")
+    print("RESULT " + json.dumps({"same": bare == watched, "n": len(watched), "fingerprints": stages}), flush=True)

@@ -1,0 +1,39 @@
+"""dlwatch run's bootstrap: the only module in its directory, which ``dlwatch run`` puts on PYTHONPATH.
+
+Python imports ``sitecustomize`` at startup, so every Python process of the program
+(the script itself, torchrun's ranks, spawned helpers) gets here.  It only registers
+an import hook that watches DataLoader iterations once torch's DataLoader is
+imported (dlwatch.runhook), then runs the sitecustomize this one shadows, if any.
+It does nothing when DLWATCH_DISABLE=1 or when the interpreter ignores the
+environment (``-I``/``-E``: dlwatch's own monitor and helpers run so, and are never hooked).
+"""
+
+
+def _boot() -> None:
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    # this directory holds nothing else the program should import: take it off the path again
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        from dlwatch import runhook
+
+        runhook.install()
+    except Exception as exc:  # never stop the program: it runs unwatched
+        sys.stderr.write(f"dlwatch: warning: could not install the run hook ({type(exc).__name__}: {exc}); "
+                         "the program runs unwatched\n")
+    # the sitecustomize this one shadows (a distribution's or a site's) still runs
+    import importlib.machinery
+    import importlib.util
+
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
+    if spec is not None and spec.loader is not None and spec.origin and \
+            os.path.dirname(os.path.abspath(spec.origin)) != here:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
+
+
+_boot()
+del _boot

@@ -1,0 +1,111 @@
+"""Run a Python program unchanged, with every DataLoader iteration in it watched.
+
+  dlwatch run [OPTIONS] script.py [ARGS...]
+  dlwatch run [OPTIONS] -m module [ARGS...]
+
+The program runs as `python script.py ARGS` (or `python -m module ARGS`) would: the same
+interpreter (this dlwatch's), the same sys.argv, __main__, stdout, stderr, tracebacks
+and exit code; dlwatch replaces itself with it.  A bootstrap on PYTHONPATH hooks
+torch.utils.data.DataLoader.__iter__ in every Python process the program starts
+(torchrun's ranks too), so each iteration of each loader runs under dlwatch.watch, in
+its own run directory, all grouped under one program-run id.  Incidents go to the
+report directory as with dlwatch.watch.  DLWATCH_DISABLE=1 runs the program unwatched.
+
+  dlwatch run train.py --epochs 3
+  dlwatch run --stall-timeout 120 -m torch.distributed.run --nproc_per_node 2 train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import time
+
+from dlwatch import config
+from dlwatch.errors import NotFoundError, UsageError
+
+BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_boot")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--report-dir", default=None, metavar="DIR",
+                        help="where incidents go (default: $DLWATCH_DIR or ./dlwatch-reports)")
+    parser.add_argument("--stall-timeout", default=None, metavar="SECONDS",
+                        help="seconds without a batch that count as a stall (default: adaptive)")
+    parser.add_argument("--body-timeout", default=None, metavar="SECONDS",
+                        help="seconds the loop body may run between two batches (default: adaptive)")
+    parser.add_argument("--poll-interval", default=None, metavar="SECONDS",
+                        help="seconds between monitor polls (default 1.0)")
+    parser.add_argument("--ignore", default=None, metavar="IDS",
+                        help="comma-separated playbook ids to silence (and batch-dim-mismatch:KEY)")
+    # like python's -m, it ends dlwatch's options: everything after it is the module's
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE [ARGS]",
+                        help="run a library module as a script, like python -m")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py [ARGS...]",
+                        help="the script and its arguments (or, with -m, the module's arguments)")
+
+
+def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The environment the program runs with: dlwatch's options, and the bootstrap first on PYTHONPATH."""
+    env = dict(environ)
+    options = {"report_dir": args.report_dir, "stall_timeout": args.stall_timeout,
+               "body_timeout": args.body_timeout, "poll_interval": args.poll_interval, "ignore": args.ignore}
+    for name, value in options.items():
+        if value is not None:
+            if name == "report_dir":  # ranks and helpers may run in another directory
+                value = os.path.abspath(value)
+            env[config.ENV[name]] = str(value)
+    try:  # every option checked now, one line, before the program starts
+        resolved = config.resolve(environ=env)
+    except (ValueError, TypeError) as exc:
+        msg = str(exc).replace("dlwatch.watch: ", "").replace("keyword argument", "option")
+        raise UsageError(msg) from None
+    if resolved.ignored_playbooks:
+        from dlwatch.playbooks import load_playbooks
+
+        known = {pb.id for pb in load_playbooks(resolved.playbooks)}
+        unknown = sorted(set(resolved.ignored_playbooks) - known)
+        if unknown:
+            raise UsageError(f"--ignore names no known playbook: {', '.join(unknown)} (see `dlwatch playbooks`)")
+    if env.get(config.ENV["report_dir"]) is None:  # the default, fixed here: ranks may chdir
+        env[config.ENV["report_dir"]] = os.path.abspath(config.DEFAULT_REPORT_DIR)
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != BOOT_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *path])
+    from dlwatch.runhook import PROGRAM_RUN_ENV
+
+    env.setdefault(PROGRAM_RUN_ENV, f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}")
+    return env
+
+
+def program_argv(args: argparse.Namespace) -> list[str]:
+    rest = list(args.program or ())
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if args.module is not None:
+        if rest:
+            raise UsageError("give a script or -m MODULE, not both")
+        if not args.module or not args.module[0] or args.module[0].startswith("-"):
+            raise UsageError("-m needs a module name: dlwatch run -m module [ARGS...]")
+        return [sys.executable, "-m", *args.module]
+    if not rest:
+        raise UsageError("no program given: dlwatch run script.py [ARGS...] or dlwatch run -m module [ARGS...]")
+    script = rest[0]
+    if script.startswith("-"):
+        raise UsageError(f"unknown option {script!r} for dlwatch run (options go before the script)")
+    if not os.path.exists(script):
+        raise NotFoundError(f"no such script: {script}", help="check the path, or use -m for a module")
+    return [sys.executable, script, *rest[1:]]
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = program_argv(args)
+    env = program_env(args, os.environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, argv, env)  # the program is this process from here on: same pid, signals, exit code
+    except OSError as exc:
+        raise UsageError(f"could not start {sys.executable}: {exc.strerror or exc}") from None
+    return 1  # not reached

@@ -1,0 +1,123 @@
+"""Detector for ``worker-memory-growth``: DataLoader workers whose private memory grows with every sample.
+
+Each worker's USS (private pages; the monitor reads it every 10 s, and every 2 s for
+a process faulting in pages) is judged by :func:`dlwatch.detect.growth.steady_growth`.
+The copy-on-read signature is USS rising while RSS stays flat (shared pages of the
+parent's dataset turning private as the worker touches them), in every worker alike.
+The time to the memory limit (the cgroup's limit less its usage, or MemAvailable,
+whichever is nearer) is projected from the workers' summed growth: within
+``horizon_s`` it is a ``threshold`` incident, before the OOM killer acts; beyond that
+it is advice (``{"event": "advice", "playbook": "worker-memory-growth", ...}``) for the
+run summary, once per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from dlwatch.detect.base import Detector, View
+from dlwatch.detect.growth import slope, steady_growth, time_to_limit
+from dlwatch.model import SystemSample
+
+MAX_SHOWN = 8
+
+
+def headroom(system: SystemSample | None) -> tuple[int | None, str | None, int | None]:
+    """(bytes left before the nearest memory limit, which limit, the limit itself)."""
+    if system is None:
+        return None, None, None
+    options = []
+    if system.cgroup_memory_limit and system.cgroup_memory_usage is not None:
+        options.append((system.cgroup_memory_limit - system.cgroup_memory_usage, "cgroup memory limit",
+                        system.cgroup_memory_limit))
+    if system.mem_available is not None:
+        options.append((system.mem_available, "MemAvailable", None))
+    if not options:
+        return None, None, None
+    left, name, limit = min(options, key=lambda o: o[0])
+    return max(0, left), name, limit
+
+
+class WorkerMemoryGrowth(Detector):
+    playbook = "worker-memory-growth"
+    defaults = {"min_rate_bytes_per_s": float(1 << 20), "min_rise_bytes": float(64 << 20),
+                "min_window_s": 8.0, "window_s": 120.0, "horizon_s": 900.0, "flat_rss_share": 0.3,
+                "min_observed_share": 0.1}
+
+    def __init__(self, thresholds: Any = None) -> None:
+        super().__init__(thresholds)
+        self.advised = False
+        self.judged: dict[int, tuple[float, dict[str, Any] | None]] = {}  # pid -> (last USS read, its growth)
+
+    def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
+        t = self.thresholds
+        growing = []
+        workers = [p for p in view.procs.values() if p.role == "worker" and not p.gone]
+        for p in workers:
+            last = p.last
+            if last is None or last.uss_ts is None:
+                continue
+            cached = self.judged.get(p.pid)
+            if cached is not None and cached[0] == last.uss_ts:  # no new USS read since: same judgement
+                if cached[1] is not None:
+                    growing.append(cached[1])
+                continue
+            self.judged[p.pid] = (last.uss_ts, None)
+            reads = {}
+            for s in p.history:  # one point per USS read (the monitor carries the figure forward between reads)
+                if s.uss_ts is not None and s.uss is not None and not s.gone and view.now - s.uss_ts <= t["window_s"]:
+                    reads[s.uss_ts] = s
+            if len(reads) < 4:
+                continue
+            pts = sorted(reads.values(), key=lambda s: s.uss_ts)
+            g = steady_growth([(s.uss_ts, float(s.uss)) for s in pts], min_rate=t["min_rate_bytes_per_s"],
+                              min_rise=t["min_rise_bytes"], min_window_s=t["min_window_s"])
+            if g is None:
+                continue
+            rss = [(s.uss_ts, float(s.rss)) for s in pts if s.rss is not None]
+            rss_rate = slope(rss) if len(rss) >= 2 else None
+            found = {"pid": p.pid, "worker_id": p.worker_id, "uss": g, "rss_first": pts[0].rss,
+                     "rss_last": pts[-1].rss, "rss_rate_bytes_per_s": None if rss_rate is None else round(rss_rate)}
+            self.judged[p.pid] = (last.uss_ts, found)
+            growing.append(found)
+        if len(self.judged) > 4 * max(1, len(workers)) + 64:  # forget workers long gone
+            live = {p.pid for p in workers}
+            self.judged = {pid: v for pid, v in self.judged.items() if pid in live}
+        if not growing:
+            return ()
+        rate = sum(g["uss"]["rate_bytes_per_s"] for g in growing)
+        left, limit_name, limit = headroom(view.system)
+        eta = time_to_limit(left, rate)
+        cor = all(g["rss_rate_bytes_per_s"] is not None
+                  and g["rss_rate_bytes_per_s"] <= t["flat_rss_share"] * g["uss"]["rate_bytes_per_s"]
+                  for g in growing)
+        evidence: dict[str, Any] = {
+            "signal": "worker_memory_growth",
+            "workers_growing": len(growing), "workers": len(workers),
+            # USS up with RSS flat can only be shared pages turning private: the signature holds per
+            # worker; the other workers may still lack the USS reads to be judged
+            "copy_on_read": bool(cor),
+            "all_workers_growing": len(growing) == len(workers),
+            "rate_bytes_per_s": rate,
+            "headroom_bytes": left, "limit": limit_name, "limit_bytes": limit,
+            "limit_in_s": None if eta is None else round(eta, 1), "horizon_s": t["horizon_s"],
+            "growth": growing[:MAX_SHOWN],
+        }
+        if view.system is not None:
+            evidence["mem_available"] = view.system.mem_available
+            evidence["cgroup_memory_usage"] = view.system.cgroup_memory_usage
+        if eta is not None and eta <= t["horizon_s"]:
+            # A projection is only as good as the trend behind it: 10 s of growth says little about
+            # the next 10 minutes.  Wait until the trend was watched for a share of the time it
+            # projects (a real leak keeps growing and gets there well before the limit).
+            observed_s = max(g["uss"]["window_s"] for g in growing)
+            evidence["observed_s"] = observed_s
+            if observed_s < t["min_observed_share"] * eta:
+                return ()
+            return [{"ts": view.now, "event": "threshold", "reason": "limit_soon", **evidence}]
+        if self.advised:
+            return ()
+        self.advised = True
+        evidence.pop("signal")
+        return [{"ts": view.now, "event": "advice", "playbook": self.playbook, "advice": "worker_memory_growth",
+                 "reason": "limit_far" if eta is not None else "no_limit_known", **evidence}]

@@ -1,0 +1,201 @@
+"""Prometheus metrics of a watched run: opt-in, nothing listens or is written by default.
+
+Two ways, either or both, chosen by environment variables of the training process:
+
+- ``DLWATCH_PROM_FILE=/path/to/textfile_dir/dlwatch.prom``: a node_exporter textfile,
+  rewritten atomically every poll.  Several ranks (and jobs) on one host never
+  overwrite each other: each training process writes its own file next to the path,
+  ``dlwatch.rank<RANK>.<pid>.prom`` (``dlwatch.<pid>.prom`` outside a job), and removes
+  it when its run ends.  The file is private (0600), like every file dlwatch makes:
+  node_exporter must run as the same user or root to read it.
+- ``DLWATCH_PROM_PORT=9400``: an HTTP endpoint on 127.0.0.1 only, at that port plus
+  ``LOCAL_RANK`` (so the ranks of one host do not collide).
+
+The exposition format is ``prometheus_client``'s (an optional dependency:
+``pip install 'dlwatch[prometheus]'``), imported only when one of these is set.
+Labels: ``job_id`` and ``rank`` on every metric (``job_id`` rather than ``job``: Prometheus
+sets ``job`` itself on every scraped series), ``role``, ``worker`` and ``pid`` on the
+per-process ones.  See docs/prometheus.md for the metric list and a Grafana query.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from typing import Any, Iterator, Mapping
+
+from dlwatch._fs import check_links
+from dlwatch.report.rankfigures import figures, replace_private
+from dlwatch.report.sinks import PollState, Sink
+
+__all__ = ["ENV_FILE", "ENV_PORT", "PromSink", "prom_options", "textfile_path"]
+
+ENV_FILE = "DLWATCH_PROM_FILE"
+ENV_PORT = "DLWATCH_PROM_PORT"
+BIND_ADDR = "127.0.0.1"
+
+
+def prom_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{"file": path or None, "port": int or None}`` from the environment; ValueError names the fix."""
+    env = os.environ if environ is None else environ
+    path = (env.get(ENV_FILE) or "").strip() or None
+    raw_port = (env.get(ENV_PORT) or "").strip()
+    port = None
+    if raw_port:
+        try:
+            port = int(raw_port)
+        except ValueError:
+            port = -1
+        if not 1 <= port <= 65535:
+            raise ValueError(f"dlwatch.watch: {ENV_PORT} must be a TCP port number (1-65535), got {raw_port!r}; "
+                             "unset it to expose no metrics")
+    if path is not None:
+        if "\0" in path or not path.endswith(".prom"):
+            raise ValueError(f"dlwatch.watch: {ENV_FILE} must be a path ending in .prom (node_exporter reads "
+                             f"only those), got {path!r}")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ValueError(f"dlwatch.watch: {ENV_FILE}: directory {os.path.dirname(os.path.abspath(path))!r} "
+                             "does not exist; create it (node_exporter's --collector.textfile.directory)")
+        path = os.path.abspath(path)
+    if (path or port) and not _have_client():
+        raise ValueError(f"dlwatch.watch: {ENV_FILE}/{ENV_PORT} need prometheus_client: "
+                         "pip install 'dlwatch[prometheus]' (or unset them)")
+    return {"file": path, "port": port}
+
+
+def _have_client() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("prometheus_client") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def textfile_path(path: str, rank: Mapping[str, Any], pid: int) -> str:
+    """This process's own file next to ``path``: ``<stem>.rank<R>.<pid>.prom`` or ``<stem>.<pid>.prom``."""
+    stem = path[: -len(".prom")]
+    r = rank.get("rank")
+    return f"{stem}.rank{r}.{pid}.prom" if isinstance(r, int) else f"{stem}.{pid}.prom"
+
+
+def _label(value: Any) -> str:
+    return "" if value is None else str(value)[:128]
+
+
+class _Collector:
+    """Yields the metric families of the latest PollState (swapped in whole, read whole)."""
+
+    def __init__(self, rank: Mapping[str, Any]) -> None:
+        self.rank = rank
+        self.state: PollState | None = None
+
+    def describe(self) -> list[Any]:
+        return []  # no up-front description: the registry then never calls collect() at register time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        st = self.state
+        if st is None:
+            return
+        base_names = ["job_id", "rank"]
+        base = [_label(self.rank.get("job_id")), _label(self.rank.get("rank"))]
+        info = GaugeMetricFamily("dlwatch_rank_info", "one per watched training process",
+                                 labels=[*base_names, "local_rank", "world_size", "pid"])
+        info.add_metric([*base, _label(self.rank.get("local_rank")), _label(self.rank.get("world_size")),
+                         str(st.pid)], 1)
+        yield info
+        fig = figures(st.heartbeat)
+        counters = (("dlwatch_batches", "batches handed out by the watched loader", fig["batches"]),
+                    ("dlwatch_epochs", "epochs started", fig["epochs"]),
+                    ("dlwatch_data_wait_seconds", "time spent inside next(loader)", fig["data_wait_s"]),
+                    ("dlwatch_step_seconds", "time spent in the loop body", fig["step_s"]),
+                    ("dlwatch_stalls", "stalls detected in this run", st.stalls),
+                    ("dlwatch_incidents", "incidents written by this run", st.incidents))
+        for name, doc, value in counters:
+            c = CounterMetricFamily(name, doc, labels=base_names)
+            c.add_metric(base, float(value))
+            yield c
+        gauges: list[tuple[str, str, Any]] = [
+            ("dlwatch_data_wait_share", "share of the loop's time spent waiting for data", fig["data_wait_share"]),
+            ("dlwatch_stalled", "1 while a detected stall lasts", 1 if st.stalled else 0),
+        ]
+        if st.system is not None:
+            gauges += [("dlwatch_shm_free_bytes", "free bytes in /dev/shm", st.system.shm_free),
+                       ("dlwatch_shm_size_bytes", "size of /dev/shm", st.system.shm_total)]
+        for name, doc, value in gauges:
+            if value is None:
+                continue
+            g = GaugeMetricFamily(name, doc, labels=base_names)
+            g.add_metric(base, float(value))
+            yield g
+        per_proc = (("dlwatch_process_open_fds", "open file descriptors", "num_fds"),
+                    ("dlwatch_process_max_fds", "soft limit on open file descriptors", "fd_limit"),
+                    ("dlwatch_process_resident_memory_bytes", "resident set size (RSS)", "rss"),
+                    ("dlwatch_process_unique_memory_bytes", "unique set size (USS), slow cadence", "uss"),
+                    ("dlwatch_process_shm_bytes", "bytes of /dev/shm mapped, slow cadence", "shm_map_bytes"))
+        labels = [*base_names, "role", "worker", "pid"]
+        for name, doc, attr in per_proc:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            for p in st.procs:
+                value = getattr(p.sample, attr, None)
+                if value is None:
+                    continue
+                worker = "main" if p.role == "main" else _label(p.worker_id) if p.role == "worker" else p.role
+                g.add_metric([*base, p.role, worker, str(p.pid)], float(value))
+            yield g
+
+
+class PromSink(Sink):
+    name = "prometheus"
+
+    def __init__(self, options: Mapping[str, Any], rank: Mapping[str, Any], *, pid: int) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = _Collector(dict(rank))
+        self.registry.register(self.collector)  # type: ignore[arg-type]
+        self.path: str | None = None
+        self.server: Any = None
+        self._lock = threading.Lock()
+        if options.get("file"):
+            path = textfile_path(str(options["file"]), rank, pid)
+            directory = os.path.dirname(path)
+            check_links(directory)
+            st = os.stat(directory)
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(f"{directory} is not a directory")
+            if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+                raise PermissionError(f"{directory} is writable by every user: not writing metrics there")
+            self.path = path
+        port = options.get("port")
+        if port is not None:
+            from prometheus_client import start_http_server
+
+            local = rank.get("local_rank")
+            bound = int(port) + (local if isinstance(local, int) else 0)
+            started = start_http_server(bound, addr=BIND_ADDR, registry=self.registry)
+            self.server = started[0] if isinstance(started, tuple) else None
+            self.port = bound
+
+    def on_poll(self, state: PollState) -> None:
+        self.collector.state = state
+        if self.path is not None:
+            from prometheus_client import generate_latest
+
+            replace_private(self.path, generate_latest(self.registry))
+
+    def close(self, state: PollState | None, *, clean: bool) -> None:
+        if self.path is not None:
+            try:
+                os.unlink(self.path)  # a finished run's figures are not current: no stale series
+            except OSError:
+                pass
+        if self.server is not None:
+            try:
+                self.server.shutdown()
+                self.server.server_close()
+            except Exception:
+                pass

@@ -1,0 +1,72 @@
+"""Outputs the monitor feeds every poll, besides incidents: the rank's figures for the job
+view (``.jobs/`` in the report directory) and, opt-in, Prometheus metrics.
+
+A sink gets a :class:`PollState` (what the monitor read at this poll, frozen) and
+writes it somewhere; it never judges and never raises into the monitor (the monitor
+contains a failing sink and warns once).  The monitor does not know what a sink does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from dlwatch.heartbeat import Heartbeat
+from dlwatch.model import ProcSample, SystemSample
+
+__all__ = ["PollState", "ProcState", "Sink", "build"]
+
+
+@dataclass(frozen=True)
+class ProcState:
+    pid: int
+    role: str  # main, worker, other
+    worker_id: int | None
+    sample: ProcSample
+
+
+@dataclass(frozen=True)
+class PollState:
+    now: float  # time.time()
+    monotonic: float  # time.monotonic(), the heartbeat's clock
+    pid: int  # the training process
+    started_at: float  # when the watch block was entered (time.time())
+    rank: Mapping[str, Any]  # the report's rank object
+    heartbeat: Heartbeat | None
+    procs: tuple[ProcState, ...]  # live processes, latest sample each
+    system: SystemSample | None
+    stalls: int  # stalls detected in this run
+    incidents: int  # incidents written by this run
+    stalled: bool  # a stall is in progress (no progress since it was detected)
+
+
+class Sink:
+    name = "sink"
+
+    def on_poll(self, state: PollState) -> None:
+        """Called after every poll."""
+
+    def close(self, state: PollState | None, *, clean: bool) -> None:
+        """Called once when the monitor ends (``clean``: the watch block ended)."""
+
+
+def build(cfg: Mapping[str, Any], report_dir: str, rank: Mapping[str, Any],
+          warn: Callable[[str, str], None]) -> list[Sink]:
+    """The sinks this run asked for: the rank figures in a multi-rank job, Prometheus when enabled."""
+    sinks: list[Sink] = []
+    if rank.get("job_id"):
+        try:
+            from dlwatch.report.rankfigures import RankFiguresSink
+
+            sinks.append(RankFiguresSink(report_dir, rank, pid=int(cfg["pid"])))
+        except Exception as exc:
+            warn("rank_figures_unavailable", f"{type(exc).__name__}: {exc}")
+    prom = cfg.get("prometheus") or {}
+    if prom.get("file") or prom.get("port") is not None:
+        try:
+            from dlwatch.report.prom import PromSink
+
+            sinks.append(PromSink(prom, rank, pid=int(cfg["pid"])))
+        except Exception as exc:
+            warn("prometheus_unavailable", f"{type(exc).__name__}: {exc}")
+    return sinks

@@ -1,0 +1,224 @@
+"""``dlwatch run``'s hook in the program's processes: every DataLoader iteration gets its own watch.
+
+Installed by the bootstrap that ``dlwatch run`` puts on PYTHONPATH (dlwatch/_boot).
+It adds one import hook; when ``torch.utils.data.dataloader`` is imported it wraps
+``DataLoader.__iter__`` so that each iteration (each epoch of each loader, train and
+validation alike) runs under ``dlwatch.watch`` with the options that ``dlwatch run``
+put in the environment.  The watch starts when the iteration starts and stops when
+the iterator is exhausted, raises, or is dropped (``break``).  An exception raised by
+the loader is recorded as the watch's exception incident and re-raised unchanged.
+
+What it leaves alone: a loader already under the user's own ``dlwatch.watch`` (that
+watch keeps watching), iterations inside DataLoader workers, and everything when
+DLWATCH_DISABLE=1.  Whatever fails in here becomes one warning; the iteration goes on
+unwatched.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+from typing import Any, Iterator
+
+PROGRAM_RUN_ENV = "DLWATCH_PROGRAM_RUN"  # one id for every process and iteration of one `dlwatch run`
+TARGET_MODULE = "torch.utils.data.dataloader"
+_installed = False
+
+
+def disabled() -> bool:
+    return os.environ.get("DLWATCH_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Finder:
+    """A meta-path finder that only notices torch's dataloader module being imported."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != TARGET_MODULE:
+            return None
+        try:
+            sys.meta_path.remove(self)  # once is enough
+        except ValueError:
+            pass
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            try:
+                patch(module.DataLoader)
+            except Exception as exc:
+                _warn(f"could not hook DataLoader ({type(exc).__name__}: {exc}); the program runs unwatched")
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Hook DataLoader now if torch's is imported, else when it is."""
+    global _installed
+    if _installed or disabled():
+        return
+    _installed = True
+    sys.excepthook = _ExceptHook(sys.excepthook)
+    mod = sys.modules.get(TARGET_MODULE)
+    if mod is not None and hasattr(mod, "DataLoader"):
+        patch(mod.DataLoader)
+    else:
+        sys.meta_path.insert(0, _Finder())
+
+
+def _hidden_files() -> set[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return {os.path.join(here, "runhook.py"), os.path.join(here, "agent.py")}
+
+
+def strip_own_frames(tb: Any, hidden: set[str] | None = None) -> Any:
+    """``tb`` without the entries of dlwatch's own wrappers (runhook.py, agent.py).
+
+    Those frames sit between the program's ``for`` loop and torch's iterator only because
+    the iteration is watched; an uncaught exception prints the traceback plain python prints.
+    """
+    hidden = _hidden_files() if hidden is None else hidden
+
+    def ours(entry: Any) -> bool:
+        return entry is not None and entry.tb_frame.f_code.co_filename in hidden
+
+    while ours(tb):
+        tb = tb.tb_next
+    cur = tb
+    while cur is not None:
+        nxt = cur.tb_next
+        while ours(nxt):
+            nxt = nxt.tb_next
+        if nxt is not cur.tb_next:
+            cur.tb_next = nxt
+        cur = nxt
+    return tb
+
+
+class _ExceptHook:
+    """sys.excepthook that strips dlwatch's frames (and those of chained exceptions), then chains."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, tp: Any, value: Any, tb: Any) -> Any:
+        try:
+            hidden = _hidden_files()
+            tb = strip_own_frames(tb, hidden)
+            seen: set[int] = set()
+            stack = [value]
+            while stack:
+                exc = stack.pop()
+                if exc is None or id(exc) in seen or not isinstance(exc, BaseException):
+                    continue
+                seen.add(id(exc))
+                if exc.__traceback__ is not None:
+                    exc.__traceback__ = strip_own_frames(exc.__traceback__, hidden)
+                stack.extend((exc.__cause__, exc.__context__))
+        except Exception:
+            pass
+        return self.previous(tp, value, tb)
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    from dlwatch.agent import DlwatchWarning
+
+    warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+
+
+def patch(cls: type) -> None:
+    original = cls.__dict__["__iter__"]
+    if getattr(original, "_dlwatch_run", False):
+        return
+
+    def __iter__(self: Any) -> Iterator[Any]:
+        if "_dlwatch_watch" in getattr(self, "__dict__", {}) or disabled() or _in_worker():
+            return original(self)  # the user's own watch, or nothing to do
+        return _watched_iteration(self, original)
+
+    __iter__._dlwatch_run = True  # type: ignore[attr-defined]
+    __iter__.__wrapped__ = original  # type: ignore[attr-defined]
+    __iter__.__doc__ = original.__doc__
+    cls.__iter__ = __iter__  # type: ignore[method-assign]
+
+
+def _in_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    try:
+        return data is not None and data.get_worker_info() is not None
+    except Exception:
+        return False
+
+
+def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
+    try:
+        from dlwatch.agent import Watch
+
+        w = Watch(loader)  # options from the environment that `dlwatch run` set
+        w.stop_in_background = True  # the next iteration need not wait for this one's monitor to exit
+        w.__enter__()
+    except Exception as exc:
+        _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
+        return original(loader)
+    if not w._active:
+        return original(loader)
+    try:
+        it = iter(loader)  # through the watch's instrumented class: times each batch
+    except BaseException as exc:
+        w.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    return RunIterator(it, w)
+
+
+class RunIterator:
+    """One watched iteration: the loader's iterator, with the watch closed when it ends.
+
+    Attribute access falls through to the loader's iterator, as for the watch's own wrapper.
+    """
+
+    __slots__ = ("_it", "_watch")
+
+    def __init__(self, it: Iterator[Any], w: Any) -> None:
+        self._it = it
+        self._watch = w
+
+    def __iter__(self) -> "RunIterator":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._close(None)
+            raise
+        except BaseException as exc:
+            self._close(exc)
+            raise
+
+    def _close(self, exc: BaseException | None) -> None:
+        w, self._watch = self._watch, None
+        if w is None:
+            return
+        try:
+            w.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None)
+        except Exception:
+            pass
+
+    def __del__(self) -> None:  # `break`, or an exception in the loop body, drops the iterator
+        try:
+            self._close(None)
+        except Exception:
+            pass

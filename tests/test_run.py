@@ -1,0 +1,211 @@
+"""`dlwatch run`: an unmodified program runs as under plain python, with every DataLoader iteration watched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TARGETS, incidents, kill_session, load, wait_for, descendants_of
+
+SCRIPT = os.path.join(TARGETS, "plain_train.py")
+
+
+def _env(tmp_path, **extra):
+    env = dict(os.environ)
+    env.pop("DLWATCH_DIR", None)
+    env.pop("DLWATCH_DISABLE", None)
+    env["PYTHONPATH"] = ""  # the program needs nothing but the installed dlwatch
+    env.update(extra)
+    return env
+
+
+def _run(args, tmp_path, *, timeout=120, cwd=None, **extra):
+    """Run a command in its own session; kill everything it started if it outlives the bound."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path, **extra), cwd=cwd or str(tmp_path), start_new_session=True)
+    known: set[int] = set()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    finally:
+        known.update(p.pid for p in descendants_of(proc.pid))
+        kill_session(proc.pid, known)
+        proc.wait()
+
+
+def dlwatch_run(tmp_path, *args, **kw):
+    return _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "reports"), *args],
+                tmp_path, **kw)
+
+
+def plain(tmp_path, *args, **kw):
+    return _run([sys.executable, *args], tmp_path, **kw)
+
+
+def unwatched(out):
+    """The program's output as plain python prints it: only the probe's iterator type differs."""
+    return out.replace("RunIterator", "_MultiProcessingDataLoaderIter")
+
+
+def iter_types(out):
+    return [line.split()[-1] for line in out.splitlines() if line.startswith("ITER")]
+
+
+@pytest.mark.slow
+def test_ok_program_same_output_every_iteration_watched(tmp_path):
+    rc, out, err = dlwatch_run(tmp_path, SCRIPT, "ok", "--lr", "0.1")
+    prc, pout, perr = plain(tmp_path, SCRIPT, "ok", "--lr", "0.1")
+    assert rc == prc == 0 and unwatched(out) == pout
+    assert err == perr
+    # same sys.argv and __main__ as plain python
+    assert f"ARGV {[SCRIPT, 'ok', '--lr', '0.1']!r} NAME __main__" in out
+    # two epochs x (train + validation): each iteration went through dlwatch, none without
+    assert iter_types(out) == ["RunIterator"] * 4
+    assert set(iter_types(pout)) == {"_MultiProcessingDataLoaderIter"}
+    assert incidents(str(tmp_path / "reports")) == []  # a healthy program makes no incident
+    # each iteration's monitor stopped and its run directory went, before the program exited
+    assert os.listdir(tmp_path / "reports" / ".runs") == []
+
+
+@pytest.mark.slow
+def test_disable_runs_unwatched(tmp_path):
+    rc, out, err = dlwatch_run(tmp_path, SCRIPT, "ok", DLWATCH_DISABLE="1")
+    assert rc == 0
+    assert set(iter_types(out)) == {"_MultiProcessingDataLoaderIter"}
+    assert not os.path.exists(tmp_path / "reports" / ".runs")
+
+
+@pytest.mark.slow
+def test_exit_code_is_the_programs(tmp_path):
+    rc, out, err = dlwatch_run(tmp_path, SCRIPT, "exit3")
+    prc, pout, perr = plain(tmp_path, SCRIPT, "exit3")
+    assert rc == prc == 3
+    assert unwatched(out) == pout and err == perr
+    assert incidents(str(tmp_path / "reports")) == []  # sys.exit is not an incident
+
+
+@pytest.mark.slow
+def test_raise_shows_the_same_traceback(tmp_path):
+    rc, out, err = dlwatch_run(tmp_path, SCRIPT, "raise")
+    prc, pout, perr = plain(tmp_path, SCRIPT, "raise")
+    assert rc == prc == 1
+    assert "ValueError: bad batch in the loop body" in err
+    assert err == perr  # the very same traceback, line for line
+    assert unwatched(out) == pout
+
+
+@pytest.mark.slow
+def test_loader_exception_same_traceback_and_an_incident(tmp_path):
+    rc, out, err = dlwatch_run(tmp_path, SCRIPT, "loader-raise")
+    prc, pout, perr = plain(tmp_path, SCRIPT, "loader-raise")
+    assert rc == prc == 1
+    # the program's stderr unchanged, after dlwatch's one line naming the incident
+    notice = [line for line in err.splitlines() if line.startswith("dlwatch: ")]
+    assert len(notice) == 1 and "exception incident" in notice[0]
+    assert "KeyError" in err and err.replace(notice[0] + "\n", "", 1) == perr
+    found = incidents(str(tmp_path / "reports"))
+    assert len(found) == 1
+    report = load(found[0])
+    assert report["trigger"] == "exception"
+    assert "KeyError" in report["exception"]["type"]
+    assert report["config"]["program_run"]
+
+
+@pytest.mark.slow
+def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
+    reports = tmp_path / "reports"
+    proc = subprocess.Popen([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(reports),
+                             "--stall-timeout", "1.5", "--poll-interval", "0.2", SCRIPT, "deadlock"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path),
+                            cwd=str(tmp_path), start_new_session=True)
+    known: set[int] = set()
+    try:
+        found = wait_for(lambda: incidents(str(reports)), timeout=60)
+        known.update(p.pid for p in descendants_of(proc.pid))
+        assert found, "no stall incident"
+        # the monitor runs isolated (-I: no PYTHONPATH), so the bootstrap never reaches it
+        monitors = [p.cmdline() for p in descendants_of(proc.pid) if "dlwatch.monitor" in " ".join(p.cmdline())]
+        assert monitors and all(c[1] == "-I" for c in monitors), monitors
+        report = load(found[0])
+        assert report["trigger"] == "stall"
+        assert report["classification"] == "deadlock"
+        assert report["findings"][0]["playbook"] == "worker-deadlock"
+        assert report["pid"] == proc.pid  # dlwatch run became the program: same pid
+        assert report["config"]["program_run"]
+        assert sum(1 for p in report["processes"] if p["role"] == "worker") == 2
+    finally:
+        known.update(p.pid for p in descendants_of(proc.pid))
+        kill_session(proc.pid, known)
+        proc.communicate()
+
+
+@pytest.mark.slow
+def test_module_form_and_cwd_semantics(tmp_path):
+    # -m: the module is found from the working directory, as with python -m
+    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"),
+                         "-m", "plain_train", "ok", "-x"], tmp_path, cwd=TARGETS)
+    prc, pout, perr = _run([sys.executable, "-m", "plain_train", "ok", "-x"], tmp_path, cwd=TARGETS)
+    assert rc == prc == 0 and err == perr
+    assert f"ARGV {[os.path.join(TARGETS, 'plain_train.py'), 'ok', '-x']!r} NAME __main__" in out
+    assert iter_types(out) == ["RunIterator"] * 4
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_are_watched(tmp_path):
+    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"),
+                         "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT, "ok"],
+                        tmp_path, timeout=180, OMP_NUM_THREADS="1")
+    assert rc == 0, err[-2000:]
+    lines = [line for line in out.splitlines() if line.startswith("ITER")]
+    for rank in ("0", "1"):
+        mine = [line.split()[-1] for line in lines if line.split()[2] == rank]
+        assert mine == ["RunIterator"] * 4, lines
+
+
+def test_user_watch_inside_run_is_left_alone(tmp_path):
+    code = ("import dlwatch, torch\n"
+            "from torch.utils.data import DataLoader\n"
+            "dl = DataLoader(list(range(8)), batch_size=4)\n"
+            "with dlwatch.watch(dl) as b:\n"
+            "    it = iter(b)\n"
+            "    print(type(it).__name__, [x.tolist() for x in it])\n")
+    script = tmp_path / "own_watch.py"
+    script.write_text(code)
+    rc, out, err = dlwatch_run(tmp_path, str(script))
+    assert rc == 0, err
+    assert out.strip() == "_TimedIterator [[0, 1, 2, 3], [4, 5, 6, 7]]"  # the user's watch only, not two
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (["no_such_script.py"], 3, "no such script: no_such_script.py"),
+    ([], 2, "no program given"),
+    (["--stall-timeout", "soon", SCRIPT], 2, "stall_timeout must be a number of seconds"),
+    (["--ignore", "no-such-playbook", SCRIPT], 2, "--ignore names no known playbook: no-such-playbook"),
+    (["-m"], 2, "-m needs a module name"),
+])
+def test_bad_input_one_line(tmp_path, args, code, text):
+    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", *args], tmp_path, timeout=60)
+    assert rc == code
+    assert err.count("\n") == 1 and err.startswith("dlwatch: error: ") and text in err, err
+    assert out == ""
+
+
+def test_a_sitecustomize_already_on_the_path_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "sys.stderr.write(f\"USER SITECUSTOMIZE {os.environ['PYTHONPATH'].split(os.pathsep)[0].endswith('_boot')}\\n\")\n")
+    script = tmp_path / "probe.py"
+    script.write_text("import sys, torch.utils.data as d\n"
+                      "print(getattr(d.DataLoader.__iter__, '_dlwatch_run', False), "
+                      "any(p.endswith('_boot') for p in sys.path))\n")
+    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), str(script)],
+                        tmp_path, PYTHONPATH=str(site))
+    assert rc == 0, err
+    # once in the dlwatch command itself (before it becomes the program), once in the program
+    assert err.splitlines() == ["USER SITECUSTOMIZE False", "USER SITECUSTOMIZE True"]
+    assert out.split() == ["True", "False"]  # DataLoader hooked; the bootstrap's directory is off sys.path again
