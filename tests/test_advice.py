@@ -257,9 +257,14 @@ def test_to_finding_has_the_shape_of_an_incident_finding():
     assert set(f) == {"playbook", "title", "confidence", "evidence", "remediation"}
     assert f["title"] == PBS["slow-epoch-start"].title and "persistent_workers=True" in f["remediation"]
     assert f["evidence"] == {"cost_per_epoch_s": 1.5}
-    # an advice event of a playbook this dlwatch does not ship (another detector's) keeps its id
-    other = to_finding({"event": "advice", "playbook": "worker-memory-growth", "confidence": 0.7, "x": 1}, PBS)
-    assert other["playbook"] == "worker-memory-growth" and other["title"] == "worker-memory-growth"
+    # an advice event of a playbook this dlwatch does not ship (a user's detector) keeps its id as title
+    other = to_finding({"event": "advice", "playbook": "my-team-advice", "confidence": 0.7, "x": 1}, PBS)
+    assert other["playbook"] == "my-team-advice" and other["title"] == "my-team-advice"
+    assert other["evidence"] == {"x": 1}
+    # a failure playbook's advice event (worker-memory-growth's slow trend) takes that playbook's text
+    growth = to_finding({"event": "advice", "playbook": "worker-memory-growth", "confidence": 0.7,
+                         "reason": "limit_far"}, PBS)
+    assert growth["title"] == PBS["worker-memory-growth"].title and growth["remediation"]
 
 
 def test_advice_playbooks_are_never_matched_into_incidents():
