@@ -278,3 +278,70 @@ def test_fd_limit_low_for_real_under_a_low_limit(tmp_path, target):
     assert ev["fd_limit"] == 256 and ev["tensors_per_batch"] == 40 and ev["fds_in_flight"] == 200
     assert ev["sharing_strategy"] == "file_descriptor" and ev["num_fds"] > 0
     assert [ln for ln in lines if ln.startswith("WARNING ") and "fd-limit-low" in ln]
+
+
+def test_a_detectors_advice_reaches_the_summary_and_is_noted_once(tmp_path):
+    """main's worker-memory-growth hands back {"event": "advice"} for a slow trend: kept, noted once."""
+    from dlwatch.monitor import Monitor
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "config.json").write_text(json.dumps({
+        "pid": os.getpid(), "report_dir": str(tmp_path / "reports"), "options": {"poll_interval": 0.1},
+        "loader": {"num_workers": 2}}))
+    monitor = Monitor(str(run_dir))
+
+    class SlowGrowth:
+        playbook = "worker-memory-growth"
+
+        def on_poll(self, view):
+            return [{"ts": view.now, "event": "advice", "playbook": self.playbook, "reason": "limit_far",
+                     "workers_growing": 1, "workers": 2},
+                    {"ts": view.now, "event": "observation", "signal": "worker_exit", "pid": 1}]
+
+    try:
+        monitor.detectors = [SlowGrowth()]
+        monitor._run_detectors("on_poll")
+        monitor._run_detectors("on_poll")  # the same advice again: kept and noted once
+        noted = [e for e in monitor.notable if e.get("event") in ("advice", "observation")]
+        assert [e["event"] for e in noted] == ["advice", "observation", "observation"]
+        assert not monitor.incidents  # neither is an incident
+        path = monitor._write_summary("clean")
+        assert path is not None and os.path.dirname(path) == str(tmp_path / "reports" / store.SUMMARIES_DIR)
+        summary = store.load_summary(path)
+        assert [f["playbook"] for f in summary["advice"]] == ["worker-memory-growth"]
+        assert summary["advice"][0]["evidence"]["reason"] == "limit_far"
+    finally:
+        monitor._close()
+
+
+def test_summaries_are_read_like_incidents_hostile_files_are_refused(tmp_path, capsys):
+    """runs/ is never an incident; a linked, oversized-type or FIFO summary is skipped with a warning."""
+    from dlwatch.report import summary as sm
+
+    s = sm.skeleton(run_id="20261201T000000-1-abcdef", pid=1, now=time.time())
+    path = store.write_summary(str(tmp_path), s, render_markdown=sm.render_markdown)
+    assert os.path.dirname(path) == str(tmp_path / "runs") and os.stat(path).st_mode & 0o777 == 0o700
+    assert store.list_incidents(str(tmp_path)) == ([], [])  # runs/ is not an incident, not damaged either
+    runs = tmp_path / "runs"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(s))
+    (runs / "linked").mkdir()
+    os.symlink(elsewhere, runs / "linked" / "summary.json")
+    (runs / "typed").mkdir()
+    (runs / "typed" / "summary.json").write_text(json.dumps({**s, "advice": "not a list"}))
+    (runs / "fifo").mkdir()
+    os.mkfifo(runs / "fifo" / "summary.json")
+    os.symlink(runs / "typed", runs / "dirlink")
+    found, warnings = store.list_runs(str(tmp_path))
+    assert [r.id for r in found] == [s["id"]]
+    assert len(warnings) == 4 and all(w.startswith("skipped run ") for w in warnings)
+    for name in ("linked", "typed", "fifo"):
+        with pytest.raises(dlwatch.errors.ReportError):
+            store.load_summary(str(runs / name))
+    # dlwatch report RUN-ID and a run directory's path show the same summary; a bad one exits 6
+    assert main(["report", "--dir", str(tmp_path), s["id"]]) == 0
+    assert s["id"] in capsys.readouterr().out
+    assert main(["report", str(runs / s["id"]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == s["id"]
+    assert main(["report", str(runs / "linked")]) == 6
