@@ -345,3 +345,27 @@ def test_summaries_are_read_like_incidents_hostile_files_are_refused(tmp_path, c
     assert main(["report", str(runs / s["id"]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["id"] == s["id"]
     assert main(["report", str(runs / "linked")]) == 6
+
+
+@pytest.mark.parametrize("mode,safe", [(0o700, True), (0o777, False)])
+def test_a_report_dir_made_by_another_rank_in_between_is_checked_not_refused(tmp_path, monkeypatch, mode, safe):
+    """Two ranks sharing a fresh report directory: the loser of the mkdir race takes the winner's directory
+    if it passes the existing-directory check (ours, private), instead of falling back to a temporary one."""
+    from dlwatch import _fs
+
+    target = str(tmp_path / "reports")
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path, m=0o777, **kw):
+        if path == target and not os.path.exists(path):
+            real_mkdir(path, mode)  # the other rank wins
+            os.chmod(path, mode)
+            raise FileExistsError(17, "File exists", path)
+        return real_mkdir(path, m, **kw)
+
+    monkeypatch.setattr(_fs.os, "mkdir", racing_mkdir)
+    if safe:
+        assert store.prepare_report_dir(target) == target
+    else:
+        with pytest.raises(OSError):
+            store.prepare_report_dir(target)

@@ -105,7 +105,12 @@ def prepare_report_dir(report_dir: str) -> str:
             verify_created(child)
             _private_children[key] = child
         return child
-    make_private_dir(report_dir)
+    try:
+        make_private_dir(report_dir)
+    except FileExistsError:
+        # another rank (or process) of ours made it between our look and our mkdir: it must pass
+        # the same check as any existing report directory (ours, private, no link)
+        make_private_dir(report_dir)
     return report_dir
 
 
