@@ -309,7 +309,12 @@ def test_pinned_growth(report_dir):
 def test_healthy_examples_raise_nothing(name, report_dir):
     run = run_example(name, report_dir)
     assert run.reports == []
-    assert "dlwatch:" not in run.stderr  # no incident notice, no warning
+    # no incident notice, no warning; the one line a run summary with advice prints is neither
+    # (these loops have no step at all: waiting for data is most of their time, and input-bound
+    # may say so, measured; advice is never an incident)
+    notices = [ln for ln in run.stderr.splitlines()
+               if "dlwatch:" in ln and not ln.startswith("dlwatch: run summary with advice (")]
+    assert notices == []
     assert "no incident" in run.stdout
 
 
