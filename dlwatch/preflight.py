@@ -43,8 +43,10 @@ def thread_info(t: threading.Thread) -> dict[str, Any]:
 
 # Threads that are safe across fork: multiprocessing's queue feeder threads (a Queue resets its
 # locks in the child, register_after_fork), and the DataLoader's own threads (a previous
-# epoch's pin-memory thread), which torch stops and manages itself.
-_FORK_SAFE_TARGETS = ("multiprocessing.queues.Queue._feed", "torch.utils.data.")
+# epoch's pin-memory thread), which torch stops and manages itself; and dlwatch's own
+# "dlwatch-stop" thread of `dlwatch run`, which waits for the previous iteration's monitor
+# to exit (a wait on a child and a pipe write; a forked worker neither has it nor needs its locks).
+_FORK_SAFE_TARGETS = ("multiprocessing.queues.Queue._feed", "torch.utils.data.", "dlwatch.agent.Watch._stop_monitor")
 
 
 def _other_threads() -> list[dict[str, Any]]:
