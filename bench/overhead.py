@@ -72,19 +72,22 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _epoch(loader: DataLoader) -> tuple[float, int, float]:
-    """(loop seconds, batches, seconds to the first batch: worker start-up and dlwatch's worker hook)."""
+def _epoch(loader: DataLoader) -> tuple[float, int, float, float]:
+    """(loop seconds, batches, seconds to the first batch: worker start-up and dlwatch's worker hook,
+    CPU seconds of this thread: with num_workers=0 the whole loop, and blind to the time the
+    thread waits for a CPU on a loaded machine)."""
     n = 0
     first = 0.0
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     for _ in loader:
         if not n:
             first = time.perf_counter() - t0
         n += 1
-    return time.perf_counter() - t0, n, first
+    return time.perf_counter() - t0, n, first, time.thread_time() - c0
 
 
-def _profiled_epoch(loader: DataLoader) -> tuple[float, int, float]:
+def _profiled_epoch(loader: DataLoader) -> tuple[float, int, float, float]:
     from torch.profiler import ProfilerActivity, profile
 
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]):
@@ -107,6 +110,7 @@ def compare(make: Callable[[], DataLoader], rounds: int, report_dir: str) -> dic
     bare, bare_again, watched, profiled = make(), make(), make(), make()
     times: dict[str, list[float]] = {a: [] for a in ARMS}
     firsts: dict[str, list[float]] = {a: [] for a in ARMS}
+    cpus: dict[str, list[float]] = {a: [] for a in ARMS}
     batches = 0
     rfd, wfd = os.pipe()
     with dlwatch.watch(watched, report_dir=report_dir):
@@ -121,9 +125,10 @@ def compare(make: Callable[[], DataLoader], rounds: int, report_dir: str) -> dic
         for r in range(rounds):
             order = [ARMS[i] for i in WILLIAMS[r % len(WILLIAMS)]]
             for arm in order:
-                dt, batches, first = run[arm]()
+                dt, batches, first, cpu = run[arm]()
                 times[arm].append(dt)
                 firsts[arm].append(first)
+                cpus[arm].append(cpu)
         watched.worker_init_fn = hook
     os.close(wfd)
     os.set_blocking(rfd, False)  # forked workers of the other loaders hold the write end too: no EOF wait
@@ -148,6 +153,10 @@ def compare(make: Callable[[], DataLoader], rounds: int, report_dir: str) -> dic
         "aa_spread": _spread([b / a for b, a in zip(bare_t, times["bare_again"])]),
         "profiler_ratio": median([b / p for b, p in zip(bare_t, prof_t)]),
         "watch_added_us_per_batch": median([(w - b) / batches * 1e6 for b, w in zip(bare_t, watch_t)]),
+        # the same in CPU time of the loop's thread (num_workers=0: all of the loop), and its A/A figure
+        "watch_added_cpu_us_per_batch": median([(w - b) / batches * 1e6 for b, w in zip(cpus["bare"], cpus["watch"])]),
+        "aa_added_cpu_us_per_batch": median([(a - b) / batches * 1e6
+                                             for b, a in zip(cpus["bare"], cpus["bare_again"])]),
         # the same without each epoch's first batch (worker start-up, where dlwatch's worker hook runs)
         "watch_ratio_after_first_batch": median([(b - fb) / (w - fw) for b, w, fb, fw in zip(
             bare_t, watch_t, firsts["bare"], firsts["watch"])]),
@@ -233,5 +242,5 @@ def run(quick: bool) -> dict[str, Any]:
         real = compare(lambda: realistic_loader(100 if quick else 300), 4 if quick else 12, tmp)
         block = block_costs(3 if quick else 6, tmp)
         block["python_startup_s"] = python_startup(3 if quick else 6)
-        leftovers = [n for n in os.listdir(tmp) if not n.startswith(".")]
+        leftovers = [n for n in os.listdir(tmp) if not n.startswith(".") and n != "runs"]  # runs/: summaries
     return {"fast": fast, "realistic": real, "block": block, "incidents_written": leftovers}

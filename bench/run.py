@@ -59,8 +59,13 @@ def rows(r: dict[str, Any]) -> list[Row]:
         out.append((f"Added per batch, {name}", _us(f["watch_added_us_per_batch"]),
                     f"torch.profiler {_us(f['profiler_added_us_per_batch'])}",
                     f"profiler ratio {f['profiler_ratio']:.3f}",
-                    "about 1 µs (<= 1.2)" if key == "fast" else "-",
-                    _yes(f["watch_added_us_per_batch"] <= 1.2) if key == "fast" else "-"))
+                    "-" if key == "fast" else "-", "-"))
+        if key == "fast":
+            # CPU time of the loop's thread: what dlwatch costs, without the time a loaded machine
+            # keeps the thread off a CPU (wall time above); judged against the target
+            out.append((f"... in CPU time of the loop, {name}", _us(f["watch_added_cpu_us_per_batch"]),
+                        f"bare vs bare (A/A) {f['aa_added_cpu_us_per_batch']:+.2f} µs", "-", "<= 1.0 µs",
+                        _yes(f["watch_added_cpu_us_per_batch"] <= 1.0)))
         if key == "realistic":
             out.append(("... steady part: each epoch without its first batch", "-", "-",
                         f"{f['watch_ratio_after_first_batch']:.3f}", "-", "-"))

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator
 from dlwatch import config, events
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.job import rank_info
-from dlwatch.heartbeat import STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
+from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
 from dlwatch.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
@@ -46,6 +46,16 @@ class DlwatchWarning(RuntimeWarning):
 
 def _warn(message: str) -> None:
     warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel that points a warning at the first frame outside dlwatch (the user's loop)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _qualname(obj: Any) -> str | None:
@@ -200,6 +210,7 @@ class Watch:
                                       body_timeout=body_timeout, ignore=ignore)
         self.thresholds: dict[str, float] = {}
         self._ignored = frozenset(self.options.ignored_playbooks)
+        self._advice_pbs: dict[str, Any] = {}  # preflight playbooks by id (titles and thresholds)
         if self.options.enabled:
             from dlwatch.playbooks import load_playbooks
 
@@ -208,6 +219,7 @@ class Watch:
             if unknown:
                 raise ValueError(f"dlwatch.watch: ignore names no known playbook: {', '.join(unknown)} "
                                  f"(see `dlwatch playbooks` for the ids)")
+            self._advice_pbs = {pb.id: pb for pb in loaded if pb.is_advice}
             for pb in loaded:
                 if pb.id == "batch-dim-mismatch":
                     self.thresholds["check_first"] = pb.threshold("check_first", 8)
@@ -240,6 +252,10 @@ class Watch:
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
         self._iterated = False  # the watch object itself was iterated (the `as` form)
+        self.summary: dict[str, Any] | None = None  # the run summary, after the block (see dlwatch.report.summary)
+        self._preflight_sent: set[str] = set()
+        self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
+        self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
         self.stop_in_background = False  # `dlwatch run`: stop the monitor off the training thread
 
@@ -332,6 +348,7 @@ class Watch:
             "loader": loader_config(loader),
             "iterable": _qualname(type(loader)),
             "main_dump_path": dump_path,
+            "cpus": self._usable_cpus(),
             "argv": redact_argv(list(sys.argv)),
             "python": sys.executable,
             "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
@@ -545,6 +562,8 @@ class Watch:
                 alive = False
             if not alive or monitor.returncode not in (0, None):
                 self._monitor_lost(monitor.returncode, pending)
+        # Watch.summary: read while the private run directory (which names the summary) is still there
+        self._read_summary(run_dir or self.run_dir)
         if run_dir and os.path.isdir(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -552,6 +571,10 @@ class Watch:
         if not self._monitor_warned:
             self._monitor_warned = True
             _warn(f"the monitor process exited early (exit code {code}); this run was not fully watched")
+        try:
+            self._fallback_summary(pending)
+        except Exception:
+            pass
         if pending is not None:  # nothing is lost: write the exception incident ourselves
             try:
                 from dlwatch.report.build import exception_report_from_run
@@ -583,6 +606,117 @@ class Watch:
                 self._hook.fingerprint = False
             # workers started by this iterator stamp their RNG fingerprints with its epoch
             self._hook.epoch = self._hb.epochs + 1 if self._hb is not None else None
+        try:
+            self._preflight_start()
+        except Exception:
+            pass  # a check failing must not stop the epoch
+
+    # ------------------------------------------------------------------ preflight and the summary
+
+    def _usable_cpus(self) -> dict[str, Any] | None:
+        if self._cpus is None:
+            try:
+                from dlwatch.collect.system import usable_cpus
+
+                self._cpus = usable_cpus(0)
+            except Exception:
+                self._cpus = {}
+        return self._cpus
+
+    def _preflight_start(self) -> None:
+        """Checks made as an epoch's iterator is created, before torch starts its workers."""
+        loader = self._loader
+        if loader is None or not _is_dataloader(loader) or not self._events_path:
+            return
+        from dlwatch import preflight
+
+        state = preflight.sampler_state(loader)
+        if state is not None and "sampler-epoch-not-set" not in self._ignored:
+            events.emit(self._events_path, "sampler_epoch", **state)
+        if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None:
+            return  # the workers are already running: nothing starts now
+        cfg = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+               "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None}
+        signals = preflight.start_checks(preflight.start_facts(cfg, self._usable_cpus()))
+        self._send_preflight(signals)
+        for sig in signals:  # pin_memory without CUDA is also advice: a fact of the run, not of its start
+            if sig["playbook"] == "pin-memory-without-cuda" and "advice:pin-memory-without-cuda" not in self._preflight_sent:
+                self._preflight_sent.add("advice:pin-memory-without-cuda")
+                events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k not in ("event", "stage")})
+
+    def _preflight_first_batch(self, batch: Any, batch_bytes: int | None) -> None:
+        loader = self._loader
+        if loader is None or not _is_dataloader(loader) or not loader.num_workers:
+            return
+        from dlwatch import preflight
+
+        strategy = None
+        tmp = sys.modules.get("torch.multiprocessing")
+        if tmp is not None:
+            try:
+                strategy = tmp.get_sharing_strategy()
+            except Exception:
+                pass
+        cfg = {"num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
+               "sharing_strategy": strategy}
+        thresholds = {pid: dict(pb.thresholds) for pid, pb in self._advice_pbs.items()}
+        self._send_preflight(preflight.first_batch_checks(preflight.first_batch_facts(cfg, batch, batch_bytes),
+                                                          thresholds))
+
+    def _send_preflight(self, signals: list[dict[str, Any]]) -> None:
+        from dlwatch.preflight import warning_text
+
+        for sig in signals:
+            pid = sig["playbook"]
+            if pid in self._ignored or pid in self._preflight_sent:
+                continue
+            self._preflight_sent.add(pid)
+            self._preflight_signals.append(sig)
+            if self._events_path:
+                events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
+            pb = self._advice_pbs.get(pid)
+            warnings.warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
+                          stacklevel=_user_stacklevel())
+
+    def _fallback_summary(self, pending: dict[str, Any] | None) -> None:
+        """The monitor is gone: a summary from the heartbeat and the preflight findings, written here."""
+        from dlwatch import heartbeat as hbmod
+        from dlwatch.detect.advice import to_finding
+        from dlwatch.detect.runstats import RunStats
+        from dlwatch.report import summary as sm
+
+        if not self.run_dir:
+            return
+        now = time.time()
+        s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=os.getpid(), now=now,
+                        started_at=self._entered_at)
+        s["ended"] = "exception" if pending is not None else "clean"
+        s["cpus"] = self._cpus
+        s["loop"] = RunStats(self._entered_at).loop(hbmod.read(os.path.join(self.run_dir, "heartbeat")), now)
+        s["preflight"] = [to_finding(sig, self._advice_pbs) for sig in self._preflight_signals]
+        s["notes"].append("the monitor process was not running at the end of the block: this summary was "
+                          "written by the training process and has no per-process figures and no advice")
+        self.summary = s
+        for base in (self.report_dir, store.fallback_dir()):
+            try:
+                store.write_summary(base, s, render_markdown=sm.render_markdown)
+                return
+            except OSError:
+                continue
+
+    def _read_summary(self, run_dir: str | None = None) -> None:
+        """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""
+        run_dir = run_dir or self.run_dir
+        if not run_dir or self.summary is not None:
+            return
+        try:
+            with open(os.path.join(run_dir, "summary"), encoding="utf-8") as f:
+                path = f.read().strip()
+            from dlwatch.report.store import load_summary
+
+            self.summary = load_summary(path)
+        except Exception:
+            self.summary = None
 
     def _note_workers(self, it: Any) -> None:
         workers = getattr(it, "_workers", None)
@@ -602,8 +736,7 @@ class Watch:
         return self._timed(it, hb)
 
     def _timed(self, it: Iterator[Any], hb: HeartbeatWriter) -> Iterator[Any]:
-        hb.epochs += 1
-        hb.epoch_batches = 0
+        hb.begin_epoch()
         return _TimedIterator(it, hb, self)
 
     def _check_shape(self, batch: Any, index: int) -> None:
@@ -612,7 +745,9 @@ class Watch:
             try:
                 from dlwatch.shapes import batch_nbytes
 
-                events.emit(self._events_path, "batch_bytes", batch_bytes=batch_nbytes(batch))
+                nbytes = batch_nbytes(batch)
+                events.emit(self._events_path, "batch_bytes", batch_bytes=nbytes)
+                self._preflight_first_batch(batch, nbytes)
             except Exception:
                 pass
         if self._shape_probe is None:
@@ -628,33 +763,48 @@ class Watch:
             return
 
 
+class _EpochState:
+    """The per-epoch state of a _TimedIterator, in an object of its own.
+
+    _TimedIterator defines ``__getattr__`` (attribute fall-through), which makes every
+    ``self.x`` in its ``__next__`` take CPython's slow attribute path (~135 ns a batch);
+    attributes of this plain slotted object stay on the fast path.
+    """
+
+    __slots__ = ("next", "hb", "pack", "mm", "watch", "probe", "check_at", "prev", "base", "done")
+
+
 class _TimedIterator:
     """Wraps one epoch's iterator: times each batch into the heartbeat, and is otherwise the iterator.
 
     Attribute access falls through to the wrapped iterator (``len(it)``, ``it._workers``),
     so code that inspects the DataLoader's iterator sees what it saw before.
 
-    Per batch: two clock reads, a one-byte store (waiting for data), one heartbeat pack
-    (batch delivered).  Everything else is kept off this path (see bench/).
+    Per batch: two clock reads, a one-byte store (waiting for data) and one pack of the
+    heartbeat's small hot part (batch delivered).  The loop-body time is not summed here: the
+    monitor derives it from the epoch's span and its waits.  The first batch of an epoch takes
+    the cold path (the full record).  Everything else is kept off this path (see bench/).
     """
 
-    __slots__ = ("_it", "_next", "_hb", "_write", "_mm", "_watch", "_probe", "_check_at", "_prev",
-                 "_index", "_done")
+    __slots__ = ("_it", "_s")
 
     def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
         self._it = it
-        self._next = it.__next__
-        self._hb = hb
-        self._write = hb.write
-        self._mm = hb.mm
-        self._watch = watch
-        self._probe = watch._shape_probe
-        # batch 0 is always looked at once: its size in bytes is the shm need, probe or not
-        self._check_at = (self._probe.next_check(0) if self._probe is not None
-                          else -1 if watch._batch_bytes_sent else 0)
-        self._prev = 0.0  # when the previous batch was handed out: the loop body started
-        self._index = 0
-        self._done = False
+        s = self._s = _EpochState()
+        s.next = it.__next__
+        s.hb = hb
+        s.pack = hb.HOT.pack_into
+        s.mm = hb.mm
+        s.watch = watch
+        s.probe = watch._shape_probe
+        s.base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
+        # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
+        # batch 0 is always looked at once (its size in bytes is the shm need, probe or not); after it
+        # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
+        s.check_at = s.base + (s.probe.next_check(0) if s.probe is not None
+                               else -1 if watch._batch_bytes_sent else 0) + 1
+        s.prev = 0.0  # when the previous batch was handed out: the loop body started
+        s.done = False
 
     def __iter__(self) -> "_TimedIterator":
         return self
@@ -667,45 +817,49 @@ class _TimedIterator:
 
     def __next__(self) -> Any:
         t0 = _monotonic()
-        if self._index:
-            self._mm[_STATE_OFFSET] = STATE_WAITING
+        s = self._s
+        prev = s.prev
+        if prev:
+            s.mm[_STATE_OFFSET] = STATE_WAITING
         else:  # the first wait of an epoch has its own, longer allowance: say when it began
-            self._hb.ts_wait_start = t0
-            self._write(STATE_WAITING)
+            s.hb.ts_wait_start = t0
+            s.hb.write(STATE_WAITING)
         try:
-            batch = self._next()
+            batch = s.next()
         except StopIteration:
             self._end()
             raise
         except BaseException as exc:
-            self._watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
+            s.watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
             self._end()
             raise
         t1 = _monotonic()
-        hb = self._hb
-        prev = self._prev
+        s.prev = t1
+        hb = s.hb
         if prev:
-            hb.total_step_s += t0 - prev
-            hb.last_interval_s = t1 - prev
-        hb.total_wait_s += t1 - t0
-        hb.ts_wait_start = t0
-        hb.ts_last_batch = self._prev = t1
-        hb.batches += 1
-        hb.epoch_batches += 1
-        self._write(STATE_BODY)
-        index = self._index
-        self._index = index + 1
-        if index == self._check_at:
-            self._watch._check_shape(batch, index)
-            self._check_at = self._probe.next_check(index + 1) if self._probe is not None else -1
+            hb.batches = n = hb.batches + 1
+            hb.total_wait_s = wait = hb.total_wait_s + (t1 - t0)
+            s.pack(s.mm, _HOT_OFFSET, STATE_BODY, n, n, t1, wait, t1 - prev, n)  # seq = batches
+        else:
+            hb.first_batch(t0, t1)
+            n = hb.batches
+        if n == s.check_at:
+            self._shape_check(batch, n)
         return batch
 
+    def _shape_check(self, batch: Any, n: int) -> None:
+        s = self._s
+        index = n - 1 - s.base
+        s.watch._check_shape(batch, index)
+        s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
+
     def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            if self._watch._hb is self._hb:
-                self._write(STATE_OUTSIDE)
-                self._watch._check_monitor()
+        s = self._s
+        if not s.done:
+            s.done = True
+            if s.watch._hb is s.hb:
+                s.hb.write(STATE_OUTSIDE)
+                s.watch._check_monitor()
 
     def __del__(self) -> None:
         # A loop left with `break` drops its iterator: the loop is no longer running

@@ -1,9 +1,10 @@
 """The progress heartbeat: a small mmap'd file the training loop writes and the monitor reads.
 
 The monitor must see progress (or its absence) while the training process holds
-the GIL in a deadlock, so the heartbeat is shared memory, not a message.  The
-writer updates it with one ``pack_into`` per batch edge; a reader takes a
-consistent copy by comparing the sequence number at both ends of the record.
+the GIL in a deadlock, so the heartbeat is shared memory, not a message.  Per batch
+the writer stores one byte (waiting for data) and packs the small hot part of the
+record (batch delivered); a reader takes a consistent copy by comparing the
+sequence numbers at both ends of each part.
 """
 
 from __future__ import annotations
@@ -16,12 +17,24 @@ from dataclasses import dataclass
 
 from dlwatch._fs import create_private
 
-MAGIC = b"DLWHB001"
-# magic, state (one byte, so the wait edge is a single-byte store), seq, batches, epoch_batches,
-# epochs, pid, ts_last_batch, ts_wait_start, total_wait_s, total_step_s, last_interval_s, seq again.
-# Times are time.monotonic(): CLOCK_MONOTONIC is system-wide, so comparable across processes.
-_REC = struct.Struct("<8sB7xQQQQI4xdddddQ")
+MAGIC = b"DLWHB002"
+# Two parts, each guarded by its own sequence number at both ends, so that the hot path packs
+# only what changes per batch (the "hot" part, right after the magic) and the rest is written
+# only at epoch edges (the "cold" part).  Times are time.monotonic(): CLOCK_MONOTONIC is
+# system-wide, so comparable across processes.
+#   hot:  state (one byte, so the wait edge is a single-byte store), seq, batches, ts_last_batch,
+#         total_wait_s, last_interval_s, seq again.  The hot seq is the batch count: every write
+#         that changes a hot field (other than the state byte, which cannot tear) adds a batch.
+#   cold: cseq, epochs, epoch_start_batches (batches before this epoch), pid, ts_wait_start (when
+#         the epoch's first wait began), ts_first_batch (the epoch's first batch; 0 = none yet),
+#         epoch_wait_base_s (total_wait_s right after that batch), closed_step_s (loop-body time of
+#         the finished epochs), total_first_wait_s (the first waits of every epoch), cseq again
+_HOT = struct.Struct("<B7xQQdddQ")
+_COLD = struct.Struct("<QQQI4xdddddQ")
+_REC = struct.Struct("<8s" + _HOT.format[1:] + _COLD.format[1:])
 STATE_OFFSET = 8
+HOT_OFFSET = 8
+COLD_OFFSET = 8 + _HOT.size
 
 SIZE = _REC.size
 
@@ -40,14 +53,23 @@ class Heartbeat:
     state: int
     pid: int
     ts_last_batch: float  # monotonic; 0.0 = no batch yet
-    ts_wait_start: float  # monotonic; when the current wait for data began
+    ts_wait_start: float  # monotonic; when the current epoch's first wait for data began
     total_wait_s: float
-    total_step_s: float
+    total_step_s: float  # time in the loop body between two batches, every epoch so far
     last_interval_s: float  # time between the last two batches
+    ts_first_batch: float = 0.0  # monotonic; the current epoch's first batch (0.0 = none yet)
+    total_first_wait_s: float = 0.0  # waits for the first batch of each epoch (worker start-up)
 
     @property
     def state_name(self) -> str:
         return STATE_NAMES.get(self.state, "unknown")
+
+    @property
+    def first_wait_s(self) -> float | None:
+        """The current epoch's wait for its first batch; None before it arrived."""
+        if self.ts_first_batch <= 0 or self.ts_wait_start <= 0:
+            return None
+        return max(0.0, self.ts_first_batch - self.ts_wait_start)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -62,34 +84,86 @@ class Heartbeat:
 
 
 class HeartbeatWriter:
-    """Owned by the training process.  Not thread-safe: one loop writes it."""
+    """Owned by the training process.  Not thread-safe: one loop writes it.
 
-    __slots__ = ("_mm", "_fd", "_pack", "mm", "seq", "batches", "epoch_batches", "epochs", "pid", "ts_last_batch",
-                 "ts_wait_start", "total_wait_s", "total_step_s", "last_interval_s")
+    The per-batch path (``_TimedIterator.__next__``) packs only the hot part with
+    ``HOT.pack_into(mm, HOT_OFFSET, ...)``; everything else goes through :meth:`write`.
+    """
+
+    __slots__ = ("_mm", "_fd", "_pack", "mm", "cseq", "batches", "epochs", "pid", "ts_last_batch",
+                 "ts_wait_start", "total_wait_s", "last_interval_s", "epoch_start_batches", "ts_first_batch",
+                 "epoch_wait_base_s", "closed_step_s", "total_first_wait_s")
+
+    HOT = _HOT
 
     def __init__(self, path: str) -> None:
         self._fd = create_private(path, os.O_RDWR)
         os.ftruncate(self._fd, SIZE)
         self._mm = mmap.mmap(self._fd, SIZE)
-        self.mm = self._mm  # for the hot path's one-byte state store
+        self.mm = self._mm  # for the hot path's one-byte state store and hot-part pack
         self._pack = _REC.pack_into
-        self.seq = 0
+        self.cseq = 0
         self.batches = 0
-        self.epoch_batches = 0
         self.epochs = 0
         self.pid = os.getpid()
         self.ts_last_batch = 0.0
         self.ts_wait_start = 0.0
         self.total_wait_s = 0.0
-        self.total_step_s = 0.0
         self.last_interval_s = 0.0
+        self.epoch_start_batches = 0
+        self.ts_first_batch = 0.0
+        self.epoch_wait_base_s = 0.0
+        self.closed_step_s = 0.0
+        self.total_first_wait_s = 0.0
         self.write(STATE_OUTSIDE)
 
+    @property
+    def epoch_batches(self) -> int:
+        return self.batches - self.epoch_start_batches
+
+    def epoch_step_s(self) -> float:
+        """Loop-body time of the current epoch, derived: its span minus its waits after the first batch."""
+        if self.ts_first_batch <= 0:
+            return 0.0
+        return max(0.0, (self.ts_last_batch - self.ts_first_batch) - (self.total_wait_s - self.epoch_wait_base_s))
+
+    def _sync_hot(self) -> None:
+        """Take the hot fields back from the mapping: the per-batch path packs them there only."""
+        try:
+            _state, _seq, batches, ts_last, wait, interval, _seq2 = _HOT.unpack_from(self._mm, HOT_OFFSET)
+        except (ValueError, struct.error):
+            return
+        self.batches, self.ts_last_batch, self.total_wait_s, self.last_interval_s = batches, ts_last, wait, interval
+
+    def begin_epoch(self) -> None:
+        """A new epoch's iterator: close the previous epoch's body time (cold path, once per epoch)."""
+        self._sync_hot()
+        self.closed_step_s += self.epoch_step_s()
+        self.epochs += 1
+        self.epoch_start_batches = self.batches
+        self.ts_first_batch = 0.0
+
+    def first_batch(self, t0: float, t1: float) -> None:
+        """The epoch's first batch arrived (waited from t0 to t1): the cold fields change too."""
+        self._sync_hot()
+        self.batches += 1
+        self.total_wait_s += t1 - t0
+        self.total_first_wait_s += t1 - t0
+        self.ts_last_batch = self.ts_first_batch = t1
+        self.epoch_wait_base_s = self.total_wait_s
+        self._write(STATE_BODY)
+
     def write(self, state: int) -> None:
-        self.seq = seq = self.seq + 1
-        self._pack(self._mm, 0, MAGIC, state, seq, self.batches, self.epoch_batches, self.epochs, self.pid,
-                   self.ts_last_batch, self.ts_wait_start, self.total_wait_s,
-                   self.total_step_s, self.last_interval_s, seq)
+        self._sync_hot()
+        self._write(state)
+
+    def _write(self, state: int) -> None:
+        seq = self.batches
+        self.cseq = cseq = self.cseq + 1
+        self._pack(self._mm, 0, MAGIC, state, seq, self.batches, self.ts_last_batch, self.total_wait_s,
+                   self.last_interval_s, seq, cseq, self.epochs, self.epoch_start_batches, self.pid,
+                   self.ts_wait_start, self.ts_first_batch, self.epoch_wait_base_s, self.closed_step_s,
+                   self.total_first_wait_s, cseq)
 
     def mark(self, state: int) -> None:
         """Only the state byte: one store, no sequence bump (a byte cannot tear)."""
@@ -109,14 +183,18 @@ class HeartbeatWriter:
 
 
 def parse(raw: bytes) -> Heartbeat | None:
-    """One record from bytes read elsewhere (attach reads them with the target's rights); None if torn."""
+    """One record from bytes read elsewhere (e.g. by attach with the target's rights); None if torn."""
     if len(raw) < SIZE:
         return None
-    (magic, state, seq, batches, epoch_batches, epochs, pid, ts_last, ts_wait, wait_s, step_s,
-     interval_s, seq2) = _REC.unpack(raw[:SIZE])
-    if magic != MAGIC or seq != seq2:
+    (magic, state, seq, batches, ts_last, wait_s, interval_s, seq2, cseq, epochs, epoch_start, pid,
+     ts_wait, ts_first, wait_base, closed_step, first_wait_s, cseq2) = _REC.unpack(raw[:SIZE])
+    if magic != MAGIC or seq != seq2 or cseq != cseq2:
         return None
-    return Heartbeat(batches, epoch_batches, epochs, state, pid, ts_last, ts_wait, wait_s, step_s, interval_s)
+    step = closed_step
+    if ts_first > 0:
+        step += max(0.0, (ts_last - ts_first) - (wait_s - wait_base))
+    return Heartbeat(batches, max(0, batches - epoch_start), epochs, state, pid, ts_last, ts_wait,
+                     wait_s, step, interval_s, ts_first, first_wait_s)
 
 
 def read(path: str) -> Heartbeat | None:
@@ -126,15 +204,11 @@ def read(path: str) -> Heartbeat | None:
             for _ in range(20):
                 f.seek(0)
                 raw = f.read(SIZE)
-                if len(raw) != SIZE:
+                if len(raw) != SIZE or raw[:8] != MAGIC:
                     return None
-                (magic, state, seq, batches, epoch_batches, epochs, pid, ts_last, ts_wait, wait_s, step_s,
-                 interval_s, seq2) = _REC.unpack(raw)
-                if magic != MAGIC:
-                    return None
-                if seq == seq2:
-                    return Heartbeat(batches, epoch_batches, epochs, state, pid, ts_last, ts_wait, wait_s,
-                                     step_s, interval_s)
+                hb = parse(raw)
+                if hb is not None:
+                    return hb
                 time.sleep(0.0005)
     except OSError:
         return None

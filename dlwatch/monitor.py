@@ -31,6 +31,7 @@ from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.detect.classify import syscall_category
+from dlwatch.detect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
 from dlwatch.model import ProcSample, SystemSample
@@ -178,6 +179,10 @@ class Monitor:
         from dlwatch.report import sinks
 
         self.sinks = sinks.build(self.cfg, self.report_dir, self.rank, self._warn_once)
+        # the run summary: figures fed each poll; advice and preflight findings kept by playbook id
+        self.runstats = RunStats(started_at=self.started_at)
+        self.advice: dict[str, dict[str, Any]] = {}
+        self.preflight: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ loop
 
@@ -251,6 +256,8 @@ class Monitor:
             elif name == "batch_bytes":
                 if isinstance(self.loader, dict) and isinstance(ev.get("batch_bytes"), int):
                     self.loader["batch_bytes"] = ev["batch_bytes"]
+            elif name == "advice":
+                self._keep_advice(ev)
             self._run_detectors("on_event", ev)
 
     def _note(self, ev: dict[str, Any]) -> None:
@@ -258,13 +265,14 @@ class Monitor:
         self.timeline.append({"kind": "event", **ev})
         self.ring.append({"kind": "event", **ev})
 
-    def _view(self) -> View:
+    def _view(self, run: dict[str, Any] | None = None) -> View:
         return View(now=time.time(), procs=self.procs, loader=self.loader,
-                    loader_pids=frozenset(self.loader_pids), system=self.last_system, heartbeat=self.last_hb)
+                    loader_pids=frozenset(self.loader_pids), system=self.last_system, heartbeat=self.last_hb,
+                    run=run)
 
-    def _run_detectors(self, method: str, *args: Any) -> None:
-        """Feed every detector; each signal it hands back becomes a threshold incident."""
-        view = self._view()
+    def _run_detectors(self, method: str, *args: Any, run: dict[str, Any] | None = None) -> None:
+        """Feed every detector; each signal it hands back becomes a threshold incident, advice is kept."""
+        view = self._view(run)
         for det in self.detectors:
             try:
                 signals = list(getattr(det, method)(*args, view))
@@ -272,10 +280,29 @@ class Monitor:
                 self._warn_once("detector_failed", f"{type(det).__name__}.{method}: {type(exc).__name__}: {exc}")
                 continue
             for sig in signals:
-                if sig.get("event") in NOTE_EVENTS:
-                    self._note(sig)  # advice and observations: in the timeline and every later report
+                event = sig.get("event") if isinstance(sig, dict) else None
+                if event == "advice":
+                    self._keep_advice(sig)  # kept for the run summary, and noted there (once)
+                elif event in NOTE_EVENTS:
+                    self._note(sig)  # observations: in the timeline and every later report
                 else:
                     self._threshold_incident(sig)
+
+    def _keep_advice(self, sig: dict[str, Any]) -> None:
+        """An advice signal (a detector's, or an event from the training process): for the summary only.
+
+        ``stage: "preflight"`` marks the training process's checks made before the workers started.
+        The first signal of a playbook id is kept, noted like any event (timeline, later reports).
+        """
+        pid = sig.get("playbook")
+        if not isinstance(pid, str) or not pid or pid in self.ignore:
+            return
+        kept = self.preflight if sig.get("stage") == "preflight" else self.advice
+        if pid in kept or len(kept) >= 64:
+            return
+        kept[pid] = dict(sig)
+        # in the timeline and in every later report's events: a stall after fork-with-threads shows both
+        self._note({"ts": time.time(), **{k: v for k, v in sig.items() if k != "kind"}})
 
     # ------------------------------------------------------------------ sampling
 
@@ -368,6 +395,7 @@ class Monitor:
             if self.gpu.unavailable:
                 log.debug("gpu_unavailable", reason=self.gpu.unavailable)
         self.last_gpus = self.gpu.sample()
+        self.runstats.update(hb, self.procs.values(), samples, self.last_system, self.last_gpus)
         record = build.compact({
             "kind": "sample", "ts": now,
             "heartbeat": hb.to_dict() if hb else None,
@@ -578,6 +606,7 @@ class Monitor:
             except Exception:
                 pass
             self._write(self._report("exception"))
+        self._write_summary("exception" if self.exception is not None else "clean")
         self._close(clean=True)
 
     def _finish_vanished(self) -> None:
@@ -606,9 +635,57 @@ class Monitor:
         report["events"] = list(self.notable)
         self._add_findings(report)
         self._write(report)
+        self._write_summary("vanished")
         self._close(clean=False)
         # nobody else will: the training process is gone. What mattered is in the incident.
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _write_summary(self, ended: str) -> str | None:
+        """The run summary (figures, advice, preflight) next to the incidents; never an incident."""
+        try:
+            from dlwatch.detect.advice import to_finding
+            from dlwatch.report import summary as sm
+
+            now = time.time()
+            hb = hbmod.read(self.hb_path) or self.last_hb
+            s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=self.main_pid, now=now,
+                            started_at=self.cfg.get("started_at"))
+            s["ended"] = ended
+            s["rank"] = self.rank  # the rank the training process read (see dlwatch.job)
+            s["loader"] = self.loader
+            s["cpus"] = self.cfg.get("cpus")
+            s["accelerator"] = self.cfg.get("accelerator")
+            figures = self.runstats.figures(hb, now)
+            for key in ("loop", "workers", "main", "peaks"):
+                s[key] = figures[key]
+            self._run_detectors("on_finish", run=s)
+            pbs = self.playbooks or ()
+            s["advice"] = sorted((to_finding(a, pbs) for a in self.advice.values()), key=lambda f: -f["confidence"])
+            s["preflight"] = [to_finding(a, pbs) for a in self.preflight.values()]
+            s["incidents"] = [os.path.basename(p) for p in self.incidents]
+            s["notes"] = list(self.notes) + ([f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else [])
+        except Exception as exc:
+            self._warn_once("summary_failed", f"{type(exc).__name__}: {exc}")
+            return None
+        path = None
+        for base in (self.report_dir, store.fallback_dir()):
+            try:
+                path = store.write_summary(base, s, render_markdown=sm.render_markdown)
+                break
+            except OSError as exc:
+                log.warning("summary_write_failed", report_dir=base, error=str(exc))
+        if path is None:
+            return None
+        try:  # where the training process finds it for Watch.summary (its own private run dir)
+            from dlwatch._fs import write_private
+
+            write_private(os.path.join(self.run_dir, "summary"), path + "\n")
+        except OSError:
+            pass
+        line = sm.pointer_line(s, path)
+        if line and os.environ.get("DLWATCH_QUIET", "").strip().lower() not in ("1", "true", "yes", "on"):
+            print(line, file=sys.stderr, flush=True)
+        return path
 
     def _close(self, *, clean: bool = True) -> None:
         if self.sinks:  # the batches since the last poll count too

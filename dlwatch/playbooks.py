@@ -46,7 +46,8 @@ ENV_VAR = "DLWATCH_PLAYBOOKS"
 ROLES = ("main", "worker", "any")
 _ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _TOP_KEYS = {"id", "title", "summary", "signals", "thresholds", "evidence", "remediation",
-             "hints", "references"}
+             "hints", "references", "kind"}
+KINDS = ("failure", "advice")  # advice: tuning findings for the run summary and preflight, never an incident
 _REMEDIATION_KEYS = {"text", "variants"}
 
 
@@ -121,6 +122,11 @@ class Playbook:
     references: tuple[str, ...]
     source: str  # the file it came from
     builtin: bool = False
+    kind: str = "failure"  # "advice": found by code (detect/advice.py, preflight), never matched into incidents
+
+    @property
+    def is_advice(self) -> bool:
+        return self.kind == "advice"
 
     def __hash__(self) -> int:  # the read-only mappings are not hashable; id and file identify it
         return hash((self.id, self.source))
@@ -218,12 +224,17 @@ def parse_playbook(data: bytes | str, path: str, builtin: bool = False) -> Playb
         raise PlaybookError(path, "id", f"{pid!r} is not kebab-case (a-z, 0-9 and single dashes)")
     title = v.string(doc, "title", required=True)
     summary = v.string(doc, "summary", default="")
+    kind = v.string(doc, "kind", default="failure")
+    if kind not in KINDS:
+        raise PlaybookError(path, "kind", f"{kind!r} is not one of: {', '.join(KINDS)}")
 
     raw_signals = doc.get("signals", [])
     if not isinstance(raw_signals, list) or not all(isinstance(s, dict) for s in raw_signals):
         raise PlaybookError(path, "signals", "must be an array of tables ([[signals]])")
-    if not raw_signals:
+    if not raw_signals and kind == "failure":
         raise PlaybookError(path, "signals", "at least one [[signals]] table is required")
+    if raw_signals and kind == "advice":
+        raise PlaybookError(path, "signals", "an advice playbook is found by code, not matched: no [[signals]]")
     signals = tuple(v.signal(s, i) for i, s in enumerate(raw_signals))
 
     thresholds = v.thresholds(doc.get("thresholds", {}))
@@ -243,7 +254,7 @@ def parse_playbook(data: bytes | str, path: str, builtin: bool = False) -> Playb
                     thresholds=types.MappingProxyType(thresholds),
                     evidence=types.MappingProxyType(evidence), remediation=remediation.strip(),
                     variants=types.MappingProxyType({k: t.strip() for k, t in variants.items()}),
-                    hints=hints, references=tuple(refs), source=path, builtin=builtin)
+                    hints=hints, references=tuple(refs), source=path, builtin=builtin, kind=kind)
 
 
 _SIGNAL_KEYS = {"name", "confidence", "description", "exception_type", "exception_text", "errno",

@@ -40,6 +40,23 @@ def print_reports(report_dir: str, before: set[str]) -> int:
     return len(new)
 
 
+def print_summary(watch) -> list[str]:
+    """Print ``SUMMARY <path>`` and ``ADVICE <id>`` lines for the run summary of a finished block."""
+    summary = watch.summary
+    if not summary:
+        print("no run summary", flush=True)
+        return []
+    path = os.path.join(watch.report_dir, "runs", summary["id"])
+    print(f"SUMMARY {path}", flush=True)
+    loop = summary.get("loop") or {}
+    print(f"loop: {loop.get('batches')} batches, {loop.get('epochs')} epochs, steady data wait "
+          f"{loop.get('steady_data_wait_share')} of the loop", flush=True)
+    ids = [f["playbook"] for f in summary.get("advice") or ()]
+    for f in summary.get("advice") or ():
+        print(f"ADVICE {f['playbook']}", flush=True)
+    if not ids:
+        print("no advice", flush=True)
+    return ids
 IN_CGROUP = "DLWATCH_EXAMPLE_IN_CGROUP"
 
 

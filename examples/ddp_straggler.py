@@ -1,6 +1,6 @@
 """Two healthy ranks (torchrun, gloo, CPU) in lock-step through all_reduce; rank 1's data is 3x slower.
 
-Nothing hangs and nothing raises: both ranks finish their 80 batches and no incident
+Nothing hangs and nothing raises: both ranks finish their 160 batches and no incident
 is written. The job runs at rank 1's pace, and rank 0 spends the difference waiting in
 all_reduce (its loop body). `dlwatch report --job DIR` compares the ranks' figures and
 names rank 1 a `straggler-rank`: it waits for data most of its loop time, rank 0 hardly.
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 import dlwatch
 from _common import incidents, parse_args, print_reports, run_torchrun
 
-BATCHES = 80
+BATCHES = 160  # ~4 s: 20 polls of 2 workers, twice the reads straggler-rank needs (min_worker_reads)
 SAMPLE_S = 0.004  # rank 0; rank 1 takes three times this
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import REPO, TARGETS, kill_tree, wait_for
 from dlwatch.cli import main as cli_main
-from dlwatch.report import jobview
+from dlwatch.report import jobview, store
 
 pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 120
@@ -109,7 +109,8 @@ def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) 
                          os.path.join(TARGETS, "ddp_steps.py"), report_dir, str(factor)], report_dir)
     assert rc == 0, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
     assert "DONE 0 120" in out and "DONE 1 120" in out
-    incidents = [n for n in os.listdir(report_dir) if not n.startswith(".")]
+    # runs/ holds the run summaries (one per rank's watched block), never an incident
+    incidents = [n for n in os.listdir(report_dir) if not n.startswith(".") and n != store.SUMMARIES_DIR]
     assert incidents == [], "a healthy job raised an incident"
     view = jobview.job_view(report_dir)
     assert sorted(f["rank"] for f in view["ranks"]) == [0, 1]

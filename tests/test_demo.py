@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, kill_tree
 from dlwatch.cli import demo_cmd, main
-from dlwatch.cli.demo_cmd import EXAMPLES, Outcome, examples_dir, table_lines
+from dlwatch.cli.demo_cmd import ADVICE, EXAMPLES, Outcome, examples_dir, table_lines
 from dlwatch.errors import NotFoundError
 
 
@@ -21,7 +21,10 @@ def test_list_names_every_example_and_its_playbook(capsys):
     out = capsys.readouterr().out
     for name, playbook in EXAMPLES.items():
         line = next(line for line in out.splitlines() if line.startswith(name + " "))
-        assert (playbook or "no incident") in line
+        if name in ADVICE:
+            assert (f"advice {ADVICE[name]}" if ADVICE[name] else "no advice") in line
+        else:
+            assert (playbook or "no incident") in line
     assert f"scripts: {examples_dir()}" in out
 
 
@@ -37,7 +40,12 @@ def test_unknown_example_is_a_usage_error_naming_the_valid_ones(capsys):
 def test_every_playbook_has_an_example():
     from dlwatch.playbooks import load_playbooks
 
-    assert {pb.id for pb in load_playbooks(())} <= {p for p in EXAMPLES.values() if p}
+    # advice playbooks have an example each, except the preflight-only checks (test_summary.py covers
+    # them: a CUDA device, a low fd limit or a tiny /dev/shm are not for a demo on any machine)
+    preflight_only = {"fork-with-threads", "fork-after-cuda", "fd-limit-low", "shm-too-small",
+                      "dataset-memory-per-worker"}
+    shown = {p for p in EXAMPLES.values() if p} | {p for p in ADVICE.values() if p}
+    assert {pb.id for pb in load_playbooks(())} - preflight_only <= shown
 
 
 def test_examples_found_in_a_checkout():
@@ -113,7 +121,7 @@ def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     finally:
         kill_tree(proc.pid)
     assert proc.returncode == 0, err
-    (incident,) = [n for n in os.listdir(report_dir) if not n.startswith(".")]
+    (incident,) = [n for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"]  # runs: summaries
     path = os.path.join(report_dir, incident)
     assert f"  | REPORT {path}" in out  # the example's own output, passed through
     assert f"THRESHOLD: " in out and f"incident {incident}," in out  # the rendered report, headline first

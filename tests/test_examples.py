@@ -8,6 +8,7 @@ the training process, its workers, dlwatch's monitor).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,7 +83,8 @@ def run_example(name: str, report_dir: str) -> Run:
     for path in reports:
         assert os.path.isfile(os.path.join(path, "report.json")) and os.path.isfile(os.path.join(path, "report.md"))
     # the script names every incident in its report dir, and nothing else
-    listed = {os.path.join(report_dir, n) for n in os.listdir(report_dir) if not n.startswith(".")} \
+    # (runs/ holds the run summaries: never an incident)
+    listed = {os.path.join(report_dir, n) for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"} \
         if os.path.isdir(report_dir) else set()
     assert set(reports) == listed
     return Run(proc.returncode, out, err, reports, seconds)
@@ -307,5 +309,101 @@ def test_pinned_growth(report_dir):
 def test_healthy_examples_raise_nothing(name, report_dir):
     run = run_example(name, report_dir)
     assert run.reports == []
-    assert "dlwatch:" not in run.stderr  # no incident notice, no warning
+    # no incident notice, no warning; the one line a run summary with advice prints is neither
+    # (these loops have no step at all: waiting for data is most of their time, and input-bound
+    # may say so, measured; advice is never an incident)
+    notices = [ln for ln in run.stderr.splitlines()
+               if "dlwatch:" in ln and not ln.startswith("dlwatch: run summary with advice (")]
+    assert notices == []
     assert "no incident" in run.stdout
+
+
+# --------------------------------------------------------------------------- advice: run summaries, no incidents
+
+
+def _summary(run: Run) -> dict:
+    (line,) = [ln for ln in run.stdout.splitlines() if ln.startswith("SUMMARY ")]
+    with open(os.path.join(line[len("SUMMARY "):], "summary.json")) as f:
+        return json.load(f)
+
+
+def _advice(run: Run, playbook: str) -> dict:
+    assert run.reports == [], "advice is never an incident"
+    s = _summary(run)
+    by_id = {f["playbook"]: f for f in s["advice"]}
+    assert playbook in by_id, (playbook, list(by_id), s["loop"])
+    f = by_id[playbook]
+    assert set(f) == {"playbook", "title", "confidence", "evidence", "remediation"} and f["remediation"]
+    assert f"run summary with advice ({', '.join(by_id)})" in run.stderr  # the one-line pointer
+    return f["evidence"]
+
+
+def test_input_bound(report_dir):
+    ev = _advice(run_example("input_bound", report_dir), "input-bound")
+    assert ev["cause"] == "cpu-saturated"  # one worker, 2 CPUs: one for the loop, none spare
+    assert ev["steady_data_wait_share"] >= 0.5 and ev["steady_batches"] == 119
+    assert ev["worker_cpu_util_mean"] >= 0.5 and ev["worker_state_share"]["running"] >= 0.75
+    assert ev["num_workers"] == 1 and ev["usable_cpus"] == 2
+
+
+def test_slow_epoch_start(report_dir):
+    run = run_example("slow_epoch_start", report_dir)
+    ev = _advice(run, "slow-epoch-start")
+    assert ev["epochs"] == 3 and ev["first_batch_mean_s"] >= 1.5 and ev["first_batch_factor"] >= 10
+    assert ev["cost_per_epoch_s"] >= 1.4 and ev["cost_total_s"] >= 2.8  # persistent workers save epochs 2 and 3
+    assert "input-bound" not in {f["playbook"] for f in _summary(run)["advice"]}  # cold start is not input-bound
+
+
+def test_prefetch_too_deep(report_dir):
+    ev = _advice(run_example("prefetch_too_deep", report_dir), "prefetch-too-deep")
+    assert ev["prefetch_factor"] == 8 and ev["batch_bytes"] == 16 * 3 * 224 * 224 * 4 + 16 * 8
+    assert ev["inflight_bytes"] == ev["batch_bytes"] * 2 * 8 and ev["saves_bytes"] == ev["batch_bytes"] * 2 * 6
+    assert ev["blocked_put_share"] >= 0.5
+    assert ev["shm_used_peak"] >= 0.5 * ev["inflight_bytes"]  # the memory was measured in /dev/shm
+
+
+def test_too_many_workers(report_dir):
+    run = run_example("too_many_workers", report_dir)
+    ev = _advice(run, "too-many-workers")
+    assert ev["num_workers"] == 8 and ev["usable_cpus"] <= 2 and ev["worker_cpu_util_mean"] <= 0.6
+    assert ev["worker_running_share"] >= 0.6
+    assert "too-many-workers" in {f["playbook"] for f in _summary(run)["preflight"]}
+    assert "DlwatchWarning: dlwatch: too-many-workers" in run.stderr
+
+
+def test_pin_memory_cpu(report_dir):
+    run = run_example("pin_memory_cpu", report_dir)
+    if "SKIP: " in run.stdout:
+        pytest.skip("a CUDA device is present")
+    ev = _advice(run, "pin-memory-without-cuda")
+    assert ev["pin_memory"] is True and ev["cuda_available"] is False
+    assert [f["playbook"] for f in _summary(run)["preflight"]] == ["pin-memory-without-cuda"]
+
+
+def test_sampler_no_set_epoch(report_dir):
+    run = run_example("sampler_no_set_epoch", report_dir)
+    assert "the same order every epoch: True" in run.stdout  # the script's own check
+    ev = _advice(run, "sampler-epoch-not-set")
+    assert ev["sampler"] == "torch.utils.data.distributed.DistributedSampler"
+    assert ev["sampler_epoch_each_epoch"] == [0, 0, 0] and ev["shuffle"] is True and ev["num_replicas"] == 1
+
+
+def test_balanced_run_earns_no_advice(report_dir):
+    run = run_example("balanced", report_dir)
+    assert run.reports == []
+    s = _summary(run)
+    assert s["advice"] == [] and s["preflight"] == []
+    assert s["loop"]["epochs"] == 3 and s["loop"]["steady_data_wait_share"] < 0.2
+    assert s["loop"]["steady_data_wait_s"] + s["loop"]["body_s"] >= 5  # long enough that input-bound was judged
+    assert "dlwatch:" not in run.stderr and "no advice" in run.stdout
+
+
+def test_deadlock_incident_carries_the_fork_with_threads_preflight(report_dir):
+    # the preflight finding, made before the workers forked, names the thread that held the lock
+    run = run_example("deadlock", report_dir)
+    (path,) = run.reports
+    (pre,) = [e for e in load(path)["events"] if e.get("event") == "advice" and e.get("stage") == "preflight"]
+    assert pre["playbook"] == "fork-with-threads" and pre["start_method"] == "fork"
+    assert [t["name"] for t in pre["threads"]] == ["Thread-1 (refresh_in_background)"]
+    assert "refresh_in_background" in pre["threads"][0]["runs"] and "deadlock.py" in pre["threads"][0]["runs"]
+    assert "DlwatchWarning: dlwatch: fork-with-threads" in run.stderr

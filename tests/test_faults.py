@@ -223,8 +223,11 @@ def test_full_report_dir(tmp_path):
     # never a half-written report: no temporary directory, no incident without its report.json
     assert not [p for p in tree if "/.tmp-" in p]
     incident_dirs = {p for p in tree if p.count("/reports/") and p.split("/reports/")[1].count("/") == 0
-                     and not os.path.basename(p).startswith(".")}
+                     and not os.path.basename(p).startswith(".") and os.path.basename(p) != "runs"}
     assert all(any(q == d + "/report.json" for q in tree) for d in incident_dirs)
+    # runs/ holds run summaries (never incidents): none half-written either
+    summaries = {p for p in tree if "/reports/runs/" in p and p.split("/reports/runs/")[1].count("/") == 0}
+    assert all(any(q == d + "/summary.json" for q in tree) for d in summaries)
 
 
 def test_many_workers_and_many_epochs_stay_bounded(tmp_path, no_leftovers):

@@ -225,16 +225,20 @@ def test_real_monitor_survives_hostile_lines_and_still_reports(tmp_path, no_left
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(min_value=0, max_value=255), st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=5,
                                                          max_size=5),
-       st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=5, max_size=5),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=8, max_size=8),
        st.integers(min_value=0, max_value=2**32 - 1))
 def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
     """The other channel the monitor reads every poll: any record with a valid frame is taken without raising."""
     from dlwatch import heartbeat
 
-    seq, batches, epoch_batches, epochs, _ = counters
+    seq, batches, epoch_start, epochs, cseq = counters
+    ts_last, wait_s, interval_s, ts_wait, ts_first, wait_base, closed_step, first_wait_s = times
     with tempfile.TemporaryDirectory() as tmp:
         monitor = _monitor_on(tmp, stall_timeout=1e12)  # a stall would dump this test's own stacks
-        raw = heartbeat._REC.pack(heartbeat.MAGIC, state, seq, batches, epoch_batches, epochs, pid, *times, seq)
+        # the two-part layout: hot (state, seq, batches, ts_last, wait, interval, seq), then cold
+        raw = heartbeat._REC.pack(heartbeat.MAGIC, state, seq, batches, ts_last, wait_s, interval_s, seq,
+                                  cseq, epochs, epoch_start, pid, ts_wait, ts_first, wait_base, closed_step,
+                                  first_wait_s, cseq)
         with open(monitor.hb_path, "wb") as f:
             f.write(raw)
         for _ in range(2):

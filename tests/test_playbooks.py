@@ -15,8 +15,13 @@ from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
-IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication", "io-stall",
-       "worker-killed", "worker-memory-growth", "pinned-memory-growth", "straggler-rank"}
+FAILURE_IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication",
+               "io-stall", "worker-killed", "worker-memory-growth", "pinned-memory-growth", "straggler-rank"}
+# advice (the run summary) and preflight ids: found by code, never matched into an incident
+ADVICE_IDS = {"input-bound", "slow-epoch-start", "prefetch-too-deep", "too-many-workers", "pin-memory-without-cuda",
+              "sampler-epoch-not-set", "dataset-memory-per-worker", "fork-with-threads", "fork-after-cuda",
+              "fd-limit-low", "shm-too-small"}
+IDS = FAILURE_IDS | ADVICE_IDS
 
 MINIMAL = """
 id = "my-thing"
@@ -42,7 +47,9 @@ def test_shipped_playbooks_load_and_are_complete() -> None:
     pbs = load_playbooks()
     assert {p.id for p in pbs} == IDS
     for p in pbs:
-        assert p.builtin and p.title and p.summary and p.signals and p.remediation and p.references
+        assert p.builtin and p.title and p.summary and p.remediation and p.references
+        assert (p.kind == "advice") == (p.id in ADVICE_IDS)
+        assert bool(p.signals) == (p.kind == "failure")  # advice is found by code, not matched
         assert all(0 <= s.confidence <= 1 for s in p.signals)
         assert all(r.startswith("https://") for r in p.references)
         assert p.evidence
@@ -122,6 +129,8 @@ def test_missing_dir_is_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     ('id = "x"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "title", "missing"),
     ('id = "x"\ntitle = 3\n[[signals]]\nerrno = 24\nconfidence = 0.5', "title", "string"),
     ('id = "x"\ntitle = "t"', "signals", "at least one"),
+    ('id = "x"\ntitle = "t"\nkind = "hint"', "kind", "not one of"),
+    ('id = "x"\ntitle = "t"\nkind = "advice"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "signals", "found by code"),
     ('id = "x"\ntitle = "t"\n[[signals]]\nexception_text = "(unclosed"\nconfidence = 0.5',
      "signals[0].exception_text", "bad regular expression"),
     ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 1.5', "signals[0].confidence", "outside 0..1"),

@@ -32,6 +32,7 @@ from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import DlwatchError, NotFoundError, UsageError
 from dlwatch.redact import outbound
 from dlwatch.report import render, store
+from dlwatch.report import summary as summary_render
 
 # example -> the playbook it must yield as top finding (None: a healthy run, no incident at all)
 EXAMPLES: dict[str, str | None] = {
@@ -57,6 +58,24 @@ EXAMPLES: dict[str, str | None] = {
     "healthy_numpy_dataset": None,
     "healthy_warmup": None,
     "healthy_pinned_flat": None,
+    "input_bound": None,
+    "slow_epoch_start": None,
+    "prefetch_too_deep": None,
+    "too_many_workers": None,
+    "pin_memory_cpu": None,
+    "sampler_no_set_epoch": None,
+    "balanced": None,
+}
+# example -> the advice its run summary must hold (None: a balanced run, no advice at all).
+# These runs make no incident: advice is never one.
+ADVICE: dict[str, str | None] = {
+    "input_bound": "input-bound",
+    "slow_epoch_start": "slow-epoch-start",
+    "prefetch_too_deep": "prefetch-too-deep",
+    "too_many_workers": "too-many-workers",
+    "pin_memory_cpu": "pin-memory-without-cuda",
+    "sampler_no_set_epoch": "sampler-epoch-not-set",
+    "balanced": None,
 }
 ALIASES = {"ddp": "ddp_deadlock"}
 STRAGGLER = "straggler-rank"
@@ -129,6 +148,12 @@ class Outcome:
     output: list[str] = field(default_factory=list)
     job: dict | None = None  # the job view, for a multi-rank example
     job_top: str | None = None  # what the job view found: the origin's top finding, or straggler-rank
+    summary: str | None = None  # the run summary's directory (SUMMARY line)
+    advice: list[str] = field(default_factory=list)  # its advice ids (ADVICE lines)
+
+    @property
+    def is_advice_example(self) -> bool:
+        return self.name in ADVICE
 
     @property
     def matched(self) -> bool | None:
@@ -139,6 +164,10 @@ class Outcome:
             return False
         if self.job is not None:
             return self.job_top == self.expected
+        if self.is_advice_example:
+            want = ADVICE[self.name]
+            return not self.reports and self.summary is not None and (
+                want in self.advice if want is not None else not self.advice)
         if self.expected is None:
             return not self.reports
         return bool(self.reports) and all(t == self.expected for t in self.top_findings)
@@ -152,6 +181,8 @@ class Outcome:
         if self.job is not None:
             return self.job_top or "-"
         if not self.reports:
+            if self.is_advice_example:
+                return "advice: " + (", ".join(self.advice) or "none")
             return "-"
         return ", ".join(dict.fromkeys(t or "no playbook matched" for t in self.top_findings))
 
@@ -218,6 +249,10 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
             out.reports.append(line[len("REPORT "):].strip())
         elif line.startswith("SKIP: "):
             out.skipped = line[len("SKIP: "):].strip()
+        elif line.startswith("SUMMARY "):
+            out.summary = line[len("SUMMARY "):].strip()
+        elif line.startswith("ADVICE "):
+            out.advice.append(line[len("ADVICE "):].strip())
     if out.error is None and proc.returncode != 0:
         out.error = f"exit status {proc.returncode}"
     for path in out.reports:
@@ -264,9 +299,10 @@ def _judge_job(out: Outcome, report_dir: str) -> None:
 def list_lines(directory: str) -> Iterator[str]:
     width = max(len(n) for n in EXAMPLES)
     for name, expected in EXAMPLES.items():
-        tag = expected or "no incident"
+        tag = expected or (f"advice {ADVICE[name]}" if ADVICE.get(name) else "no advice" if name in ADVICE
+                           else "no incident")
         default = "  (default)" if name == DEFAULT else ""
-        yield f"{name:<{width}}  {tag:<20} {describe(os.path.join(directory, name + '.py'))}{default}"
+        yield f"{name:<{width}}  {tag:<34} {describe(os.path.join(directory, name + '.py'))}{default}"
     yield ""
     yield f"scripts: {directory}"
 
@@ -277,13 +313,20 @@ def table_lines(outcomes: Sequence[Outcome]) -> Iterator[str]:
     yield f"{'EXAMPLE':<{width}} {'EXPECTED':<20} {'TOP FINDING':<30} {'MATCHED':<8} TIME"
     for o in outcomes:
         matched = {True: "yes", False: "NO", None: "skipped"}[o.matched]
-        yield f"{o.name:<{width}} {o.expected or '(no incident)':<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
+        expected = o.expected or (f"advice {ADVICE[o.name] or 'none'}" if o.is_advice_example else "(no incident)")
+        yield f"{o.name:<{width}} {expected:<20} {o.top:<30} {matched:<8} {o.seconds:.1f} s"
     failing = [o for o in outcomes if o.expected is not None and o.matched is not None]
-    healthy = [o for o in outcomes if o.expected is None and o.matched is not None]
+    healthy = [o for o in outcomes if o.expected is None and o.matched is not None and not o.is_advice_example]
+    advised = [o for o in outcomes if o.is_advice_example and ADVICE[o.name] and o.matched is not None]
+    balanced = [o for o in outcomes if o.is_advice_example and not ADVICE[o.name] and o.matched is not None]
     yield ""
     yield f"failures matched right: {sum(bool(o.matched) for o in failing)}/{len(failing)}"
     yield (f"healthy runs that raised a finding: {sum(bool(o.reports) or o.error is not None for o in healthy)}"
            f"/{len(healthy)}")
+    if advised or balanced:
+        yield f"advice earned right: {sum(bool(o.matched) for o in advised)}/{len(advised)}"
+        yield (f"balanced runs that got advice or an incident: {sum(not o.matched for o in balanced)}"
+               f"/{len(balanced)}")
     skipped = [o.name for o in outcomes if o.matched is None]
     if skipped:
         yield f"skipped: {', '.join(skipped)}"
@@ -345,6 +388,21 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         return 0
     if o.error is not None:
         print(f"the example failed: {o.error}")
+    if not o.reports and o.summary is not None and o.is_advice_example:
+        try:
+            data = store.load_summary(o.summary)
+        except DlwatchError as exc:
+            print(f"cannot show {o.summary}: {exc}")
+            return 1
+        for line in summary_render.terminal_lines(outbound(data)):
+            print(render.terminal_safe(line))
+        print()
+        print(f"full summary: {os.path.join(o.summary, 'summary.md')}")
+        print(f"see it again: dlwatch report {o.summary}")
+        if not o.matched:
+            print(f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}")
+            return 1
+        return 0
     if not o.reports and o.job is None:
         print("no incident: dlwatch found nothing wrong" if o.expected is None
               else f"no incident was written (expected {o.expected})")

@@ -87,7 +87,11 @@ def show_lines(pb: Playbook) -> Iterator[str]:
     yield ""
     yield from pb.summary.splitlines()
     yield ""
-    yield "Signals (confidence):"
+    if pb.is_advice:
+        yield "Advice: measured by dlwatch (the run summary, or the preflight check before the workers"
+        yield "start); never an incident."
+    else:
+        yield "Signals (confidence):"
     for s in pb.signals:
         yield f"  {s.confidence:.2f}  {s.name}: {s.description or _condition_text(s)}"
         if s.description:

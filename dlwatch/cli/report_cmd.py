@@ -3,6 +3,8 @@
   dlwatch report              list the incidents in the default directory, newest first
   dlwatch report DIR          list the incidents in DIR
   dlwatch report ID|PATH      show one (an id in the default directory, or a directory holding report.json)
+  dlwatch report --runs [DIR] list the run summaries (one per watched block), newest first
+  dlwatch report RUN-ID       show a run summary (its advice and preflight findings, the measured figures)
   dlwatch report --job [DIR]  the newest multi-rank job in DIR: which rank stalled first and how, which
                               ranks only waited for it in a collective, stragglers, the time line
                               (--job-id ID: another job of DIR)
@@ -22,13 +24,14 @@ import sys
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import ReportError, UsageError
 from dlwatch.redact import outbound
-from dlwatch.report import render, store
+from dlwatch.report import render, store, summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="incident id, incident directory, or a report directory to list")
     parser.add_argument("--dir", default=None, help="report directory for ids and listing (default: $DLWATCH_DIR or ./dlwatch-reports)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--runs", action="store_true", help="list the run summaries instead of the incidents")
     parser.add_argument("--job", action="store_true",
                         help="merge the incidents and figures of every rank of the newest job in DIR")
     parser.add_argument("--job-id", default=None, metavar="ID", help="with --job: the job to show (default: newest)")
@@ -39,6 +42,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     default_dir = args.dir or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR
+    if args.job or args.job_id:
+        return _job(args.target or default_dir, args.job_id, args.json)
+    if args.runs:
+        return _list_runs(args.target or default_dir, args.json)
+    mode, path = store.resolve_report(args.target, default_dir)
+    if mode == "summary" and not (args.html or args.force):
+        data = outbound(store.load_summary(path))  # shown redacted, like an incident
+        if args.json:
+            json.dump(data, sys.stdout, indent=2)
+            print()
+        else:
+            try:  # load_summary checked the types the renderer uses; this is the last line
+                lines = list(summary.terminal_lines(data))
+            except Exception as exc:
+                raise ReportError(f"{path} cannot be shown: {type(exc).__name__}: {exc}",
+                                  help="it was not written by a complete dlwatch run; remove it") from None
+            for line in lines:
+                print(render.terminal_safe(line))
+            print(render.terminal_safe(f"  summary: {os.path.join(path, 'summary.md')}"))
+        return 0
     if args.job or args.job_id:
         return _job(args.target or default_dir, args.job_id, args.json)
     mode, path = store.resolve_report(args.target, default_dir)
@@ -86,6 +109,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in render.list_lines(summaries):
             print(line)
+    return 0
+
+
+def _list_runs(report_dir: str, as_json: bool) -> int:
+    runs, warnings = store.list_runs(report_dir)
+    for w in warnings:
+        print(render.terminal_safe(f"dlwatch: warning: {w}"), file=sys.stderr)
+    if as_json:
+        json.dump(outbound([r.to_dict() for r in runs]), sys.stdout, indent=2)
+        print()
+    else:
+        for line in summary.list_lines(runs):
+            print(render.terminal_safe(line))
     return 0
 
 

@@ -110,3 +110,85 @@ def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = N
                         shm_total=total, shm_free=free, shm_torch_files=torch_shm_files(),
                         cgroup_memory_limit=limit, cgroup_memory_usage=usage, cgroup_oom_kills=ooms,
                         vm_oom_kills=vm_oom_kills())
+
+
+def _cpu_cgroup_paths(pid: int) -> tuple[str | None, str | None]:
+    """(v1 cpu cgroup path, v2 cgroup path) of ``pid``."""
+    v1 = v2 = None
+    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        elif "cpu" in parts[1].split(","):
+            v1 = parts[2]
+    return v1, v2
+
+
+def parse_cpu_max(text: str | None) -> float | None:
+    """cgroup v2 ``cpu.max`` ("QUOTA PERIOD" or "max PERIOD") -> CPUs; None when unlimited."""
+    parts = (text or "").split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cpu_quota(pid: int) -> float | None:
+    """The CPUs the cgroup CPU quota allows ``pid`` (v1 cfs_quota_us/cfs_period_us, v2 cpu.max).
+
+    None when there is no quota or it cannot be read.  The tightest quota on the path up
+    to the root applies, so every level is read.
+    """
+    v1, v2 = _cpu_cgroup_paths(pid)
+    found: list[float] = []
+    if v1 is not None:
+        for root in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"):
+            if not os.path.isdir(root):
+                continue
+            rel = v1.strip("/")
+            while True:
+                base = os.path.join(root, rel) if rel else root
+                quota = _read(os.path.join(base, "cpu.cfs_quota_us"))
+                period = _read(os.path.join(base, "cpu.cfs_period_us"))
+                try:
+                    q, p = int((quota or "").strip()), int((period or "").strip())
+                    if q > 0 and p > 0:
+                        found.append(q / p)
+                except ValueError:
+                    pass
+                if not rel:
+                    break
+                rel = os.path.dirname(rel)
+            break
+    if v2 is not None:
+        rel = v2.strip("/")
+        while True:
+            base = os.path.join(_V2, rel) if rel else _V2
+            cpus = parse_cpu_max(_read(os.path.join(base, "cpu.max")))
+            if cpus is not None:
+                found.append(cpus)
+            if not rel:
+                break
+            rel = os.path.dirname(rel)
+    return min(found) if found else None
+
+
+def usable_cpus(pid: int = 0) -> dict[str, float | int | None]:
+    """The CPUs ``pid`` (0: this process) may use: its affinity, the cgroup quota, and the smaller.
+
+    ``os.cpu_count()`` counts the machine's CPUs, not those a container or a taskset allows.
+    """
+    try:
+        affinity: int | None = len(os.sched_getaffinity(pid))
+    except (OSError, AttributeError):
+        affinity = None
+    quota = cpu_quota(pid or os.getpid())
+    candidates = [c for c in (affinity, quota, os.cpu_count()) if c]
+    usable = min(candidates) if candidates else None
+    return {"affinity": affinity, "cgroup_quota": round(quota, 3) if quota is not None else None,
+            "cpu_count": os.cpu_count(), "usable": round(usable, 3) if usable is not None else None}

@@ -4,7 +4,8 @@ Each failure the monitor watches for between incidents is one module here with a
 :class:`~dlwatch.detect.base.Detector` and one playbook file of the same id in
 ``playbooks/``.  Adding one: write the module, add its class to ``_classes``.
 Stall detection (``stall``) and its classification (``classify``) are not in the list:
-a stall is its own trigger, with stack forensics.
+a stall is its own trigger, with stack forensics.  The advisors of ``advice`` (tuning
+findings for the run summary, never incidents) are detectors too, one playbook each.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ def _classes() -> tuple[type[Detector], ...]:
     from dlwatch.detect.pinned_memory import PinnedMemoryGrowth
     from dlwatch.detect.shm import ShmPressure
     from dlwatch.detect.worker_killed import WorkerKilled
+    from dlwatch.detect.advice import ADVISORS
 
     return (FdPressure, ShmPressure, BatchShape, RngDuplication, WorkerKilled, WorkerMemoryGrowth,
-            PinnedMemoryGrowth)
+            PinnedMemoryGrowth, *ADVISORS)
 
 
 def build(thresholds_by_playbook: Mapping[str, Mapping[str, float]],

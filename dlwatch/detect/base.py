@@ -9,7 +9,10 @@ turns every signal handed back into a ``threshold`` incident (one per run and pl
 
 A signal is a plain dict ``{"event": "threshold", "signal": NAME, ...evidence}`` (or
 ``{"event": NAME, ...}``); the matcher (``dlwatch.detect.match``) finds it again by
-that name when it judges the report.  Detectors never read the system, never write,
+that name when it judges the report.  An advice signal ``{"event": "advice", "playbook":
+ID, "confidence": C, ...evidence}`` is never an incident: the monitor keeps it for the
+run summary (see :mod:`dlwatch.detect.advice`), from any of the three calls; advisors
+judge in ``on_finish``, when the block ends, over ``View.run`` (the run's figures).  Detectors never read the system, never write,
 and never raise into the monitor (the monitor contains a failing detector).
 
 A signal whose ``event`` is in :data:`NOTE_EVENTS` is not an incident: the monitor writes
@@ -58,6 +61,7 @@ class View:
     loader_pids: frozenset[int]  # the workers the watched iterator reported
     system: SystemSample | None
     heartbeat: Heartbeat | None
+    run: Mapping[str, Any] | None = None  # the run summary's figures; only for ``on_finish``
 
 
 class Detector:
@@ -75,4 +79,8 @@ class Detector:
         return ()
 
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
+        return ()
+
+    def on_finish(self, view: View) -> Iterable[dict[str, Any]]:
+        """Once, when the block ends; ``view.run`` holds the run's figures (the summary)."""
         return ()

@@ -56,7 +56,8 @@ def add_findings(report: dict[str, Any], playbook_dirs: Sequence[str] = (), *,
         if playbooks is None:
             playbooks = load_playbooks(tuple(playbook_dirs))
         skip = set(ignore)
-        findings = match(report, [pb for pb in playbooks if pb.id not in skip])
+        # advice playbooks are never matched into an incident: they belong to the run summary
+        findings = match(report, [pb for pb in playbooks if pb.id not in skip and not getattr(pb, "is_advice", False)])
         report["findings"] = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings]
         if skip:
             note = f"playbooks ignored for this run (the ignore option): {', '.join(sorted(skip))}"

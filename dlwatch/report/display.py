@@ -362,6 +362,21 @@ EVIDENCE_FORMS: dict[str, Any] = {
     # straggler-rank (job view)
     "rank": "text", "data_wait_share": "text", "batch_rate_per_s": "text", "first_batch_s": "text",
     "ranks": "table",
+    # advice playbooks (the run summary) and preflight checks
+    "steady_data_wait_share": "text", "steady_data_wait_s": "seconds", "steady_batch_s": "seconds",
+    "num_workers": "count", "usable_cpus": "text", "worker_cpu_util_mean": "text", "worker_state_share": "text",
+    "suggested_num_workers": "count", "affinity_cpus": "count", "cgroup_cpu_quota": "text",
+    "worker_running_share": "text",
+    "epochs": "count", "first_batch_mean_s": "seconds", "first_batch_per_epoch_s": "text",
+    "first_batch_factor": "text", "cost_per_epoch_s": "seconds", "cost_total_s": "seconds",
+    "prefetch_factor": "count", "batch_bytes": "bytes", "inflight_bytes": "bytes", "blocked_put_share": "text",
+    "saves_bytes": "bytes", "shm_used_peak": "bytes",
+    "pin_memory": "text", "cuda_available": "text", "accelerator": "text",
+    "epochs_started": "count", "sampler_epoch_each_epoch": "text", "shuffle": "text", "seed": "text",
+    "num_replicas": "count",
+    "worker_uss_peak_median": "bytes", "workers_private_bytes": "bytes", "share_of_limit": "text",
+    "tensors_per_batch": "count", "fds_in_flight": "count",
+    "start_method": "text", "cuda_initialized": "text", "threads": "table",
     # stacks in evidence
     "frames": _stack,
 }

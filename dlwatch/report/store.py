@@ -5,7 +5,9 @@ private ``.tmp-<id>-XXXXXX`` directory (``mkdtemp``; listings ignore it) and
 renamed into place.  The report directory itself is used only when no other user
 can change it (``_fs.check_report_dir``); a sticky shared one such as /tmp gets a
 private ``mkdtemp`` child, and the fallback is a ``mkdtemp`` directory too.  Run directories
-(``.runs/``) hold a run in progress and are never listed as incidents.
+(``.runs/``) hold a run in progress and are never listed as incidents; run summaries
+(``runs/<run-id>/summary.json`` and ``summary.md``) are written the same way, read with
+the same care as incidents, and listed apart (``dlwatch report --runs``).
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
-from dlwatch._fs import (UnsafeDirError, check_links, make_private_child, make_private_dir, sticky_parent,
-                         verify_created, write_json, write_jsonl, write_private)
+from dlwatch._fs import (UnsafeDirError, check_links, check_report_dir, make_private_child, make_private_dir,
+                         sticky_parent, verify_created, write_json, write_jsonl, write_private)
 from dlwatch.errors import NotFoundError, ReportError
 from dlwatch.redact import outbound
 
 SCHEMA_VERSION = 1
 TRIGGERS = ("exception", "stall", "threshold", "exit", "attach")
 RUNS_DIR = ".runs"
+SUMMARIES_DIR = "runs"  # <report_dir>/runs/<run-id>/summary.json: run summaries, never listed as incidents
 TMP_PREFIX = ".tmp-"
 REQUIRED_KEYS = ("schema_version", "id", "created_at", "trigger", "pid")
 
@@ -102,7 +105,12 @@ def prepare_report_dir(report_dir: str) -> str:
             verify_created(child)
             _private_children[key] = child
         return child
-    make_private_dir(report_dir)
+    try:
+        make_private_dir(report_dir)
+    except FileExistsError:
+        # another rank (or process) of ours made it between our look and our mkdir: it must pass
+        # the same check as any existing report directory (ours, private, no link)
+        make_private_dir(report_dir)
     return report_dir
 
 
@@ -336,8 +344,8 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
     damaged: list[IncidentSummary] = []
     warnings: list[str] = []
     for name in sorted(os.listdir(report_dir)):
-        if name.startswith("."):
-            continue  # runs in progress and incidents being written
+        if name.startswith(".") or name == SUMMARIES_DIR:
+            continue  # runs in progress, incidents being written, and the run summaries (--runs)
         path = os.path.join(report_dir, name)
         try:
             st = os.lstat(path)
@@ -372,17 +380,176 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
 
 
 def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
-    """``dlwatch report [TARGET]`` -> ("list", dir) or ("show", incident path)."""
+    """``dlwatch report [TARGET]`` -> ("list", dir), ("show", incident path) or ("summary", run path)."""
     if target is None:
         return "list", default_dir
     if os.path.isdir(target):
         if os.path.exists(os.path.join(target, "report.json")):
             return "show", target
+        if os.path.isfile(os.path.join(target, "summary.json")):
+            return "summary", target  # a run summary's directory (runs/<run-id>)
         return "list", target
     if os.path.isfile(target) and os.path.basename(target) == "report.json":
         return "show", os.path.dirname(target) or "."
     candidate = os.path.join(default_dir, target)
+    if os.sep not in target and os.path.isdir(candidate) and os.path.exists(os.path.join(candidate, "report.json")):
+        return "show", candidate
+    run = os.path.join(default_dir, SUMMARIES_DIR, target)
+    if os.sep not in target and os.path.isfile(os.path.join(run, "summary.json")):
+        return "summary", run
+    if os.path.isfile(os.path.join(target, "summary.json")):
+        return "summary", target
+    if os.path.isfile(target) and os.path.basename(target) == "summary.json":
+        return "summary", os.path.dirname(target) or "."
     if os.sep not in target and os.path.isdir(candidate):
         return "show", candidate
     raise NotFoundError(f"no incident or report directory named {target!r} (looked in {default_dir})",
                         help="run `dlwatch report` to list incident ids")
+
+
+# --------------------------------------------------------------------------- run summaries
+
+
+def write_summary(report_dir: str, summary: dict[str, Any], *,
+                  render_markdown: Callable[[Mapping[str, Any]], str]) -> str:
+    """Write ``<report_dir>/runs/<id>/`` (summary.json, summary.md) atomically; return its path.
+
+    Created like an incident: redacted (``outbound``), in the directory ``prepare_report_dir``
+    gives, through a fresh ``mkdtemp`` directory renamed into place.  ``runs/`` is made
+    exclusively by us, or an existing one must pass the report-directory check.  Raises
+    OSError, leaving nothing.
+    """
+    summary = outbound(summary)
+    report_dir = prepare_report_dir(report_dir)
+    base = os.path.join(report_dir, SUMMARIES_DIR)
+    try:
+        make_private_child(report_dir, SUMMARIES_DIR)
+    except FileExistsError:
+        check_report_dir(base)  # ours, a real directory, not writable by anyone else
+    run_id = str(summary["id"])
+    if not run_id or run_id.startswith(".") or os.sep in run_id or run_id in ("..",):
+        raise UnsafeDirError(f"refusing to write a run summary named {run_id!r}")
+    final = os.path.join(base, run_id)
+    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + run_id + "-", dir=base)
+    try:
+        verify_created(tmp)
+        write_json(os.path.join(tmp, "summary.json"), summary)
+        write_private(os.path.join(tmp, "summary.md"), render_markdown(summary))
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
+_SUMMARY_TYPES = {"id": str, "created_at": str, "loop": _OPT_DICT, "peaks": _OPT_DICT, "advice": (list, type(None)),
+                  "preflight": (list, type(None)), "incidents": (list, type(None)), "notes": (list, type(None)),
+                  "workers": (list, type(None))}
+
+
+def load_summary(path: str) -> dict[str, Any]:
+    """Load and check one summary.json (or the run directory holding it); ReportError if damaged.
+
+    Read with the care of :func:`load_report`: a regular file only (no link, no FIFO), at
+    most MAX_SUMMARY_BYTES, nested at most MAX_DEPTH deep, with the types the renderers use.
+    """
+    from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
+
+    if os.path.isdir(path):
+        path = os.path.join(path, "summary.json")
+    try:
+        raw = read_regular(path, MAX_SUMMARY_BYTES)
+    except NotFoundError:
+        raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
+                          help="it was not written by a complete dlwatch run; remove it") from None
+    except RecursionError:
+        raise ReportError(f"{path} is damaged (nested deeper than any summary)",
+                          help="it was not written by dlwatch; remove it") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND or any(k not in data for k in SUMMARY_KEYS):
+        raise ReportError(f"{path} is not a dlwatch run summary (missing keys)")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ReportError(f"{path} has no valid schema_version")
+    if version > SUMMARY_SCHEMA_VERSION:
+        raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands "
+                          f"({SUMMARY_SCHEMA_VERSION})", help="upgrade dlwatch (pip install -U dlwatch)")
+    if _too_deep(data):
+        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
+                          help="it was not written by dlwatch; remove it")
+    for key, types in _SUMMARY_TYPES.items():
+        if key in data and not isinstance(data[key], types):
+            raise ReportError(f"{path} is damaged: {key} is {type(data[key]).__name__}",
+                              help="it was not written by dlwatch; remove it")
+    for key in ("advice", "preflight"):
+        if any(not isinstance(f, dict) for f in data.get(key) or ()):
+            raise ReportError(f"{path} is damaged: {key}[] holds a non-object",
+                              help="it was not written by dlwatch; remove it")
+    return data
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: str
+    path: str
+    created_at: str
+    batches: int
+    epochs: int
+    data_wait_share: float | None
+    advice: tuple[str, ...]
+    incidents: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["advice"] = list(self.advice)
+        return d
+
+
+def list_runs(report_dir: str) -> tuple[list[RunInfo], list[str]]:
+    """Run summaries newest first, and one warning per damaged entry (skipped, not fatal)."""
+    if not os.path.isdir(report_dir):
+        raise NotFoundError(f"no report directory {report_dir}",
+                            help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named")
+    base = os.path.join(report_dir, SUMMARIES_DIR)
+    found: list[RunInfo] = []
+    warnings: list[str] = []
+    try:
+        names = os.listdir(base)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    for name in sorted(names):
+        path = os.path.join(base, name)
+        if name.startswith("."):
+            continue  # summaries being written
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                if stat.S_ISLNK(st.st_mode) and os.path.isdir(path):
+                    warnings.append(f"skipped run {name}: a symbolic link to a directory; "
+                                    "dlwatch writes none and does not follow it")
+                continue
+            os.lstat(os.path.join(path, "summary.json"))
+        except OSError:
+            continue
+        try:
+            data = load_summary(path)
+        except (ReportError, NotFoundError) as exc:
+            warnings.append(f"skipped run {name}: {exc.message}")
+            continue
+        loop = data.get("loop") if isinstance(data.get("loop"), dict) else {}
+        share = loop.get("data_wait_share")
+        try:
+            found.append(RunInfo(
+                id=str(data["id"]), path=path, created_at=str(data["created_at"]),
+                batches=int(loop.get("batches") or 0), epochs=int(loop.get("epochs") or 0),
+                data_wait_share=float(share) if isinstance(share, (int, float)) else None,
+                advice=tuple(str(f.get("playbook")) for f in data.get("advice") or () if isinstance(f, dict)),
+                incidents=len(data.get("incidents") or ())))
+        except (TypeError, ValueError, OverflowError) as exc:
+            warnings.append(f"skipped run {name}: damaged loop figures ({type(exc).__name__})")
+    found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    return found, warnings

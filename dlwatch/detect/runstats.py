@@ -1,0 +1,276 @@
+"""The run's figures for its summary: accumulated from what the monitor samples each poll.
+
+Pure bookkeeping, no I/O: the monitor feeds every poll (heartbeat, the tracked
+processes with their newest /proc sample, the system sample, the GPUs) to
+:meth:`RunStats.update` and asks :meth:`RunStats.figures` once, when the block ends.
+The advice detectors (:mod:`dlwatch.detect.advice`) judge these figures.
+
+What a worker does between two polls is measured from what every poll already
+reads, with no extra /proc read: its CPU time (``cpu_s``), its scheduler state and
+the syscall its main thread is in.  Each interval is split so:
+
+- ``running``: the share of the interval the worker spent on a CPU (its CPU time
+  delta), or the whole interval when it is runnable (state R: it wants a CPU, and on
+  an over-subscribed machine does not get one);
+- the rest goes to the state seen at the poll: ``io`` (state D, or a read/write/
+  open/recv syscall), ``blocked_put`` (idle while the training loop runs its body:
+  torch hands a worker a new index only when one of its batches is consumed, so an
+  idle worker whose batches are not being waited for has finished its share of
+  ``prefetch_factor`` batches and they sit in the full queue), or
+  ``waiting_for_work`` (idle while the loop waits for data or is between epochs).
+
+The main thread of a worker never blocks in ``Queue.put`` (torch's result queue is
+unbounded; only its feeder thread blocks on a full pipe), so "blocked putting a finished
+batch into a full queue" is read from the loop's state rather than from a
+per-thread read (``/proc/<pid>/task/*/syscall``, one more read per thread per poll).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from dlwatch.detect.classify import syscall_category
+from dlwatch.heartbeat import STATE_BODY, Heartbeat
+from dlwatch.model import GpuSample, ProcSample, SystemSample
+
+__all__ = ["RunStats", "WORKER_STATES"]
+
+WORKER_STATES = ("running", "waiting_for_work", "blocked_put", "io")
+MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay exact beyond)
+
+
+@dataclass
+class _Proc:
+    pid: int
+    role: str
+    worker_id: int | None = None
+    first_ts: float | None = None
+    first_cpu: float | None = None
+    last_ts: float | None = None
+    last_cpu: float | None = None
+    rss_peak: int | None = None
+    uss_peak: int | None = None
+    states_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WORKER_STATES, 0.0))
+
+    def cpu_util(self) -> float | None:
+        if self.first_ts is None or self.last_ts is None or self.first_cpu is None or self.last_cpu is None:
+            return None
+        span = self.last_ts - self.first_ts
+        return max(0.0, (self.last_cpu - self.first_cpu) / span) if span > 0 else None
+
+
+def _peak(old: int | None, new: int | None) -> int | None:
+    if new is None:
+        return old
+    return new if old is None or new > old else old
+
+
+def classify_interval(prev: ProcSample, cur: ProcSample, loop_in_body: bool) -> dict[str, float]:
+    """Seconds of one worker interval by state (see the module docstring)."""
+    dt = cur.ts - prev.ts
+    if dt <= 0:
+        return {}
+    if cur.state == "R":
+        return {"running": dt}
+    cpu = 0.0
+    if cur.cpu_s is not None and prev.cpu_s is not None:
+        cpu = min(dt, max(0.0, cur.cpu_s - prev.cpu_s))
+    rest = dt - cpu
+    out = {"running": cpu}
+    if rest > 0:
+        if cur.state == "D" or syscall_category(cur.syscall) == "io":
+            out["io"] = rest
+        elif loop_in_body:
+            out["blocked_put"] = rest
+        else:
+            out["waiting_for_work"] = rest
+    return out
+
+
+class RunStats:
+    """Figures of one watched block, fed once per poll."""
+
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+        self.procs: dict[int, _Proc] = {}
+        self._prev: dict[int, ProcSample] = {}
+        self.first_waits: dict[int, float] = {}  # epoch number -> wait for its first batch
+        self.hb: Heartbeat | None = None
+        self.polls = 0
+        self.fds_peak: dict[str, Any] | None = None
+        self.shm_used_peak: int | None = None
+        self.shm_total: int | None = None
+        self.mlocked_first: int | None = None
+        self.mlocked_last: int | None = None
+        self.mlocked_peak: int | None = None
+        self.mem_available_first: int | None = None
+        self.mem_available_low: int | None = None
+        self.cgroup_usage_peak: int | None = None
+        self.cgroup_limit: int | None = None
+        self.gpus: dict[int, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ feeding
+
+    def heartbeat(self, hb: Heartbeat | None) -> None:
+        if hb is None:
+            return
+        self.hb = hb
+        first = hb.first_wait_s
+        if first is not None and hb.epochs and (hb.epochs in self.first_waits or len(self.first_waits) < MAX_EPOCHS_KEPT):
+            self.first_waits[hb.epochs] = first
+
+    def update(self, hb: Heartbeat | None, tracked: Iterable[Any], samples: Iterable[ProcSample],
+               system: SystemSample | None, gpus: Iterable[GpuSample] = ()) -> None:
+        """One poll.  ``tracked``: the monitor's Tracked processes (pid, role, worker_id)."""
+        self.polls += 1
+        self.heartbeat(hb)
+        in_body = hb is not None and hb.state == STATE_BODY
+        roles = {t.pid: t for t in tracked}
+        for s in samples:
+            t = roles.get(s.pid)
+            if t is None or t.role not in ("main", "worker") or s.gone:
+                continue
+            p = self.procs.get(s.pid)
+            if p is None:
+                p = self.procs[s.pid] = _Proc(s.pid, t.role)
+            p.role, p.worker_id = t.role, getattr(t, "worker_id", None)
+            if s.cpu_s is not None:
+                if p.first_ts is None:
+                    p.first_ts, p.first_cpu = s.ts, s.cpu_s
+                p.last_ts, p.last_cpu = s.ts, s.cpu_s
+            p.rss_peak = _peak(p.rss_peak, s.rss)
+            p.uss_peak = _peak(p.uss_peak, s.uss)
+            prev = self._prev.get(s.pid)
+            if prev is not None and p.role == "worker":
+                for k, v in classify_interval(prev, s, in_body).items():
+                    p.states_s[k] += v
+            self._prev[s.pid] = s
+            if s.num_fds is not None and s.fd_limit:
+                share = s.num_fds / s.fd_limit
+                if self.fds_peak is None or share > self.fds_peak["share"]:
+                    self.fds_peak = {"num_fds": s.num_fds, "fd_limit": s.fd_limit, "share": round(share, 4),
+                                     "pid": s.pid, "role": t.role}
+        for pid in [pid for pid in self._prev if pid not in roles]:
+            del self._prev[pid]
+        if system is not None:
+            if system.shm_total is not None and system.shm_free is not None:
+                self.shm_total = system.shm_total
+                self.shm_used_peak = _peak(self.shm_used_peak, system.shm_total - system.shm_free)
+            if system.mlocked is not None:
+                if self.mlocked_first is None:
+                    self.mlocked_first = system.mlocked
+                self.mlocked_last = system.mlocked
+                self.mlocked_peak = _peak(self.mlocked_peak, system.mlocked)
+            if system.mem_available is not None:
+                if self.mem_available_first is None:
+                    self.mem_available_first = system.mem_available
+                if self.mem_available_low is None or system.mem_available < self.mem_available_low:
+                    self.mem_available_low = system.mem_available
+            self.cgroup_usage_peak = _peak(self.cgroup_usage_peak, system.cgroup_memory_usage)
+            if system.cgroup_memory_limit is not None:
+                self.cgroup_limit = system.cgroup_memory_limit
+        for g in gpus:
+            if g.util_percent is None:
+                continue
+            acc = self.gpus.setdefault(g.index, {"index": g.index, "name": g.name, "sum": 0.0, "n": 0, "low": None})
+            acc["sum"] += g.util_percent
+            acc["n"] += 1
+            acc["low"] = g.util_percent if acc["low"] is None else min(acc["low"], g.util_percent)
+
+    # ------------------------------------------------------------------ figures
+
+    def loop(self, hb: Heartbeat | None, ended_at: float) -> dict[str, Any]:
+        hb = hb or self.hb
+        wall = max(0.0, ended_at - self.started_at)
+        if hb is None:
+            return {"batches": 0, "epochs": 0, "wall_s": round(wall, 3)}
+        self.heartbeat(hb)
+        wait, body = hb.total_wait_s, hb.total_step_s
+        loop_s = wait + body
+        first_total = hb.total_first_wait_s
+        steady_batches = max(0, hb.batches - hb.epochs)  # every epoch's first batch is not steady
+        steady_wait = max(0.0, wait - first_total)
+        steady_loop = steady_wait + body
+        per_epoch = [round(self.first_waits[e], 4) for e in sorted(self.first_waits)]
+        out: dict[str, Any] = {
+            "batches": hb.batches,
+            "epochs": hb.epochs,
+            "wall_s": round(wall, 3),
+            "loop_s": round(loop_s, 4),
+            "data_wait_s": round(wait, 4),
+            "body_s": round(body, 4),
+            "data_wait_share": round(wait / loop_s, 4) if loop_s > 0 else None,
+            "body_share": round(body / loop_s, 4) if loop_s > 0 else None,
+            "steady_batches": steady_batches,
+            "steady_data_wait_s": round(steady_wait, 4),
+            "steady_data_wait_share": round(steady_wait / steady_loop, 4) if steady_loop > 0 else None,
+            "steady_batch_s": round(steady_loop / steady_batches, 6) if steady_batches else None,
+            "first_batch_s": {
+                "per_epoch": per_epoch,  # as seen by the polls; epochs shorter than a poll may be missing
+                "epochs_seen": len(per_epoch),
+                "total_s": round(first_total, 4),
+                "mean_s": round(first_total / hb.epochs, 4) if hb.epochs else None,
+            },
+        }
+        return out
+
+    def workers(self) -> list[dict[str, Any]]:
+        out = []
+        for p in sorted(self.procs.values(), key=lambda p: (p.worker_id is None, p.worker_id or 0, p.pid)):
+            if p.role != "worker":
+                continue
+            total = sum(p.states_s.values())
+            util = p.cpu_util()
+            out.append({
+                "pid": p.pid,
+                "worker_id": p.worker_id,
+                "cpu_util": round(util, 3) if util is not None else None,
+                "observed_s": round(total, 3),
+                "state_s": {k: round(v, 3) for k, v in p.states_s.items()},
+                "state_share": {k: round(v / total, 3) for k, v in p.states_s.items()} if total > 0 else None,
+                "rss_peak": p.rss_peak,
+                "uss_peak": p.uss_peak,
+            })
+        return out
+
+    def main(self) -> dict[str, Any] | None:
+        p = next((p for p in self.procs.values() if p.role == "main"), None)
+        if p is None:
+            return None
+        util = p.cpu_util()
+        return {"pid": p.pid, "cpu_util": round(util, 3) if util is not None else None,
+                "rss_peak": p.rss_peak, "uss_peak": p.uss_peak}
+
+    def peaks(self) -> dict[str, Any]:
+        mlocked_change = (self.mlocked_last - self.mlocked_first
+                          if self.mlocked_first is not None and self.mlocked_last is not None else None)
+        return {
+            "fds": self.fds_peak,
+            "shm": {"used_peak": self.shm_used_peak, "total": self.shm_total,
+                    "share": round(self.shm_used_peak / self.shm_total, 4)
+                    if self.shm_used_peak is not None and self.shm_total else None},
+            "mlocked": {"first": self.mlocked_first, "last": self.mlocked_last, "peak": self.mlocked_peak,
+                        "change": mlocked_change},
+            "mem_available": {"first": self.mem_available_first, "low": self.mem_available_low},
+            "cgroup_memory": {"usage_peak": self.cgroup_usage_peak, "limit": self.cgroup_limit},
+            "gpus": [{"index": g["index"], "name": g["name"], "util_mean": round(g["sum"] / g["n"], 1),
+                      "util_low": g["low"], "samples": g["n"]} for g in self.gpus.values() if g["n"]],
+        }
+
+    def figures(self, hb: Heartbeat | None, ended_at: float) -> dict[str, Any]:
+        """The measured part of the summary: ``loop``, ``workers``, ``main``, ``peaks``."""
+        return {"loop": self.loop(hb, ended_at), "workers": self.workers(), "main": self.main(),
+                "peaks": self.peaks(), "polls": self.polls}
+
+
+def worker_totals(workers: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The workers together: mean CPU utilisation (cores) and time shares by state."""
+    ws = [w for w in workers if w.get("observed_s")]
+    total = sum(float(w["observed_s"]) for w in ws)
+    shares = {k: round(sum(float((w.get("state_s") or {}).get(k, 0.0)) for w in ws) / total, 3) if total else None
+              for k in WORKER_STATES}
+    utils = [float(w["cpu_util"]) for w in ws if w.get("cpu_util") is not None]
+    return {"workers": len(ws), "observed_s": round(total, 3), "state_share": shares,
+            "cpu_util_mean": round(sum(utils) / len(utils), 3) if utils else None,
+            "cpu_util_max": round(max(utils), 3) if utils else None}

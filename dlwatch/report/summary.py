@@ -1,0 +1,234 @@
+"""The run summary: schema, assembly and renderers (summary.json, summary.md, the terminal).
+
+One summary per watched block, written when the block ends (cleanly, with an
+exception, or with the training process gone) to ``<report_dir>/runs/<run-id>/``
+(see :mod:`dlwatch.report.store`), and handed to the user as ``Watch.summary``.
+It is never an incident: its findings are advice (measured tuning findings) and
+preflight (configuration checks made before the workers started).  The keys are
+documented in docs/report-schema.md ("Run summary"); ``schema_version`` is separate
+from report.json's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import socket
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from dlwatch import __version__
+
+SUMMARY_SCHEMA_VERSION = 1
+KIND = "run_summary"
+REQUIRED_KEYS = ("schema_version", "kind", "id", "created_at", "pid")
+
+
+def _iso(ts: float | None) -> str | None:
+    if not isinstance(ts, (int, float)) or ts <= 0:
+        return None
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def skeleton(*, run_id: str, pid: int, now: float, started_at: float | None = None) -> dict[str, Any]:
+    """Every top-level key of summary schema 1, in documented order, with empty values."""
+    from dlwatch.report.store import rank_info
+
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "kind": KIND,
+        "id": run_id,
+        "created_at": _iso(now),
+        "started_at": _iso(started_at),
+        "dlwatch_version": __version__,
+        "host": socket.gethostname(),
+        "pid": pid,
+        "rank": rank_info(),
+        "ended": "clean",  # clean, exception, vanished
+        "loader": None,
+        "cpus": None,
+        "accelerator": None,
+        "loop": {},
+        "workers": [],
+        "main": None,
+        "peaks": {},
+        "advice": [],
+        "preflight": [],
+        "incidents": [],
+        "notes": [],
+    }
+
+
+# --------------------------------------------------------------------------- renderers
+
+
+def human_bytes(n: Any) -> str:
+    from dlwatch.report.render import human_bytes as hb
+
+    return hb(n)
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.0f}%" if isinstance(x, (int, float)) else "-"
+
+
+def _num(x: Any, fmt: str = ".3g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return format(x, fmt)
+    return str(x)
+
+
+def loop_line(s: Mapping[str, Any]) -> str:
+    loop = s.get("loop") or {}
+    first = loop.get("first_batch_s") or {}
+    return (f"{loop.get('batches', 0)} batches, {loop.get('epochs', 0)} epochs in {_num(loop.get('wall_s'))} s; "
+            f"data wait {_pct(loop.get('data_wait_share'))} of the loop (steady {_pct(loop.get('steady_data_wait_share'))}), "
+            f"body {_pct(loop.get('body_share'))}; steady batch {_num(loop.get('steady_batch_s'))} s, "
+            f"first batch of an epoch {_num(first.get('mean_s'))} s")
+
+
+def _worker_line(w: Mapping[str, Any]) -> str:
+    share = w.get("state_share") or {}
+    states = ", ".join(f"{k} {_pct(v)}" for k, v in share.items() if v) or "not observed"
+    return (f"worker {_num(w.get('worker_id'))} (pid {w.get('pid')}): cpu {_num(w.get('cpu_util'))} cores; {states}; "
+            f"rss peak {human_bytes(w.get('rss_peak'))}, uss peak {human_bytes(w.get('uss_peak'))}")
+
+
+def _peak_lines(s: Mapping[str, Any]) -> Iterator[str]:
+    p = s.get("peaks") or {}
+    fds = p.get("fds") or {}
+    if fds:
+        yield f"fds: {fds.get('num_fds')} of {fds.get('fd_limit')} ({fds.get('role')} pid {fds.get('pid')})"
+    shm = p.get("shm") or {}
+    if shm.get("total"):
+        yield f"/dev/shm: {human_bytes(shm.get('used_peak'))} used at most of {human_bytes(shm.get('total'))}"
+    ml = p.get("mlocked") or {}
+    if ml.get("change") is not None:
+        yield f"Mlocked: changed by {human_bytes(ml.get('change'))} (peak {human_bytes(ml.get('peak'))})"
+    ma = p.get("mem_available") or {}
+    if ma.get("low") is not None:
+        yield f"MemAvailable: low point {human_bytes(ma.get('low'))} (at start {human_bytes(ma.get('first'))})"
+    cg = p.get("cgroup_memory") or {}
+    if cg.get("limit") is not None:
+        yield f"cgroup memory: peak {human_bytes(cg.get('usage_peak'))} of {human_bytes(cg.get('limit'))}"
+    for g in p.get("gpus") or ():
+        yield f"GPU {g.get('index')} {g.get('name') or ''}: util mean {_num(g.get('util_mean'))}%, low {_num(g.get('util_low'))}%"
+
+
+def _evidence_text(v: Any) -> str:
+    text = str(v)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
+    yield f"# dlwatch run summary {s.get('id')}"
+    yield ""
+    yield f"- {loop_line(s)}"
+    yield f"- ended: `{s.get('ended')}`; started {s.get('started_at')}, written {s.get('created_at')} on {s.get('host')}, pid {s.get('pid')}"
+    cpus = s.get("cpus") or {}
+    if cpus:
+        yield (f"- CPUs this process may use: {_num(cpus.get('usable'))} (affinity {_num(cpus.get('affinity'))}, "
+               f"cgroup quota {_num(cpus.get('cgroup_quota'))}, machine {_num(cpus.get('cpu_count'))})")
+    if s.get("incidents"):
+        yield f"- incidents in this run: {', '.join(f'`{i}`' for i in s['incidents'])}"
+    for title, key in (("Advice", "advice"), ("Preflight", "preflight")):
+        findings = s.get(key) or []
+        yield ""
+        yield f"## {title}"
+        yield ""
+        if not findings:
+            yield "None." if key == "advice" else "No preflight finding."
+        for i, f in enumerate(findings, 1):
+            yield f"### {i}. {f.get('title')} (`{f.get('playbook')}`, confidence {_num(f.get('confidence'))})"
+            yield ""
+            ev = f.get("evidence") or {}
+            if ev:
+                yield "Evidence:"
+                yield ""
+                for k, v in ev.items():
+                    yield f"- {k}: `{v}`"
+                yield ""
+            if f.get("remediation"):
+                yield "What to do:"
+                yield ""
+                yield from str(f["remediation"]).rstrip().splitlines()
+                yield ""
+    workers = s.get("workers") or []
+    yield ""
+    yield "## Workers"
+    yield ""
+    if not workers:
+        yield "No worker processes were observed."
+    for w in workers:
+        yield f"- {_worker_line(w)}"
+    main = s.get("main") or {}
+    if main:
+        yield (f"- training process (pid {main.get('pid')}): cpu {_num(main.get('cpu_util'))} cores, "
+               f"rss peak {human_bytes(main.get('rss_peak'))}")
+    peaks = list(_peak_lines(s))
+    if peaks:
+        yield ""
+        yield "## Peaks"
+        yield ""
+        for line in peaks:
+            yield f"- {line}"
+    loader = s.get("loader")
+    if loader:
+        yield ""
+        yield "## Loader"
+        yield ""
+        for k, v in loader.items():
+            yield f"- {k}: `{v}`"
+    if s.get("notes"):
+        yield ""
+        yield "## Notes"
+        yield ""
+        for n in s["notes"]:
+            yield f"- {n}"
+
+
+def render_markdown(summary: Mapping[str, Any]) -> str:
+    return "\n".join(markdown_lines(summary)) + "\n"
+
+
+def terminal_lines(s: Mapping[str, Any]) -> Iterator[str]:
+    yield f"run {s.get('id')}  [summary, {s.get('ended')}]  {s.get('created_at')}  pid {s.get('pid')}"
+    yield f"  {loop_line(s)}"
+    for key in ("advice", "preflight"):
+        for f in s.get(key) or ():
+            yield f"  {key}: {f.get('playbook')} ({_num(f.get('confidence'))}) {f.get('title')}"
+            shown = [(k, v) for k, v in (f.get("evidence") or {}).items()][:6]
+            for k, v in shown:
+                yield f"    {k}: {_evidence_text(v)}"
+            rem = str(f.get("remediation") or "").strip().splitlines()
+            if rem:
+                yield f"    -> {rem[0]}"
+    if not s.get("advice"):
+        yield "  no advice"
+    for w in s.get("workers") or ():
+        yield f"  {_worker_line(w)}"
+    for line in _peak_lines(s):
+        yield f"  {line}"
+    if s.get("incidents"):
+        yield f"  incidents: {', '.join(s['incidents'])}"
+    for n in s.get("notes") or ():
+        yield f"  note: {n}"
+
+
+def list_lines(runs: Sequence[Any]) -> Iterable[str]:
+    if not runs:
+        yield "no runs"
+        return
+    yield f"{'RUN':<32} {'CREATED':<25} {'BATCHES':>8} {'WAIT':>5} {'INC':>3}  ADVICE"
+    for r in runs:
+        wait = _pct(r.data_wait_share)
+        yield (f"{r.id:<32} {r.created_at:<25} {r.batches:>8} {wait:>5} {r.incidents:>3}  "
+               f"{', '.join(r.advice) or '-'}")
+
+
+def pointer_line(s: Mapping[str, Any], path: str) -> str | None:
+    """The one stderr line at the end of a block with advice; None when there is none."""
+    ids = [str(f.get("playbook")) for f in s.get("advice") or ()]
+    if not ids:
+        return None
+    return f"dlwatch: run summary with advice ({', '.join(ids)}): {path} (dlwatch report {s.get('id')})"
