@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from dlwatch import heartbeat
 from dlwatch.collect import procfs
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.detect.classify import syscall_category
