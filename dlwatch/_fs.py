@@ -146,7 +146,14 @@ def make_private_dir(path: str) -> str:
     check_links(head)
     _check_ancestors(os.path.join(os.path.realpath(head), "x"))
     for d in reversed(missing):
-        os.mkdir(d, DIR_MODE)  # FileExistsError: someone raced us to it; not ours to use
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            # someone made it between our look and our mkdir: another rank of the same job sharing
+            # the report dir, usually. It is used only on the terms of a directory that was there
+            # before: ours, not writable by group or others, no link of another user (else raises)
+            check_report_dir(d)
+            continue
         verify_created(d)
     return path
 

@@ -106,15 +106,7 @@ class RankFiguresSink(Sink):
     def __init__(self, report_dir: str, rank: Mapping[str, Any], *, pid: int) -> None:
         self.rank = dict(rank)
         job_dir = os.path.join(report_dir, JOBS_DIR, safe_name(str(rank["job_id"])))
-        for attempt in range(8):
-            try:
-                make_private_dir(job_dir)
-                break
-            except FileExistsError:
-                # another rank of the job made a level first (.jobs, then the job's own directory: two
-                # races in a row are possible); on the next try an existing level must pass the checks
-                if attempt == 7:
-                    raise
+        make_private_dir(job_dir)  # another rank may make a level first: it must pass the same checks
         host = safe_name(socket.gethostname())[:64]
         who = f"rank{rank['rank']}" if isinstance(rank.get("rank"), int) else "rank-unknown"
         self.path = os.path.join(job_dir, f"{who}-{host}-{pid}.json")
