@@ -31,8 +31,8 @@ def _int(text: str | None) -> int | None:
     return None
 
 
-def cgroup_paths(pid: int) -> tuple[str | None, str | None]:
-    """(v1 memory cgroup path, v2 cgroup path) of ``pid`` from /proc/<pid>/cgroup."""
+def cgroup_paths(pid: int, controller: str = "memory") -> tuple[str | None, str | None]:
+    """(v1 ``controller`` cgroup path, v2 cgroup path) of ``pid`` from /proc/<pid>/cgroup."""
     v1 = v2 = None
     for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
         parts = line.split(":", 2)
@@ -40,7 +40,7 @@ def cgroup_paths(pid: int) -> tuple[str | None, str | None]:
             continue
         if parts[0] == "0" and parts[1] == "":
             v2 = parts[2]
-        elif "memory" in parts[1].split(","):
+        elif controller in parts[1].split(","):
             v1 = parts[2]
     return v1, v2
 
@@ -112,20 +112,6 @@ def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = N
                         vm_oom_kills=vm_oom_kills())
 
 
-def _cpu_cgroup_paths(pid: int) -> tuple[str | None, str | None]:
-    """(v1 cpu cgroup path, v2 cgroup path) of ``pid``."""
-    v1 = v2 = None
-    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            v2 = parts[2]
-        elif "cpu" in parts[1].split(","):
-            v1 = parts[2]
-    return v1, v2
-
-
 def parse_cpu_max(text: str | None) -> float | None:
     """cgroup v2 ``cpu.max`` ("QUOTA PERIOD" or "max PERIOD") -> CPUs; None when unlimited."""
     parts = (text or "").split()
@@ -144,7 +130,7 @@ def cpu_quota(pid: int) -> float | None:
     None when there is no quota or it cannot be read.  The tightest quota on the path up
     to the root applies, so every level is read.
     """
-    v1, v2 = _cpu_cgroup_paths(pid)
+    v1, v2 = cgroup_paths(pid, "cpu")
     found: list[float] = []
     if v1 is not None:
         for root in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"):
