@@ -256,21 +256,7 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     for g in r.get("gpus") or ():
         yield (f"- GPU {_md_text(g.get('index'))} {_md_text(g.get('name'))}: util {_fmt(g.get('util_percent'))}%, "
                f"memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}")
-    loader = r.get("loader")
-    if loader:
-        yield ""
-        yield "## Loader"
-        yield ""
-        yield "| setting | value |"
-        yield "|---|---|"
-        for k, v in loader.items():
-            yield f"| {display.md_cell(str(k))} | {display.md_cell(display.scalar(str(k), v), code)} |"
-    if r.get("notes"):
-        yield ""
-        yield "## Notes"
-        yield ""
-        for n in r["notes"]:
-            yield f"- {_one_line(n)}"
+    yield from loader_and_notes_md(r)
     yield ""
     yield (f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl; "
            "report.html draws them (`dlwatch report ID --html`).")
@@ -401,3 +387,22 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
             yield terminal_safe(f"{s.id:<44} {'-':<25} {'DAMAGED':<9} {s.damaged}")
         else:
             yield terminal_safe(f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}")
+
+
+def loader_and_notes_md(r: Mapping[str, Any]) -> Iterator[str]:
+    """The "Loader" table and "Notes" list of report.md and summary.md (values from a report: escaped)."""
+    loader = r.get("loader")
+    if isinstance(loader, Mapping) and loader:
+        yield ""
+        yield "## Loader"
+        yield ""
+        yield "| setting | value |"
+        yield "|---|---|"
+        for k, v in loader.items():
+            yield f"| {display.md_cell(str(k))} | {display.md_cell(display.scalar(str(k), v), code)} |"
+    if r.get("notes"):
+        yield ""
+        yield "## Notes"
+        yield ""
+        for n in r["notes"]:
+            yield f"- {_one_line(n)}"

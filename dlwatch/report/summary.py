@@ -172,19 +172,9 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
         yield ""
         for line in peaks:
             yield f"- {line}"
-    loader = s.get("loader")
-    if loader:
-        yield ""
-        yield "## Loader"
-        yield ""
-        for k, v in loader.items():
-            yield f"- {k}: `{v}`"
-    if s.get("notes"):
-        yield ""
-        yield "## Notes"
-        yield ""
-        for n in s["notes"]:
-            yield f"- {n}"
+    from dlwatch.report.render import loader_and_notes_md  # one renderer, escaped, for both documents
+
+    yield from loader_and_notes_md(s)
 
 
 def render_markdown(summary: Mapping[str, Any]) -> str:
