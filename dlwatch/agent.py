@@ -832,6 +832,7 @@ class _TimedIterator:
         except BaseException as exc:
             s.watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
             self._end()
+            _drop_own_entry(exc)
             raise
         t1 = _monotonic()
         s.prev = t1
@@ -870,6 +871,22 @@ class _TimedIterator:
 
 
 _monotonic = time.monotonic
+_NEXT_CODE = _TimedIterator.__next__.__code__
+
+
+def _drop_own_entry(exc: BaseException) -> None:
+    """Take this wrapper's frame off the traceback of an exception the loader raised.
+
+    The frame is only there because the loop is watched; without it, ``traceback.format_exc()``
+    in the program's own ``except`` prints what it prints for the bare loader.  A bare ``raise``
+    re-raises with the traceback as set here and adds no entry for this frame again.
+    """
+    try:
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code is _NEXT_CODE:
+            exc.__traceback__ = tb.tb_next
+    except Exception:
+        pass
 
 
 def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any = None,

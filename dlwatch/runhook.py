@@ -205,6 +205,12 @@ class RunIterator:
             self._close(None)
             raise
         except BaseException as exc:
+            # this wrapper's frame (and the watch's) only exist because the iteration is watched: the
+            # program's own `except` formats the traceback plain python gives (a bare raise adds none)
+            try:
+                exc.__traceback__ = strip_own_frames(exc.__traceback__)
+            except Exception:
+                pass
             self._close(exc)
             raise
 

@@ -115,6 +115,18 @@ def test_loader_exception_same_traceback_and_an_incident(tmp_path):
 
 
 @pytest.mark.slow
+def test_caught_loader_exception_formats_the_same_traceback(tmp_path):
+    """The program catches the loader's exception and prints traceback.format_exc() itself:
+    no excepthook runs, so dlwatch's wrapper frames must not be in the traceback object at all."""
+    rc, out, err = dlwatch_run(tmp_path, SCRIPT, "loader-catch")
+    prc, pout, perr = plain(tmp_path, SCRIPT, "loader-catch")
+    assert rc == prc == 0, err
+    assert "CAUGHT Traceback" in pout and "KeyError" in pout
+    assert "runhook.py" not in out and "agent.py" not in out
+    assert out == pout  # line for line, frames and all
+
+
+@pytest.mark.slow
 def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
     reports = tmp_path / "reports"
     proc = subprocess.Popen([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(reports),

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import weakref
 
 import psutil
@@ -124,6 +125,32 @@ def test_worker_exception_reaches_user_unchanged_and_is_recorded(tmp_path, no_le
     assert report["loader"]["num_workers"] == 2
     for name in ("report.json", "report.md", "timeline.jsonl"):
         assert os.path.exists(os.path.join(found[0], name))
+
+
+def test_caught_loader_exception_has_the_bare_traceback(tmp_path, no_leftovers):
+    """A program that catches the loader's exception and formats its traceback itself sees the
+    frames it sees without dlwatch: the watch's wrapper is not one of them."""
+    def frames(watched: bool) -> list[tuple[str, str, str | None]]:
+        dl = DataLoader(FailsAt(13), batch_size=4, num_workers=1)
+        try:
+            if watched:
+                with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1):
+                    for _ in dl:
+                        pass
+            else:
+                for _ in dl:
+                    pass
+        except ValueError as exc:
+            # below the program's own frame (its line differs between the two loops)
+            got = [(f.filename, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)[1:]]
+            exc.__traceback__ = None  # keep no iterator (and its worker) alive
+            return got
+        raise AssertionError("no exception")
+
+    bare, watched = frames(False), frames(True)
+    assert bare and any(name == "__next__" for _, name, _ in bare)  # torch's own frames are there
+    assert not [f for f in watched if "dlwatch" in f[0]]
+    assert watched == bare
 
 
 def test_loop_body_exception_is_same_object(tmp_path, no_leftovers):

@@ -11,6 +11,7 @@ usage: plain_train.py MODE [ARGS...]
 import sys
 import threading
 import time
+import traceback
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -50,6 +51,14 @@ def main():
         it = iter(loader)
         print("READY", flush=True)
         next(it)
+        return
+    if mode == "loader-catch":  # the program catches the loader's exception and prints its traceback
+        loader = DataLoader(Squares(fail_at=5), batch_size=4, num_workers=1)
+        try:
+            for _ in loader:
+                pass
+        except KeyError:
+            print("CAUGHT", traceback.format_exc(), flush=True)
         return
     fail_at = 5 if mode == "loader-raise" else None
     # one worker when it fails: batches then arrive in order, so torch raises from the same line every run
