@@ -124,7 +124,10 @@ def dumps_and_attach(workers: int, reps: int) -> dict[str, Any]:
 
 def run(quick: bool) -> dict[str, Any]:
     cases = [(2.0, 1.0)] if quick else [(2.0, 1.0)] * 3 + [(4.0, 1.0)] * 2
+    from dlwatch.forensics import SECOND_READ_AFTER_S
+
     return {
+        "observation_window_s": SECOND_READ_AFTER_S,  # part of every detection, by design
         "detection": [detection(8, stall, poll) for stall, poll in cases],
         "dumps": dumps_and_attach(8, 2 if quick else 5),
     }

@@ -136,12 +136,15 @@ def rows(r: dict[str, Any]) -> list[Row]:
             continue
         lats = [x["latency_s"] for x in got]
         after = [x["latency_s"] - x["stall_s_at_detection"] for x in got if x.get("stall_s_at_detection")]
-        bound = timeout + got[0]["poll_interval_s"] + (d.get("parallel_native_s") or 0)
+        # what detection must take at most: the timeout, one poll, the /proc observation window that
+        # tells a deadlock from slow work (forensics.SECOND_READ_AFTER_S), the stack dumps
+        bound = (timeout + got[0]["poll_interval_s"] + lat.get("observation_window_s", 0.0)
+                 + (d.get("parallel_native_s") or 0))
         out.append((f"Hang -> incident on disk, stall_timeout={timeout:g} s, 1+8 ({len(got)} runs)",
                     f"median {_s(median(lats))}, max {_s(max(lats))}",
                     f"detection to disk {_s(median(after))}; {min(x['processes_with_stack'] for x in got)} stacks",
                     f"{median(lats) / timeout:.2f}x timeout",
-                    f"<= {bound:.2f} s (timeout+poll+dumps)", _yes(max(lats) <= bound)))
+                    f"<= {bound:.2f} s (timeout+poll+window+dumps)", _yes(max(lats) <= bound)))
     if "error" not in d:
         out.append((f"Python stacks of 1+{d['workers']} (dump_stacks, parallel)", _s(d["parallel_s"]),
                     f"sequential py-spy dump {_s(d['sequential_s'])}",
