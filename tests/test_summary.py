@@ -26,7 +26,7 @@ from dlwatch.cli import main
 from dlwatch.report import store
 
 sys.path.insert(0, TARGETS)
-from datasets import Squares  # noqa: E402
+from datasets import FailsAt, Squares  # noqa: E402
 
 
 class Slow(Dataset):
@@ -108,6 +108,33 @@ def test_pointer_line_only_with_advice_and_quiet_silences_it(tmp_path, no_leftov
     with pytest.warns(DlwatchWarning):
         run_once()
     assert "run summary with advice" not in capfd.readouterr().err
+
+
+def test_fork_with_threads_leaves_dlwatchs_own_threads_out(tmp_path, no_leftovers):
+    """An exception incident written in the training process starts report.html's render child and
+    a thread that reaps it: a loader forked right after must not hear about that thread, while a
+    thread of the program's, alive at the same moment, is still named."""
+    from dlwatch.preflight import _other_threads
+    from dlwatch.report import html
+
+    dl = DataLoader(FailsAt(5), batch_size=4, num_workers=1)
+    with pytest.raises(ValueError), dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1):
+        batches_of(dl)
+    (incident,) = incidents(str(tmp_path))
+    stop = threading.Event()
+    user = threading.Thread(target=stop.wait, name="program-thread", daemon=True)
+    user.start()
+    try:
+        child = html.spawn_render(incident)  # as build.write does; its reaper lives as long as the child
+        assert child is not None
+        alive = [t.name for t in threading.enumerate() if t.is_alive()]
+        assert "dlwatch-html-reaper" in alive  # the child takes a Python start-up, the check comes first
+        named = [t["name"] for t in _other_threads()]
+        assert "program-thread" in named and "dlwatch-html-reaper" not in named, named
+        child.wait(60)
+    finally:
+        stop.set()
+        user.join(5)
 
 
 def test_fork_with_threads_names_the_thread(tmp_path, no_leftovers):
