@@ -94,23 +94,28 @@ def test_start_methods(method, tmp_path, target):
     assert len(init_log.read_text().splitlines()) == 4
 
 
-def test_worker_exception_reaches_user_unchanged_and_is_recorded(tmp_path, no_leftovers):
-    def run(watched: bool) -> tuple[type, str, bool]:
-        dl = DataLoader(FailsAt(13), batch_size=4, num_workers=2)
-        try:
-            if watched:
-                with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1):
-                    for _ in dl:
-                        pass
-            else:
+def _escaped(dl: DataLoader, watched: bool, report_dir, take):
+    """Iterate dl bare or watched; ``take(exc)`` of what escaped, then its traceback dropped (it would
+    keep the iterator and its workers alive: see drop_traceback)."""
+    try:
+        if watched:
+            with dlwatch.watch(dl, report_dir=report_dir, poll_interval=0.1):
                 for _ in dl:
                     pass
-        except BaseException as exc:  # noqa: BLE001 - we compare exactly what escaped
-            # keep no traceback: it would keep the iterator and its workers alive (see drop_traceback)
-            result = type(exc), str(exc), exc.__cause__ is None and exc.__context__ is None
-            exc.__traceback__ = None
-            return result
-        raise AssertionError("no exception")
+        else:
+            for _ in dl:
+                pass
+    except BaseException as exc:  # noqa: BLE001 - we compare exactly what escaped
+        result = take(exc)
+        exc.__traceback__ = None
+        return result
+    raise AssertionError("no exception")
+
+
+def test_worker_exception_reaches_user_unchanged_and_is_recorded(tmp_path, no_leftovers):
+    def run(watched: bool) -> tuple[type, str, bool]:
+        return _escaped(DataLoader(FailsAt(13), batch_size=4, num_workers=2), watched, tmp_path,
+                        lambda exc: (type(exc), str(exc), exc.__cause__ is None and exc.__context__ is None))
 
     bare, watched = run(False), run(True)
     assert watched[0] is bare[0] is ValueError
@@ -131,21 +136,9 @@ def test_caught_loader_exception_has_the_bare_traceback(tmp_path, no_leftovers):
     """A program that catches the loader's exception and formats its traceback itself sees the
     frames it sees without dlwatch: the watch's wrapper is not one of them."""
     def frames(watched: bool) -> list[tuple[str, str, str | None]]:
-        dl = DataLoader(FailsAt(13), batch_size=4, num_workers=1)
-        try:
-            if watched:
-                with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1):
-                    for _ in dl:
-                        pass
-            else:
-                for _ in dl:
-                    pass
-        except ValueError as exc:
-            # below the program's own frame (its line differs between the two loops)
-            got = [(f.filename, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)[1:]]
-            exc.__traceback__ = None  # keep no iterator (and its worker) alive
-            return got
-        raise AssertionError("no exception")
+        # below the program's own frame (its line differs between the two loops)
+        return _escaped(DataLoader(FailsAt(13), batch_size=4, num_workers=1), watched, tmp_path,
+                        lambda exc: [(f.filename, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)[1:]])
 
     bare, watched = frames(False), frames(True)
     assert bare and any(name == "__next__" for _, name, _ in bare)  # torch's own frames are there
