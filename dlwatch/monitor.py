@@ -676,6 +676,11 @@ class Monitor:
                 log.warning("summary_write_failed", report_dir=base, error=str(exc))
         if path is None:
             return None
+        # runs/<id>/report.html, drawn in a short-lived child from the timeline files handed to it open
+        # (our run directory goes when the block ends): nothing is rendered or read in this process
+        from dlwatch.report import html
+
+        html.spawn_render(path, timeline_dir=self.run_dir)
         try:  # where the training process finds it for Watch.summary (its own private run dir)
             from dlwatch._fs import write_private
 
