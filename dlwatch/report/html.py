@@ -519,7 +519,7 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
     parts.append("<h2>Timeline</h2>")
     if data["charts"]:
         parts.append(f"<p class=\"muted\">{len(data['x'])} samples over the run (thinned evenly to at most "
-                     f"{MAX_POINTS + 1}; the peaks below are exact). Grey dashed lines: epochs; red: incidents.</p>")
+                     f"{MAX_POINTS + 1}; the peaks below are exact). Grey dashed lines: an epoch starts; red: an incident.</p>")
         for c in data["charts"]:
             parts.append(f"<div class=\"chart\" id=\"chart-{_e(c['id'])}\"></div>")
     else:
