@@ -284,10 +284,12 @@ def test_report_run_id_html_writes_prints_and_forces(tmp_path, capsys, monkeypat
             batches_of(w)
     run = tmp_path / "runs" / w.summary["id"]
     assert (run / "summary.json").is_file() and not (run / "report.html").exists()
+    assert html.spawn_render(str(run), timeline_dir=str(tmp_path)) is None  # DLWATCH_HTML=0: no child at all
     assert main(["report", "--dir", str(tmp_path), w.summary["id"], "--html"]) == 0
     page = capsys.readouterr().out.strip()
     assert page == str(run / "report.html") and os.path.getsize(page) > 50_000
-    assert "No advice" in open(page).read()
+    text = open(page).read()
+    assert "No advice" in text and "No samples were kept" in text  # no child ran: no samples were kept
     inode = os.stat(page).st_ino
     assert main(["report", str(run), "--html"]) == 0  # by directory too; there already: not rewritten
     assert capsys.readouterr().out.strip() == page and os.stat(page).st_ino == inode
@@ -320,3 +322,27 @@ def test_the_monitor_renders_the_page_in_a_child_with_the_timeline_handed_over(t
     data = _data((run / "report.html").read_text())
     assert len(data["x"]) >= 3 and data["charts"]  # ... and its samples reached the page
     assert (run / html.TIMELINE_NAME).is_file()
+
+
+def test_a_summary_written_by_the_training_process_gets_its_page_too(tmp_path, no_leftovers):
+    """The monitor killed mid-run: the training process writes the summary and starts the render
+    child itself, handing it the samples the monitor took before it died."""
+    import signal
+    import warnings
+
+    dl = DataLoader(Slow(), batch_size=4, num_workers=2)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as w:
+            batches_of(w)
+            timeline = os.path.join(w.run_dir, "timeline.jsonl")
+            assert wait_for(lambda: os.path.isfile(timeline) and os.path.getsize(timeline) > 0, timeout=30)
+            os.kill(w.monitor_pid, signal.SIGKILL)
+            wait_for(lambda: w._monitor.poll() is not None, 5)
+            batches_of(w)
+    s = w.summary
+    assert any("monitor process was not running" in n for n in s["notes"])
+    run = tmp_path / "runs" / s["id"]
+    assert wait_for(lambda: (run / "report.html").is_file(), timeout=60), "report.html never appeared"
+    page = (run / "report.html").read_text()
+    assert "monitor process was not running" in page and _data(page)["charts"]

@@ -523,8 +523,8 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
         for c in data["charts"]:
             parts.append(f"<div class=\"chart\" id=\"chart-{_e(c['id'])}\"></div>")
     else:
-        parts.append("<p>No samples were kept for this run (the monitor took none, or the timeline was not "
-                     "handed over).</p>")
+        parts.append("<p>No samples were kept for this run (the monitor took none, or report.html was turned "
+                     "off with DLWATCH_HTML=0 when the run ended, so no render child kept them).</p>")
     parts.append("<h2>Figures</h2>")
     parts.append(_kv_table(_headline_rows(s)))
     parts.append("<h2>Workers</h2>")
