@@ -346,3 +346,26 @@ def test_a_summary_written_by_the_training_process_gets_its_page_too(tmp_path, n
     assert wait_for(lambda: (run / "report.html").is_file(), timeout=60), "report.html never appeared"
     page = (run / "report.html").read_text()
     assert "monitor process was not running" in page and _data(page)["charts"]
+
+
+def test_the_page_stays_under_1_mb_for_the_largest_run():
+    """The most the page can hold: 40 processes with noisy figures in every sample, 8 GPUs, a timeline
+    far longer than MAX_POINTS (thinned first, as the child does): still well under 1 MB."""
+    import random
+
+    rng = random.Random(0)
+    now = time.time()
+    lines = (json.dumps({"kind": "sample", "ts": now + i * 0.2,
+                         "heartbeat": {"batches": i, "epochs": 1, "data_wait_s": i * rng.random(), "step_s": i * 0.9,
+                                       "last_interval_s": rng.random()},
+                         "procs": [{"pid": 1000 + p, "role": "worker", "num_fds": rng.randrange(10**5),
+                                    "fd_limit": 1 << 20, "rss": rng.randrange(1 << 40), "uss": rng.randrange(1 << 40),
+                                    "cpu_s": i * rng.random()} for p in range(40)],
+                         "system": {"shm_total": 1 << 40, "shm_free": rng.randrange(1 << 40),
+                                    "mlocked": rng.randrange(1 << 40), "mem_available": rng.randrange(1 << 40)},
+                         "gpus": [{"index": g, "util_percent": rng.randrange(101)} for g in range(8)]}).encode()
+             for i in range(3000))
+    s = sm.skeleton(run_id="big", pid=1000, now=now)
+    page = html.render_summary_html(s, html.thin_samples(lines))
+    assert len(_data(page)["x"]) <= html.MAX_POINTS + 1
+    assert len(page.encode()) < 900_000, len(page.encode())
