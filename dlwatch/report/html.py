@@ -1,4 +1,4 @@
-"""report.html: one self-contained page per incident, with charts over the timeline.
+"""report.html: one self-contained page per incident and per run summary, with charts over the timeline.
 
 The page carries everything it needs inline: uPlot (a small, maintained canvas chart
 library, MIT, vendored in report/vendor with its licence), its stylesheet, and the
@@ -16,6 +16,13 @@ child (``python -I -m dlwatch.report.html DIR``) after an incident is written, a
 ``dlwatch report ID --html`` renders it when it is missing (bench/html_cost.py
 measures both).  Every string from the report is escaped; the file is created
 privately and replaces nothing it did not make.
+
+A run summary (``runs/<id>/``) gets the same page over the whole run (``render_summary_html``):
+the same charts (``_charts``) with x from the block's start, one series per worker slot, epoch
+starts and incidents marked; then the figures, workers, peaks, advice and preflight.  The watch's
+run directory goes when the block ends, so ``spawn_render(dir, timeline_dir=...)`` hands the
+child its timeline files open (``--timeline-fd``); the child thins them (``thin_samples``) into
+``runs/<id>/timeline.jsonl``, which ``dlwatch report RUN-ID --html`` draws from later.
 """
 
 from __future__ import annotations
@@ -708,7 +715,7 @@ _children: list[subprocess.Popen[bytes]] = []
 
 
 def _open_timeline(run_dir: str) -> list[int]:
-    """The watch's timeline files (rotated one first), opened read-only; regular files of ours only."""
+    """The watch's timeline files (rotated one first), opened read-only: regular files of ours, one link."""
     import stat
 
     fds = []
@@ -718,7 +725,7 @@ def _open_timeline(run_dir: str) -> list[int]:
         except OSError:
             continue
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
             os.close(fd)
             continue
         fds.append(fd)
