@@ -369,3 +369,20 @@ def test_the_page_stays_under_1_mb_for_the_largest_run():
     page = html.render_summary_html(s, html.thin_samples(lines))
     assert len(_data(page)["x"]) <= html.MAX_POINTS + 1
     assert len(page.encode()) < 900_000, len(page.encode())
+
+
+def test_secrets_in_a_summary_or_its_timeline_are_redacted_on_the_page(tmp_path):
+    """The page and the kept samples go through the same redaction as every other file dlwatch writes."""
+    secret = "s3cr3tValue9f8e7d"
+    s, timeline = hostile_summary()
+    s["notes"] = [f'password = "{secret}"']
+    s["advice"][0]["evidence"]["cmdline"] = f"train.py --api-token={secret}"
+    timeline[0]["procs"][1]["role"] = f"--secret {secret}"
+    path = store.write_summary(str(tmp_path), s, render_markdown=sm.render_markdown)
+    src = tmp_path / "timeline.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in timeline))
+    fd = os.open(src, os.O_RDONLY)
+    page = html.write_summary_html(path, [fd])  # the child's path: the samples handed over open, then kept
+    text = open(page).read() + open(os.path.join(path, html.TIMELINE_NAME)).read()
+    assert secret not in text
+    assert "--secret" in text  # the label is there, its value is not
