@@ -702,9 +702,12 @@ class Watch:
                 path = store.write_summary(base, s, render_markdown=sm.render_markdown)
             except OSError:
                 continue
-            from dlwatch.report import html  # report.html in a short-lived child, as the monitor does
+            try:  # report.html in a short-lived child, as the monitor does; never raises, never waits
+                from dlwatch.report import html
 
-            html.spawn_render(path, timeline_dir=self.run_dir)
+                html.spawn_render(path, timeline_dir=self.run_dir)
+            except Exception:
+                pass
             return
 
     def _read_summary(self, run_dir: str | None = None) -> None:
