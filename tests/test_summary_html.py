@@ -418,3 +418,14 @@ def test_a_vanished_training_process_still_gets_its_page(tmp_path, target):
     data = _data(page[0].read_text())
     assert data["charts"] and len(data["x"]) >= 5
     assert [m["label"] for m in data["markers"] if m["color"] == "#d62728"] == [f"incident {s['incidents'][0]}"]
+
+
+def test_a_link_planted_as_the_kept_timeline_is_not_followed(tmp_path, capsys):
+    s, _ = hostile_summary()
+    path = store.write_summary(str(tmp_path / "reports"), s, render_markdown=sm.render_markdown)
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text(json.dumps({"kind": "sample", "ts": 1.0, "procs": [{"pid": 7, "rss": 1}]}) + "\n")
+    os.symlink(elsewhere, os.path.join(path, html.TIMELINE_NAME))
+    assert main(["report", path, "--html"]) == 0
+    page = open(capsys.readouterr().out.strip()).read()
+    assert "No samples were kept" in page and _data(page)["charts"] == []

@@ -640,12 +640,12 @@ def _read_fd_lines(fd: int) -> Iterable[bytes]:
 
 
 def _read_kept_timeline(run_dir: str) -> list[dict[str, Any]]:
-    from dlwatch.errors import NotFoundError
+    from dlwatch.errors import DlwatchError
     from dlwatch.report import store
 
-    try:
+    try:  # a regular file, no link, capped: anything else is no samples, never a lost page
         raw = store.read_regular(os.path.join(run_dir, TIMELINE_NAME), MAX_TIMELINE_BYTES)
-    except (NotFoundError, OSError):
+    except (DlwatchError, OSError):
         return []
     return thin_samples(raw.splitlines())
 
