@@ -28,14 +28,12 @@ child its timeline files open (``--timeline-fd``); the child thins them (``thin_
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import os
 import secrets
 import subprocess
 import sys
 import threading
-from importlib import resources
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dlwatch.report import display
@@ -48,6 +46,8 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 
 
 def _vendor(name: str) -> str:
+    from importlib import resources
+
     return resources.files("dlwatch.report").joinpath("vendor", name).read_text(encoding="utf-8")
 
 
@@ -263,7 +263,10 @@ def summary_chart_data(summary: Mapping[str, Any], timeline: Sequence[Any] | Non
 # ---------------------------------------------------------------------------- page
 
 def _e(v: Any) -> str:
-    return html.escape(str(v), quote=True)
+    # html.escape(quote=True), without importing the html package (its entity tables cost the
+    # monitor, which imports this module to start the render child, about half a MiB)
+    return str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") \
+        .replace('"', "&quot;").replace("'", "&#x27;")
 
 
 def _table(t: display.Table) -> str:
