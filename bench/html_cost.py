@@ -12,7 +12,8 @@ a full timeline (timeline.1.jsonl + timeline.jsonl at the monitor's rotation cap
 2 x 8 MiB: the most a run of any length leaves), its files handed open to the child
 (``--timeline-fd``), which thins the samples, keeps them in runs/<id>/timeline.jsonl and
 draws the page.  Each kind is timed in its own child process, so that ``ru_maxrss``
-is that render's alone.  Not part of bench/run.py: it takes a few seconds.
+is that render's alone.  Last, what the monitor pays for starting the child (importing
+dlwatch.report.html once, at the block's end).  Not part of bench/run.py: it takes a few seconds.
 """
 
 from __future__ import annotations
@@ -159,6 +160,13 @@ def main() -> int:
           f"max {results[-1]['wall_s'] * 1000:.0f}), peak RSS {max(x['child_rss'] for x in results) / 2**20:.1f} MiB")
     print(f"runs/<id>/report.html: {r['page_bytes'] / 1024:.1f} KiB; kept timeline.jsonl "
           f"{r['kept_bytes'] / 1024:.1f} KiB")
+    # what the monitor pays to start the child: importing this module once, at the block's end
+    code = ("import gc, psutil, dlwatch.monitor, dlwatch.report.build, dlwatch.report.summary\n"
+            "p = psutil.Process(); p.memory_full_info(); gc.collect(); a = p.memory_full_info().uss\n"
+            "import dlwatch.report.html\ngc.collect(); print(p.memory_full_info().uss - a)")
+    subprocess.run([sys.executable, "-I", "-c", "import dlwatch.report.html"], check=True)  # its bytecode cached
+    cost = int(subprocess.run([sys.executable, "-I", "-c", code], check=True, capture_output=True, text=True).stdout)
+    print(f"monitor: importing dlwatch.report.html to start the child costs {cost / 1024:.0f} KiB USS, once")
     return 0
 
 
