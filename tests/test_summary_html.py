@@ -429,3 +429,41 @@ def test_a_link_planted_as_the_kept_timeline_is_not_followed(tmp_path, capsys):
     assert main(["report", path, "--html"]) == 0
     page = open(capsys.readouterr().out.strip()).read()
     assert "No samples were kept" in page and _data(page)["charts"] == []
+
+
+def test_any_field_of_any_type_renders_or_is_called_damaged(tmp_path):
+    """Wrong types anywhere the summary page looks (a summary edited or damaged): a page, or a ReportError."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from dlwatch.errors import ReportError
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                          max_leaves=8)
+    s, timeline = hostile_summary(5)
+    base = json.loads(json.dumps(s))
+    paths = [("loop",), ("loop", "batches"), ("loop", "first_batch_s"), ("loop", "first_batch_s", "per_epoch"),
+             ("workers",), ("workers", 0), ("workers", 0, "state_share"), ("workers", 0, "pid"), ("main",),
+             ("peaks",), ("peaks", "fds"), ("peaks", "gpus"), ("advice",), ("advice", 0, "evidence"),
+             ("preflight",), ("loader",), ("cpus",), ("notes",), ("incidents",), ("started_at",), ("created_at",)]
+    target = tmp_path / "one"
+    target.mkdir()
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(paths), values)
+    def check(path, value):
+        summary = json.loads(json.dumps(base))
+        node = summary
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        (target / "summary.json").write_text(json.dumps(summary))
+        try:
+            loaded = store.load_summary(str(target))
+        except ReportError:
+            return
+        page = html.render_summary_html(loaded, timeline)
+        assert page.count("</script>") == 3
+
+    check()
