@@ -411,14 +411,7 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
     else:
         parts.append("<p>No samples were recorded before this incident.</p>")
     parts.append("<h2>Findings</h2>")
-    if not findings:
-        parts.append("<p>No playbook matched.</p>")
-    for i, f in enumerate(findings, 1):
-        parts.append(f"<h3>{i}. {_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>, "
-                     f"confidence {_e(display.percent(f.get('confidence')))})</h3>")
-        parts.append(_evidence(f.get("evidence") or {}))
-        if f.get("remediation"):
-            parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f['remediation']).strip())}</pre>")
+    parts += _findings_html(findings, "No playbook matched.")
     if exc and exc.get("traceback"):
         parts.append(f"<h2>Traceback</h2><pre>{_e(str(exc['traceback']).rstrip())}</pre>")
     if procs:
@@ -484,6 +477,7 @@ def _workers_table(s: Mapping[str, Any]) -> display.Table:
 
 
 def _findings_html(findings: Sequence[Mapping[str, Any]], none: str) -> list[str]:
+    """Findings with their evidence (through display) and remediation: an incident's, a summary's advice."""
     if not findings:
         return [f"<p>{_e(none)}</p>"]
     parts = []
