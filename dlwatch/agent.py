@@ -699,10 +699,16 @@ class Watch:
         self.summary = s
         for base in (self.report_dir, store.fallback_dir()):
             try:
-                store.write_summary(base, s, render_markdown=sm.render_markdown)
-                return
+                path = store.write_summary(base, s, render_markdown=sm.render_markdown)
             except OSError:
                 continue
+            try:  # report.html in a short-lived child, as the monitor does; never raises, never waits
+                from dlwatch.report import html
+
+                html.spawn_render(path, timeline_dir=self.run_dir)
+            except Exception:
+                pass
+            return
 
     def _read_summary(self, run_dir: str | None = None) -> None:
         """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""

@@ -676,6 +676,14 @@ class Monitor:
                 log.warning("summary_write_failed", report_dir=base, error=str(exc))
         if path is None:
             return None
+        # runs/<id>/report.html, drawn in a short-lived child from the timeline files handed to it open
+        # (our run directory goes when the block ends): nothing is rendered or read in this process
+        try:
+            from dlwatch.report import html
+
+            html.spawn_render(path, timeline_dir=self.run_dir)  # never raises, never waits
+        except Exception as exc:
+            self._warn_once("html_failed", f"{type(exc).__name__}: {exc}")
         try:  # where the training process finds it for Watch.summary (its own private run dir)
             from dlwatch._fs import write_private
 

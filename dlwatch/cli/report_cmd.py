@@ -9,6 +9,7 @@
                               ranks only waited for it in a collective, stragglers, the time line
                               (--job-id ID: another job of DIR)
   dlwatch report ID --html    print the path of its report.html (charts over the timeline), writing it if missing
+  dlwatch report RUN-ID --html  the same for a run summary (runs/RUN-ID/report.html: charts over the whole run)
 
 The default directory is $DLWATCH_DIR or ./dlwatch-reports, as for dlwatch.watch.
 """
@@ -36,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="merge the incidents and figures of every rank of the newest job in DIR")
     parser.add_argument("--job-id", default=None, metavar="ID", help="with --job: the job to show (default: newest)")
     parser.add_argument("--html", action="store_true",
-                        help="write the incident's report.html if it is missing (or --force) and print its path")
+                        help="write the incident's or run summary's report.html if it is missing (or --force) "
+                             "and print its path")
     parser.add_argument("--force", action="store_true", help="with --html: write report.html again")
 
 
@@ -66,17 +68,18 @@ def run(args: argparse.Namespace) -> int:
         return _job(args.target or default_dir, args.job_id, args.json)
     mode, path = store.resolve_report(args.target, default_dir)
     if args.html or args.force:
-        if mode != "show":
-            raise UsageError("--html needs one incident: dlwatch report ID --html")
+        if mode not in ("show", "summary"):
+            raise UsageError("--html needs one incident or run: dlwatch report ID --html (or RUN-ID --html)")
         from dlwatch.report import html
 
         page = os.path.join(path, html.HTML_NAME)
         if args.force or not os.path.isfile(page):
-            try:
-                page = html.write_html(path)
+            what = "incident" if mode == "show" else "run summary's"
+            try:  # a run summary's page is drawn from the samples kept next to it (runs/<id>/timeline.jsonl)
+                page = html.write_html(path) if mode == "show" else html.write_summary_html(path)
             except OSError as exc:
                 raise ReportError(f"cannot write {page}: {exc.strerror or exc}",
-                                  help="check that the incident directory is yours and writable") from None
+                                  help=f"check that the {what} directory is yours and writable") from None
             except ReportError:
                 raise
             except Exception as exc:  # load_report checked the types the page uses; this is the last line

@@ -1,4 +1,4 @@
-"""report.html: one self-contained page per incident, with charts over the timeline.
+"""report.html: one self-contained page per incident and per run summary, with charts over the timeline.
 
 The page carries everything it needs inline: uPlot (a small, maintained canvas chart
 library, MIT, vendored in report/vendor with its licence), its stylesheet, and the
@@ -16,20 +16,25 @@ child (``python -I -m dlwatch.report.html DIR``) after an incident is written, a
 ``dlwatch report ID --html`` renders it when it is missing (bench/html_cost.py
 measures both).  Every string from the report is escaped; the file is created
 privately and replaces nothing it did not make.
+
+A run summary (``runs/<id>/``) gets the same page over the whole run (``render_summary_html``):
+the same charts (``_charts``) with x from the block's start, one series per worker slot, epoch
+starts and incidents marked; then the figures, workers, peaks, advice and preflight.  The watch's
+run directory goes when the block ends, so ``spawn_render(dir, timeline_dir=...)`` hands the
+child its timeline files open (``--timeline-fd``); the child thins them (``thin_samples``) into
+``runs/<id>/timeline.jsonl``, which ``dlwatch report RUN-ID --html`` draws from later.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import os
 import secrets
 import subprocess
 import sys
 import threading
-from importlib import resources
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dlwatch.report import display
 
@@ -41,6 +46,8 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 
 
 def _vendor(name: str) -> str:
+    from importlib import resources
+
     return resources.files("dlwatch.report").joinpath("vendor", name).read_text(encoding="utf-8")
 
 
@@ -60,47 +67,56 @@ def _proc_label(p: Mapping[str, Any], roles: Mapping[int, str]) -> str:
     return roles.get(pid, str(p.get("role") or "process")) + f" ({pid})" if isinstance(pid, int) else "?"
 
 
-def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None) -> dict[str, Any]:
-    """The charts' series from the timeline samples: plain lists, x in seconds relative to the incident."""
-    records = timeline if timeline is not None else report.get("timeline") or []
-    samples = [r for r in records if isinstance(r, Mapping) and r.get("kind") == "sample" and _num(r.get("ts")) is not None]
-    samples.sort(key=lambda r: r["ts"])
-    t0 = incident_ts(report)
-    if t0 is None:
-        t0 = samples[-1]["ts"] if samples else 0.0
-    xs = [round(r["ts"] - t0, 3) for r in samples]
-    roles: dict[int, str] = {}
-    processes = report.get("processes")
-    for p in processes if isinstance(processes, list) else ():
-        if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
-            roles[p["pid"]] = str(p.get("role") or "process") + (
-                f" {p['worker_id']}" if p.get("worker_id") is not None else "")
-    pids: list[int] = []
-    per: list[dict[int, Mapping[str, Any]]] = []
+def _samples(records: Any) -> list[Mapping[str, Any]]:
+    out = [r for r in records if isinstance(r, Mapping) and r.get("kind") == "sample" and _num(r.get("ts")) is not None]
+    out.sort(key=lambda r: r["ts"])
+    return out
+
+
+def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str, Any]], Any],
+            label_of: Callable[[Any, Mapping[str, Any]], str]) -> list[dict[str, Any]]:
+    """The charts over ``samples`` (both pages): one series per process slot (``slot_of`` a sample's proc)."""
+    slots: list[Any] = []
+    labels: dict[Any, str] = {}
+    per: list[dict[Any, Mapping[str, Any]]] = []
     for r in samples:
-        row = {}
+        row: dict[Any, Mapping[str, Any]] = {}
         procs = r.get("procs")
         for p in procs if isinstance(procs, list) else ():
             if isinstance(p, Mapping) and isinstance(p.get("pid"), int) and not p.get("gone"):
-                row[p["pid"]] = p
-                if p["pid"] not in pids:
-                    pids.append(p["pid"])
-                if p["pid"] not in roles and p.get("role"):
-                    roles[p["pid"]] = str(p["role"])
+                slot = slot_of(p)
+                if slot in row:
+                    continue  # a worker being replaced: its successor shows from the next sample
+                row[slot] = p
+                if slot not in slots:
+                    slots.append(slot)
+                if slot not in labels:
+                    labels[slot] = label_of(slot, p)
         per.append(row)
-    pids = pids[:16]  # a legend people can read; the table below has every process
+    slots = slots[:16]  # a legend people can read; the table below has every process
 
-    def proc_series(key: str, dash: bool = False, suffix: str = "") -> list[dict[str, Any]]:
+    def series(values: Callable[[int, Any], float | None], dash: bool = False, suffix: str = "") -> list[dict[str, Any]]:
         out = []
-        for i, pid in enumerate(pids):
-            ys = [_num(row[pid].get(key)) if pid in row else None for row in per]
+        for i, slot in enumerate(slots):
+            ys = [values(j, slot) for j in range(len(per))]
             if any(y is not None for y in ys):
-                out.append({"label": f"{roles.get(pid, 'process')} ({pid}){suffix}", "y": ys,
-                            "color": _COLORS[i % len(_COLORS)], "dash": dash})
+                out.append({"label": labels[slot] + suffix, "y": ys, "color": _COLORS[i % len(_COLORS)], "dash": dash})
         return out
 
+    def field(key: str) -> Callable[[int, Any], float | None]:
+        return lambda j, slot: _num(per[j][slot].get(key)) if slot in per[j] else None
+
+    def cpu(j: int, slot: Any) -> float | None:  # cores: CPU seconds per second since the sample before
+        if j == 0 or slot not in per[j] or slot not in per[j - 1]:
+            return None
+        a, b = per[j - 1][slot], per[j][slot]
+        ca, cb, dt = _num(a.get("cpu_s")), _num(b.get("cpu_s")), samples[j]["ts"] - samples[j - 1]["ts"]
+        if a.get("pid") != b.get("pid") or ca is None or cb is None or dt <= 0 or cb < ca:
+            return None
+        return round((cb - ca) / dt, 3)
+
     charts: list[dict[str, Any]] = []
-    fds = proc_series("num_fds")
+    fds = series(field("num_fds"))
     if fds:
         limits = [max((v for v in (_num(p.get("fd_limit")) for p in row.values()) if v is not None), default=None)
                   for row in per]
@@ -108,10 +124,14 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
             fds.append({"label": "fd limit", "y": limits, "color": "#000000", "dash": True})
         charts.append({"id": "fds", "title": "Open file descriptors against the limit, per process",
                        "unit": "count", "series": fds})
-    mem = proc_series("rss", suffix=" RSS") + proc_series("uss", dash=True, suffix=" USS")
+    mem = series(field("rss"), suffix=" RSS") + series(field("uss"), dash=True, suffix=" USS")
     if mem:
         charts.append({"id": "memory", "title": "Memory per process: RSS (solid) and USS (dashed)",
                        "unit": "bytes", "series": mem})
+    cpus = series(cpu)
+    if cpus:
+        charts.append({"id": "cpu", "title": "CPU per process (cores: CPU seconds per second)",
+                       "unit": "cores", "series": cpus})
     systems = [r.get("system") if isinstance(r.get("system"), Mapping) else {} for r in samples]
     total = [_num(s.get("shm_total")) for s in systems]
     free = [_num(s.get("shm_free")) for s in systems]
@@ -124,6 +144,10 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
     if any(v is not None for v in locked):
         charts.append({"id": "mlocked", "title": "Mlocked (pinned memory)", "unit": "bytes", "series": [
             {"label": "Mlocked", "y": locked, "color": _COLORS[4], "dash": False}]})
+    available = [_num(s.get("mem_available")) for s in systems]
+    if any(v is not None for v in available):
+        charts.append({"id": "mem_available", "title": "MemAvailable (the machine's)", "unit": "bytes", "series": [
+            {"label": "MemAvailable", "y": available, "color": _COLORS[2], "dash": False}]})
     beats = [r.get("heartbeat") if isinstance(r.get("heartbeat"), Mapping) else {} for r in samples]
     if any(_num(b.get("batches")) is not None for b in beats):
         interval = [_num(b.get("last_interval_s")) or None for b in beats]
@@ -143,6 +167,7 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
                            {"label": "batch interval", "y": interval, "color": _COLORS[0], "dash": False},
                            {"label": "data-wait share", "y": share, "color": _COLORS[3], "dash": False,
                             "scale": "pct"}]})
+
     def gpus_of(r: Mapping[str, Any]) -> list[Any]:
         g = r.get("gpus")
         return g if isinstance(g, list) else []
@@ -153,23 +178,95 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
             if isinstance(g, Mapping) and g.get("index") not in gpu_idx:
                 gpu_idx.append(g.get("index"))
     if gpu_idx:
-        series = []
+        gpu_series = []
         for i, idx in enumerate(gpu_idx[:16]):
             ys = [next((_num(g.get("util_percent")) for g in gpus_of(r)
                         if isinstance(g, Mapping) and g.get("index") == idx), None) for r in samples]
-            series.append({"label": f"GPU {idx}", "y": ys, "color": _COLORS[i % len(_COLORS)], "dash": False})
-        charts.append({"id": "gpu", "title": "GPU utilisation", "unit": "percent", "series": series})
+            gpu_series.append({"label": f"GPU {idx}", "y": ys, "color": _COLORS[i % len(_COLORS)], "dash": False})
+        charts.append({"id": "gpu", "title": "GPU utilisation", "unit": "percent", "series": gpu_series})
+    return charts
+
+
+def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The charts' series from the timeline samples: plain lists, x in seconds relative to the incident."""
+    records = timeline if timeline is not None else report.get("timeline") or []
+    samples = _samples(records)
+    t0 = incident_ts(report)
+    if t0 is None:
+        t0 = samples[-1]["ts"] if samples else 0.0
+    xs = [round(r["ts"] - t0, 3) for r in samples]
+    roles: dict[int, str] = {}
+    processes = report.get("processes")
+    for p in processes if isinstance(processes, list) else ():
+        if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
+            roles[p["pid"]] = str(p.get("role") or "process") + (
+                f" {p['worker_id']}" if p.get("worker_id") is not None else "")
+
+    def label(pid: Any, p: Mapping[str, Any]) -> str:
+        return f"{roles.get(pid) or p.get('role') or 'process'} ({pid})"
+
+    charts = _charts(samples, lambda p: p["pid"], label)
     markers = [{"x": 0.0, "label": "incident", "color": "#d62728"}]
     stall = _num((report.get("progress") or {}).get("stall_s")) if isinstance(report.get("progress"), Mapping) else None
     if stall:
         markers.append({"x": -round(stall, 3), "label": "last batch", "color": "#7f7f7f"})
-    return {"x": xs, "charts": charts, "markers": markers}
+    return {"x": xs, "charts": charts, "markers": markers, "pin": 0.0,
+            "xlabel": "seconds relative to the incident", "xname": "s from incident"}
+
+
+MAX_EPOCH_MARKERS = 20
+
+
+def summary_chart_data(summary: Mapping[str, Any], timeline: Sequence[Any] | None,
+                       incident_times: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The run's charts: x in seconds since the block started; one series per worker slot (worker_id),
+    so a worker restarted each epoch stays one line; epochs and incidents marked."""
+    samples = _samples(timeline or [])
+    started = None
+    try:
+        started = _dt.datetime.fromisoformat(str(summary.get("started_at"))).timestamp()
+    except (TypeError, ValueError):
+        pass
+    t0 = started if started is not None and (not samples or started <= samples[0]["ts"]) else (
+        samples[0]["ts"] if samples else 0.0)
+    xs = [round(r["ts"] - t0, 3) for r in samples]
+    worker_ids: dict[int, Any] = {}
+    workers = summary.get("workers")
+    for w in workers if isinstance(workers, list) else ():
+        if isinstance(w, Mapping) and isinstance(w.get("pid"), int) and isinstance(w.get("worker_id"), int):
+            worker_ids[w["pid"]] = w["worker_id"]
+
+    def slot(p: Mapping[str, Any]) -> Any:
+        wid = worker_ids.get(p["pid"])
+        return ("worker", wid) if wid is not None else ("pid", p["pid"])
+
+    def label(s: Any, p: Mapping[str, Any]) -> str:
+        return f"worker {s[1]}" if s[0] == "worker" else f"{p.get('role') or 'process'} ({s[1]})"
+
+    charts = _charts(samples, slot, label)
+    markers: list[dict[str, Any]] = []
+    last_epochs = None
+    for x, r in zip(xs, samples):
+        hb = r.get("heartbeat") if isinstance(r.get("heartbeat"), Mapping) else {}
+        epochs = _num(hb.get("epochs"))
+        if epochs is not None and last_epochs is not None and epochs > last_epochs:
+            markers.append({"x": x, "label": f"epoch {int(epochs)}", "color": "#7f7f7f"})
+        last_epochs = epochs if epochs is not None else last_epochs
+    if len(markers) > MAX_EPOCH_MARKERS:
+        markers = []  # a line per epoch would hide the data
+    for name, ts in (incident_times or {}).items():
+        markers.append({"x": round(ts - t0, 3), "label": f"incident {name}", "color": "#d62728"})
+    return {"x": xs, "charts": charts, "markers": markers, "pin": None,
+            "xlabel": "seconds since the watched block started", "xname": "s since start"}
 
 
 # ---------------------------------------------------------------------------- page
 
 def _e(v: Any) -> str:
-    return html.escape(str(v), quote=True)
+    # html.escape(quote=True), without importing the html package (its entity tables cost the
+    # monitor, which imports this module to start the render child, about half a MiB)
+    return str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") \
+        .replace('"', "&quot;").replace("'", "&#x27;")
 
 
 def _table(t: display.Table) -> str:
@@ -226,7 +323,8 @@ _SCRIPT = r"""
   var FMT = {
     bytes: bytes, count: function (v) { return v == null ? "" : String(Math.round(v)); },
     seconds: function (v) { return v == null ? "" : (Math.abs(v) < 120 ? v.toPrecision(3) + " s" : (v / 60).toFixed(1) + " min"); },
-    percent: function (v) { return v == null ? "" : v.toFixed(0) + "%"; }
+    percent: function (v) { return v == null ? "" : v.toFixed(0) + "%"; },
+    cores: function (v) { return v == null ? "" : v.toFixed(2); }
   };
   function markers() {
     return { hooks: { draw: [function (u) {
@@ -245,16 +343,16 @@ _SCRIPT = r"""
   D.charts.forEach(function (c) {
     var el = document.getElementById("chart-" + c.id);
     var fmt = FMT[c.unit] || FMT.count;
-    var xs = D.x.slice(); xs.push(0);  // the incident moment is on every axis
+    var xs = D.x.slice(); if (D.pin != null) xs.push(D.pin);  // the incident moment is on every axis
     var data = [xs];
-    var series = [{ label: "s from incident" }];
+    var series = [{ label: D.xname }];
     c.series.forEach(function (s) {
-      var y = s.y.slice(); y.push(null); data.push(y);
+      var y = s.y.slice(); if (D.pin != null) y.push(null); data.push(y);
       series.push({ label: s.label, stroke: s.color, width: 2, dash: s.dash ? [6, 4] : undefined, scale: s.scale || "y",
                     value: function (u, v) { return (s.scale === "pct" ? FMT.percent : fmt)(v); }, spanGaps: false,
                     points: { show: D.x.length < 3 } });
     });
-    var axes = [{ label: "seconds relative to the incident" }, { values: function (u, vs) { return vs.map(fmt); }, size: 80 }];
+    var axes = [{ label: D.xlabel }, { values: function (u, vs) { return vs.map(fmt); }, size: 80 }];
     var scales = { x: { time: false } };
     if (c.unit2) { axes.push({ side: 1, scale: "pct", values: function (u, vs) { return vs.map(FMT.percent); }, grid: { show: false } });
                    scales.pct = { range: [0, 100] }; }
@@ -273,7 +371,7 @@ h1{font-size:20px;margin:0 0 6px} h2{font-size:17px;margin:26px 0 8px;border-bot
 .headline div{margin:2px 0} table{border-collapse:collapse;margin:6px 0}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;font-size:13px;vertical-align:top} th{background:#f5f5f5}
 dt{font-weight:600;margin-top:6px} dd{margin:2px 0 6px 18px} pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px}
-.chart{margin:10px 0 18px} .muted{color:#777}
+.chart{margin:10px 0 18px} .muted{color:#777} .headline.calm{background:#f3faf3;border-left-color:#2ca02c}
 """
 
 
@@ -313,14 +411,7 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
     else:
         parts.append("<p>No samples were recorded before this incident.</p>")
     parts.append("<h2>Findings</h2>")
-    if not findings:
-        parts.append("<p>No playbook matched.</p>")
-    for i, f in enumerate(findings, 1):
-        parts.append(f"<h3>{i}. {_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>, "
-                     f"confidence {_e(display.percent(f.get('confidence')))})</h3>")
-        parts.append(_evidence(f.get("evidence") or {}))
-        if f.get("remediation"):
-            parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f['remediation']).strip())}</pre>")
+    parts += _findings_html(findings, "No playbook matched.")
     if exc and exc.get("traceback"):
         parts.append(f"<h2>Traceback</h2><pre>{_e(str(exc['traceback']).rstrip())}</pre>")
     if procs:
@@ -340,43 +431,333 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
     return "".join(parts) + "\n"
 
 
-def write_html(incident_dir: str) -> str:
-    """Render ``incident_dir``'s report.html (privately, atomically); return its path."""
-    from dlwatch._fs import write_private
-    from dlwatch.redact import outbound
-    from dlwatch.report import store
+def _headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
+    loop = s.get("loop") if isinstance(s.get("loop"), Mapping) else {}
+    first = loop.get("first_batch_s") if isinstance(loop.get("first_batch_s"), Mapping) else {}
+    per_epoch = first.get("per_epoch") if isinstance(first.get("per_epoch"), list) else []
+    shown = ", ".join(f"{i}: {display.human_seconds(v)}" for i, v in enumerate(per_epoch[:40], 1))
+    if len(per_epoch) > 40:
+        shown += f", ... ({len(per_epoch) - 40} more epochs; mean {display.human_seconds(first.get('mean_s'))})"
+    rows = [("batches", display.human_number(loop.get("batches"))),
+            ("epochs", display.human_number(loop.get("epochs"))),
+            ("wall time of the block", display.human_seconds(loop.get("wall_s"))),
+            ("data-wait share (whole loop)", display.percent(loop.get("data_wait_share"))),
+            ("data-wait share (steady: after each epoch's first batch)", display.percent(loop.get("steady_data_wait_share"))),
+            ("loop-body share", display.percent(loop.get("body_share"))),
+            ("steady batch interval", display.human_seconds(loop.get("steady_batch_s"))),
+            ("first-batch latency per epoch", shown or "-")]
+    cpus = s.get("cpus") if isinstance(s.get("cpus"), Mapping) else {}
+    if cpus:
+        rows.append(("CPUs this process may use", f"{display.human_number(cpus.get('usable'))} (affinity "
+                     f"{display.human_number(cpus.get('affinity'))}, cgroup quota "
+                     f"{display.human_number(cpus.get('cgroup_quota'))}, machine {display.human_number(cpus.get('cpu_count'))})"))
+    return rows
 
-    report = outbound(store.load_report(incident_dir))
-    page = render_html(report)
-    final = os.path.join(incident_dir, HTML_NAME)
-    tmp = os.path.join(incident_dir, f".{HTML_NAME}.{secrets.token_hex(4)}")
+
+def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
+    return "<table><tbody>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</tbody></table>"
+
+
+def _workers_table(s: Mapping[str, Any]) -> display.Table:
+    rows = []
+    states = ("running", "waiting_for_work", "blocked_put", "io")
+    for w in s.get("workers") or ():
+        if not isinstance(w, Mapping):
+            continue
+        share = w.get("state_share") if isinstance(w.get("state_share"), Mapping) else {}
+        rows.append((f"worker {display.human_number(w.get('worker_id'))}", display.human_number(w.get("pid")),
+                     display.human_number(w.get("cpu_util")), *(display.percent(share.get(k)) for k in states),
+                     display.human_bytes(w.get("rss_peak")), display.human_bytes(w.get("uss_peak"))))
+    main = s.get("main") if isinstance(s.get("main"), Mapping) else None
+    if main:
+        rows.append(("training process", display.human_number(main.get("pid")), display.human_number(main.get("cpu_util")),
+                     "", "", "", "", display.human_bytes(main.get("rss_peak")), display.human_bytes(main.get("uss_peak"))))
+    return display.Table(("process", "pid", "CPU (cores)", "running", "waiting for work", "blocked on put", "I/O",
+                          "RSS peak", "USS peak"), tuple(rows))
+
+
+def _findings_html(findings: Sequence[Mapping[str, Any]], none: str) -> list[str]:
+    """Findings with their evidence (through display) and remediation: an incident's, a summary's advice."""
+    if not findings:
+        return [f"<p>{_e(none)}</p>"]
+    parts = []
+    for i, f in enumerate(findings, 1):
+        parts.append(f"<h3>{i}. {_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>, "
+                     f"confidence {_e(display.percent(f.get('confidence')))})</h3>")
+        parts.append(_evidence(f.get("evidence") or {}))
+        if f.get("remediation"):
+            parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f['remediation']).strip())}</pre>")
+    return parts
+
+
+def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | None = None,
+                        incident_times: Mapping[str, float] | None = None) -> str:
+    """The page for one run summary (as loaded and redacted), with the run's thinned timeline."""
+    from dlwatch.report import summary as sm
+
+    s = summary
+    data = _clean(summary_chart_data(s, timeline, incident_times))
+    advice = [f for f in s.get("advice") or () if isinstance(f, Mapping)]
+    preflight = [f for f in s.get("preflight") or () if isinstance(f, Mapping)]
+    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">",
+             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+             f"<title>dlwatch run {_e(s.get('id'))}</title>",
+             f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
+             f"<h1>dlwatch run summary {_e(s.get('id'))}</h1>",
+             "<div class=\"headline" + (" calm" if not advice else "") + "\">"]
+    if advice:
+        parts.append("<div><b>ADVICE</b>: " + "; ".join(
+            f"{_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>)" for f in advice) + "</div>")
+    else:
+        parts.append("<div><b>No advice</b>: nothing in this run's figures called for a change.</div>")
+    try:
+        loop_line = sm.loop_line(s)
+    except Exception as exc:  # a summary edited or damaged: the page says so, the rest is drawn
+        loop_line = f"loop figures damaged ({type(exc).__name__})"
+    parts.append(f"<div>{_e(display.one_line(loop_line, 500))}</div>")
+    if s.get("incidents"):
+        parts.append("<div>Incidents in this run: " + ", ".join(f"<code>{_e(i)}</code>" for i in s["incidents"]) + "</div>")
+    parts.append(f"<div class=\"muted\">ended {_e(s.get('ended'))}; started {_e(s.get('started_at'))}, written "
+                 f"{_e(s.get('created_at'))} on {_e(s.get('host'))}, pid {_e(s.get('pid'))}</div></div>")
+    parts.append("<h2>Timeline</h2>")
+    if data["charts"]:
+        parts.append(f"<p class=\"muted\">{len(data['x'])} samples over the run (thinned evenly to at most "
+                     f"{MAX_POINTS + 1}; the peaks below are exact). Grey dashed lines: an epoch starts; red: an incident.</p>")
+        for c in data["charts"]:
+            parts.append(f"<div class=\"chart\" id=\"chart-{_e(c['id'])}\"></div>")
+    else:
+        parts.append("<p>No samples were kept for this run (the monitor took none, or report.html was turned "
+                     "off with DLWATCH_HTML=0 when the run ended, so no render child kept them).</p>")
+    parts.append("<h2>Figures</h2>")
+    parts.append(_kv_table(_headline_rows(s)))
+    parts.append("<h2>Workers</h2>")
+    table = _workers_table(s)
+    parts.append(_table(table) if table.rows else "<p>No worker processes were observed.</p>")
+    try:
+        peaks = list(sm._peak_lines(s))
+    except Exception as exc:
+        peaks = [f"peak figures damaged ({type(exc).__name__})"]
+    parts.append("<h2>Peaks</h2>")
+    parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in peaks) + "</ul>" if peaks else "<p>none</p>")
+    parts.append("<h2>Advice</h2>")
+    parts += _findings_html(advice, "No advice: nothing in this run's figures called for a change.")
+    parts.append("<h2>Preflight</h2>")
+    parts += _findings_html(preflight, "No preflight finding.")
+    loader = s.get("loader")
+    if isinstance(loader, Mapping) and loader:
+        parts.append("<h2>Loader</h2>")
+        parts.append(_kv_table([(str(k), display.scalar(str(k), v)) for k, v in loader.items()]))
+    notes = s.get("notes") or []
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
+    parts.append(f"<script>{_vendor('uPlot.iife.min.js')}</script>")
+    parts.append(f"<script>{_SCRIPT}</script></body></html>")
+    return "".join(parts) + "\n"
+
+
+def _write_page(directory: str, page: str, name: str = HTML_NAME) -> str:
+    from dlwatch._fs import write_private
+
+    final = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}")
     write_private(tmp, page)  # O_EXCL|O_NOFOLLOW: a name we just made up, never someone's link
     try:
-        os.rename(tmp, final)
+        os.rename(tmp, final)  # replaces the name, never follows it
     except BaseException:
         os.unlink(tmp)
         raise
     return final
 
 
+def write_html(incident_dir: str) -> str:
+    """Render ``incident_dir``'s report.html (privately, atomically); return its path."""
+    from dlwatch.redact import outbound
+    from dlwatch.report import store
+
+    report = outbound(store.load_report(incident_dir))
+    return _write_page(incident_dir, render_html(report))
+
+
+# ---------------------------------------------------------------------------- the run summary's page
+
+TIMELINE_NAME = "timeline.jsonl"  # runs/<id>/timeline.jsonl: the run's samples, thinned, for the charts
+MAX_POINTS = 500  # samples kept for a run's charts: the page stays well under 1 MB for any run length
+MAX_TIMELINE_BYTES = 16 << 20
+_KEEP = {"heartbeat": ("batches", "epochs", "data_wait_s", "step_s", "last_interval_s"),
+         "system": ("shm_total", "shm_free", "mlocked", "mem_available"),
+         "procs": ("pid", "role", "num_fds", "fd_limit", "rss", "uss", "cpu_s", "gone"),
+         "gpus": ("index", "util_percent")}
+
+
+def _slim(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A sample with only what the charts draw."""
+    out: dict[str, Any] = {"kind": "sample", "ts": record.get("ts")}
+    for key, fields in _KEEP.items():
+        v = record.get(key)
+        if isinstance(v, Mapping):
+            out[key] = {k: v[k] for k in fields if k in v}
+        elif isinstance(v, list):
+            out[key] = [{k: p[k] for k in fields if k in p} for p in v if isinstance(p, Mapping)]
+    return out
+
+
+def thin_samples(lines: Iterable[bytes], limit: int = MAX_POINTS) -> list[dict[str, Any]]:
+    """Every k-th sample of a timeline of any length, k doubling as it grows: at most 2 x limit held."""
+    kept: list[dict[str, Any]] = []
+    stride, seen, last = 1, 0, None
+    for line in lines:
+        if b'"sample"' not in line:
+            continue  # events: the summary has what they said
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(record, dict) or record.get("kind") != "sample" or _num(record.get("ts")) is None:
+            continue
+        last = record
+        if seen % stride == 0:
+            kept.append(_slim(record))
+            last = None
+            if len(kept) >= 2 * limit:
+                kept = kept[::2]
+                stride *= 2
+        seen += 1
+    if len(kept) > limit:
+        kept = kept[:: -(-len(kept) // limit)]
+    if last is not None:  # the run's end is always on the chart
+        kept.append(_slim(last))
+    return kept
+
+
+def _read_fd_lines(fd: int) -> Iterable[bytes]:
+    with os.fdopen(fd, "rb") as f:
+        yield from f
+
+
+def _read_kept_timeline(run_dir: str) -> list[dict[str, Any]]:
+    from dlwatch.errors import DlwatchError
+    from dlwatch.report import store
+
+    try:  # a regular file, no link, capped: anything else is no samples, never a lost page
+        raw = store.read_regular(os.path.join(run_dir, TIMELINE_NAME), MAX_TIMELINE_BYTES)
+    except (DlwatchError, OSError):
+        return []
+    return thin_samples(raw.splitlines())
+
+
+def _incident_times(run_dir: str, summary: Mapping[str, Any]) -> dict[str, float]:
+    """When each incident of the run happened (its report.json, next to runs/): markers on the charts."""
+    from dlwatch.report import store
+
+    out: dict[str, float] = {}
+    base = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    for name in (summary.get("incidents") or ())[:20]:
+        if not isinstance(name, str) or not name or name.startswith(".") or os.sep in name:
+            continue
+        try:
+            ts = incident_ts(store.load_report(os.path.join(base, name)))
+        except Exception:
+            continue
+        if ts is not None:
+            out[name] = ts
+    return out
+
+
+def write_summary_html(run_dir: str, timeline_fds: Sequence[int] = ()) -> str:
+    """Render ``runs/<id>/report.html``; return its path.
+
+    ``timeline_fds``: the run's timeline files (oldest first), opened by the monitor and handed
+    over, since the watch's run directory is removed when the block ends; their samples are
+    thinned and kept next to the summary (timeline.jsonl) so that the page can be drawn again.
+    Without them the kept copy is read.
+    """
+    from dlwatch._fs import write_jsonl
+    from dlwatch.redact import outbound
+    from dlwatch.report import store
+
+    summary = outbound(store.load_summary(run_dir))
+    if timeline_fds:
+        def lines() -> Iterable[bytes]:
+            for fd in timeline_fds:
+                yield from _read_fd_lines(fd)
+
+        timeline = thin_samples(lines())
+        tmp = os.path.join(run_dir, f".{TIMELINE_NAME}.{secrets.token_hex(4)}")
+        write_jsonl(tmp, timeline)
+        try:
+            os.rename(tmp, os.path.join(run_dir, TIMELINE_NAME))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    else:
+        timeline = _read_kept_timeline(run_dir)
+    page = render_summary_html(summary, outbound(timeline), _incident_times(run_dir, summary))
+    return _write_page(run_dir, page)
+
+
+def is_summary_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "summary.json")) and not os.path.exists(os.path.join(path, "report.json"))
+
+
+def write_any(path: str, timeline_fds: Sequence[int] = ()) -> str:
+    """An incident's or a run summary's report.html, whichever ``path`` holds."""
+    if is_summary_dir(path):
+        return write_summary_html(path, timeline_fds)
+    return write_html(path)
+
+
 _children: list[subprocess.Popen[bytes]] = []
 
 
-def spawn_render(incident_dir: str) -> subprocess.Popen[bytes] | None:
+def _open_timeline(run_dir: str) -> list[int]:
+    """The watch's timeline files (rotated one first), opened read-only: regular files of ours, one link."""
+    import stat
+
+    fds = []
+    for name in ("timeline.1.jsonl", "timeline.jsonl"):
+        try:
+            fd = os.open(os.path.join(run_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            os.close(fd)
+            continue
+        fds.append(fd)
+    return fds
+
+
+def spawn_render(target_dir: str, timeline_dir: str | None = None) -> subprocess.Popen[bytes] | None:
     """Render report.html in a short-lived isolated child; never raises, never waits.
 
-    A daemon thread reaps the child, so no zombie stays behind the monitor.
+    ``target_dir``: an incident, or a run summary's directory; for a summary, ``timeline_dir`` is
+    the watch's run directory, whose timeline files are handed to the child open (the directory
+    may be gone before the child reads them).  A daemon thread reaps the child, so no zombie
+    stays behind the monitor.
     """
     if os.environ.get("DLWATCH_HTML", "").strip().lower() in ("0", "false", "no", "off"):
         return None
+    fds: list[int] = []
     try:
         from dlwatch._spawn import python_argv
 
-        proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=[os.path.abspath(incident_dir)]),
+        fds = _open_timeline(timeline_dir) if timeline_dir else []
+        args = [os.path.abspath(target_dir)]
+        for fd in fds:
+            args += ["--timeline-fd", str(fd)]
+        proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=args),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True)
+                                close_fds=True, pass_fds=fds)
     except Exception:
         return None
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def reap() -> None:
         try:
@@ -391,11 +772,19 @@ def spawn_render(incident_dir: str) -> subprocess.Popen[bytes] | None:
 
 def main(argv: Iterable[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m dlwatch.report.html INCIDENT_DIR", file=sys.stderr)
+    usage = "usage: python -m dlwatch.report.html INCIDENT_OR_RUN_DIR [--timeline-fd FD]..."
+    if not args:
+        print(usage, file=sys.stderr)
         return 2
+    target, rest, fds = args[0], args[1:], []
+    while rest:
+        if rest[0] != "--timeline-fd" or len(rest) < 2 or not rest[1].isdigit():
+            print(usage, file=sys.stderr)
+            return 2
+        fds.append(int(rest[1]))
+        rest = rest[2:]
     try:
-        write_html(args[0])
+        write_any(target, fds)
     except Exception as exc:
         print(f"dlwatch: could not write {HTML_NAME}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
