@@ -127,6 +127,7 @@ def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     assert f"THRESHOLD: " in out and f"incident {incident}," in out  # the rendered report, headline first
     assert "finding: batch-dim-mismatch" in out
     assert f"full report: {os.path.join(path, 'report.md')}" in out
+    assert f"charts: dlwatch report {path} --html" in out  # the way to the page with the charts
     assert os.path.isfile(os.path.join(path, "report.md"))
 
 

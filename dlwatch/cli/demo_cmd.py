@@ -399,6 +399,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print()
         print(f"full summary: {os.path.join(o.summary, 'summary.md')}")
         print(f"see it again: dlwatch report {o.summary}")
+        print(f"charts: dlwatch report {o.summary} --html")
         if not o.matched:
             print(f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}")
             return 1
@@ -429,6 +430,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
     print()
     print(f"full report: {os.path.join(last, 'report.md')}")
     print(f"see it again: dlwatch report {last}")
+    print(f"charts: dlwatch report {last} --html")
     if not o.matched:
         print(f"expected {o.expected or 'no incident'}, found {o.top}")
         return 1

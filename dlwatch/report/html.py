@@ -62,11 +62,6 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _proc_label(p: Mapping[str, Any], roles: Mapping[int, str]) -> str:
-    pid = p.get("pid")
-    return roles.get(pid, str(p.get("role") or "process")) + f" ({pid})" if isinstance(pid, int) else "?"
-
-
 def _samples(records: Any) -> list[Mapping[str, Any]]:
     out = [r for r in records if isinstance(r, Mapping) and r.get("kind") == "sample" and _num(r.get("ts")) is not None]
     out.sort(key=lambda r: r["ts"])
@@ -706,9 +701,6 @@ def write_any(path: str, timeline_fds: Sequence[int] = ()) -> str:
     if is_summary_dir(path):
         return write_summary_html(path, timeline_fds)
     return write_html(path)
-
-
-_children: list[subprocess.Popen[bytes]] = []
 
 
 def _open_timeline(run_dir: str) -> list[int]:
