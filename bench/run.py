@@ -70,7 +70,7 @@ def rows(r: dict[str, Any]) -> list[Row]:
             out.append(("... steady part: each epoch without its first batch", "-", "-",
                         f"{f['watch_ratio_after_first_batch']:.3f}", "-", "-"))
             out.append(("... first batch of each epoch (worker start; dlwatch's worker hook)",
-                        f"+{f['watch_added_ms_first_batch']:.1f} ms",
+                        f"{f['watch_added_ms_first_batch']:+.1f} ms",
                         f"hook CPU {f['worker_hook_cpu_ms']:.1f} ms per worker start; {f['batches_per_epoch']} batches/epoch",
                         "-", "-", "-"))
     # The realistic loop's ratio wanders by a few % per round on a shared 2-core machine, more
@@ -177,7 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short run (under a minute)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.json"), help="where to write the raw figures")
+    ap.add_argument("--table-from", metavar="RESULTS_JSON",
+                    help="print the table of a run already made (its raw figures), measuring nothing")
     args = ap.parse_args(argv)
+    if args.table_from:
+        with open(args.table_from) as f:
+            saved = json.load(f)
+        print(table(saved))
+        m = saved["meta"]
+        print(f"\n{'quick' if m['quick'] else 'full'} run of {m['started']}, {m['total_s']:.0f} s, {m['cpus']} CPUs, "
+              f"torch {m['torch']}, load average {m['load_before']:.2f} before / {m['load_after']:.2f} after")
+        return 0
     t0 = time.monotonic()
     meta: dict[str, Any] = {"quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "cpus": os.cpu_count(), "python": platform.python_version(),
