@@ -168,3 +168,37 @@ def test_memory_evidence_reads_as_sizes_rates_and_shares():
     md = render.render_markdown({**deadlock_report(), "findings": [{"playbook": "worker-memory-growth", "title": "t",
                                                                     "confidence": 0.8, "evidence": ev}]})
     assert not REPR.search(md)
+
+
+def test_run_summary_evidence_is_for_people_too():
+    """summary.md and `dlwatch report RUN-ID` render advice and preflight evidence as the incident
+    documents do: tables for lists of records, units for sizes and shares, no repr."""
+    import threading
+
+    from dlwatch import preflight
+    from dlwatch.report import summary as sm
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="uploader", daemon=True)
+    t.start()
+    try:
+        thread = preflight.thread_info(t)
+    finally:
+        stop.set()
+        t.join(5)
+    s = sm.skeleton(run_id="20261201T101010-42-abcdef", pid=42, now=time.time())
+    s["advice"] = [{"playbook": "input-bound", "title": "The loop waits for data", "confidence": 0.8,
+                    "evidence": {"steady_data_wait_share": 0.8377, "cause": "cpu-saturated", "num_workers": 2,
+                                 "workers": [{"pid": 7, "worker_id": 0, "cpu_util": 0.98}]},
+                    "remediation": "**The workers are saturated on CPU.** Make each sample cheaper.\n"}]
+    s["preflight"] = [{"playbook": "fork-with-threads", "title": "Workers forked beside threads", "confidence": 0.7,
+                       "evidence": {"start_method": "fork", "num_threads": 1, "threads": [thread]},
+                       "remediation": "Start threads after the workers.\n"}]
+    md = sm.render_markdown(s)
+    term = "\n".join(sm.terminal_lines(s))
+    for text in (md, term):
+        found = REPR.search(text)
+        assert not found, text[max(0, found.start() - 80):found.end() + 80]
+        assert "steady data wait share: 84%" in text and "uploader" in text
+    assert "| name | daemon | ident | runs |" in md  # the threads as a table
+    assert any(line.split()[:2] == ["name", "daemon"] for line in term.splitlines())

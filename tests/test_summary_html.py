@@ -337,7 +337,15 @@ def test_a_summary_written_by_the_training_process_gets_its_page_too(tmp_path, n
         with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as w:
             batches_of(w)
             timeline = os.path.join(w.run_dir, "timeline.jsonl")
-            assert wait_for(lambda: os.path.isfile(timeline) and os.path.getsize(timeline) > 0, timeout=30)
+            def samples() -> int:
+                try:
+                    with open(timeline, "rb") as f:
+                        return sum(1 for line in f if b'"kind": "sample"' in line)
+                except OSError:
+                    return 0
+
+            # a chart needs two points: wait for three samples before the monitor goes
+            assert wait_for(lambda: samples() >= 3, timeout=30)
             os.kill(w.monitor_pid, signal.SIGKILL)
             wait_for(lambda: w._monitor.poll() is not None, 5)
             batches_of(w)

@@ -144,6 +144,44 @@ def _first_remediation(f: Mapping[str, Any], limit: int = 160) -> str:
     return text[:cut + 1] if cut > 40 else text[:limit - 3].rstrip() + "..."
 
 
+def finding_md(i: int, f: Mapping[str, Any]) -> Iterator[str]:
+    """One finding in Markdown: title, evidence for people (tables, units, stacks), what to do.
+
+    The same for an incident's findings and a run summary's advice and preflight."""
+    yield (f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, "
+           f"confidence {display.percent(f.get('confidence'))})")
+    yield ""
+    items = display.evidence_items(f.get("evidence") or {})
+    if items:
+        yield "Evidence:"
+        yield ""
+        for label, value in items:
+            yield from _md_value(label, value)
+        yield ""
+    if f.get("remediation"):
+        yield "What to do:"
+        yield ""
+        yield from str(f["remediation"]).rstrip().splitlines()
+        yield ""
+
+
+def evidence_terminal(evidence: Any, *, width: int, indent: str = "  ", max_rows: int = 8) -> Iterator[str]:
+    """Evidence for the terminal: a label a line, tables and stacks below their label, long text cut."""
+    for label, value in display.evidence_items(evidence or {}, plumbing=False):
+        if isinstance(value, display.Table):
+            yield f"{indent}{label}:"
+            for line in display.text_table(value, width=width - len(indent) - 2, max_rows=max_rows):
+                yield f"{indent}  {line}"
+        elif isinstance(value, list):
+            yield f"{indent}{label}:"
+            for line in value[:max_rows]:
+                yield f"{indent}  {line}"
+        else:
+            text = str(value)
+            room = max(20, width - len(indent) - len(str(label)) - 2)
+            yield f"{indent}{label}: {text[:room - 3] + '...' if len(text) > room else text}"
+
+
 def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     yield f"# dlwatch incident {_one_line(r.get('id'))}"
     yield ""
@@ -190,21 +228,7 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     if not findings:
         yield "No playbook matched. The evidence below is what dlwatch saw."
     for i, f in enumerate(findings, 1):
-        yield (f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, "
-               f"confidence {display.percent(f.get('confidence'))})")
-        yield ""
-        items = display.evidence_items(f.get("evidence") or {})
-        if items:
-            yield "Evidence:"
-            yield ""
-            for label, value in items:
-                yield from _md_value(label, value)
-            yield ""
-        if f.get("remediation"):
-            yield "What to do:"
-            yield ""
-            yield from str(f["remediation"]).rstrip().splitlines()
-            yield ""
+        yield from finding_md(i, f)
     procs = [p for p in r.get("processes") or () if isinstance(p, Mapping)]
     if procs:
         yield ""
@@ -300,22 +324,11 @@ def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
                f"data wait {display.human_seconds(prog.get('data_wait_s'))}, "
                f"loop body {display.human_seconds(prog.get('step_s'))}")
     if findings:
-        items = display.evidence_items(findings[0].get("evidence") or {}, plumbing=False)
-        if items:
+        lines = list(evidence_terminal(findings[0].get("evidence"), width=width))
+        if lines:
             yield ""
             yield "evidence:"
-        for label, value in items:
-            if isinstance(value, display.Table):
-                yield f"  {label}:"
-                for line in display.text_table(value, width=width - 4, max_rows=8):
-                    yield "    " + line
-            elif isinstance(value, list):
-                yield f"  {label}:"
-                for line in value[:8]:
-                    yield f"    {line}"
-            else:
-                text = str(value)
-                yield f"  {label}: {text[:117] + '...' if len(text) > 120 else text}"
+        yield from lines
         for f in findings[1:]:
             yield f"  also: {f.get('playbook')} ({display.percent(f.get('confidence'))}) {_one_line(f.get('title'))}"
     procs = [p for p in r.get("processes") or () if isinstance(p, Mapping)]

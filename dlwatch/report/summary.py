@@ -12,6 +12,7 @@ from report.json's.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import socket
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -115,16 +116,11 @@ def _peak_lines(s: Mapping[str, Any]) -> Iterator[str]:
         yield f"GPU {g.get('index')} {g.get('name') or ''}: util mean {_num(g.get('util_mean'))}%, low {_num(g.get('util_low'))}%"
 
 
-def _evidence_text(v: Any) -> str:
-    text = str(v)
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
 def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
     yield f"# dlwatch run summary {s.get('id')}"
     yield ""
     yield f"- {loop_line(s)}"
-    yield f"- ended: `{s.get('ended')}`; started {s.get('started_at')}, written {s.get('created_at')} on {s.get('host')}, pid {s.get('pid')}"
+    yield f"- ended: `{s.get('ended') or '-'}`; started {s.get('started_at') or '-'}, written {s.get('created_at') or '-'} on {s.get('host') or '-'}, pid {s.get('pid')}"
     cpus = s.get("cpus") or {}
     if cpus:
         yield (f"- CPUs this process may use: {_num(cpus.get('usable'))} (affinity {_num(cpus.get('affinity'))}, "
@@ -138,21 +134,10 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
         yield ""
         if not findings:
             yield "None." if key == "advice" else "No preflight finding."
+        from dlwatch.report.render import finding_md  # one renderer for findings, escaped, for both documents
+
         for i, f in enumerate(findings, 1):
-            yield f"### {i}. {f.get('title')} (`{f.get('playbook')}`, confidence {_num(f.get('confidence'))})"
-            yield ""
-            ev = f.get("evidence") or {}
-            if ev:
-                yield "Evidence:"
-                yield ""
-                for k, v in ev.items():
-                    yield f"- {k}: `{v}`"
-                yield ""
-            if f.get("remediation"):
-                yield "What to do:"
-                yield ""
-                yield from str(f["remediation"]).rstrip().splitlines()
-                yield ""
+            yield from finding_md(i, f)
     workers = s.get("workers") or []
     yield ""
     yield "## Workers"
@@ -182,14 +167,14 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
 
 
 def terminal_lines(s: Mapping[str, Any]) -> Iterator[str]:
-    yield f"run {s.get('id')}  [summary, {s.get('ended')}]  {s.get('created_at')}  pid {s.get('pid')}"
+    yield f"run {s.get('id')}  [summary, {s.get('ended') or '-'}]  {s.get('created_at') or '-'}  pid {s.get('pid')}"
     yield f"  {loop_line(s)}"
     for key in ("advice", "preflight"):
         for f in s.get(key) or ():
             yield f"  {key}: {f.get('playbook')} ({_num(f.get('confidence'))}) {f.get('title')}"
-            shown = [(k, v) for k, v in (f.get("evidence") or {}).items()][:6]
-            for k, v in shown:
-                yield f"    {k}: {_evidence_text(v)}"
+            from dlwatch.report.render import evidence_terminal
+
+            yield from itertools.islice(evidence_terminal(f.get("evidence"), width=100, indent="    "), 12)
             rem = str(f.get("remediation") or "").strip().splitlines()
             if rem:
                 yield f"    -> {rem[0]}"
