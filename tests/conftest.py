@@ -209,3 +209,52 @@ def load(incident: str) -> dict:
 
     with open(os.path.join(incident, "report.json")) as f:
         return json.load(f)
+
+
+def fuzz_fields(base: dict, paths: list, target_dir, filename: str, load, render, *, examples: int = 200) -> None:
+    """Put values of any type at each of ``paths`` in ``base``, write it as ``filename`` in
+    ``target_dir``: ``load`` either refuses it (ReportError) or ``render(loaded)`` works, and
+    where it returns a page, the page's scripts are only its own three (no string got out of
+    its escaping)."""
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from dlwatch.errors import ReportError
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                          max_leaves=8)
+    base = json.loads(json.dumps(base))
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(paths), values)
+    def check(path, value):
+        doc = json.loads(json.dumps(base))
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with open(os.path.join(str(target_dir), filename), "w") as f:
+            json.dump(doc, f)
+        try:
+            loaded = load(str(target_dir))
+        except ReportError:
+            return
+        page = render(loaded)
+        if page is not None:
+            assert page.count("</script>") == 3
+
+    check()
+
+
+def chromium_path() -> str | None:
+    """A headless-capable Chromium on PATH (what .ci/run installs), or None."""
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None

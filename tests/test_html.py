@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, incidents, wait_for
+from conftest import REPO, chromium_path, fuzz_fields, incidents, wait_for
 from dlwatch.report import build, html, store
 
 
@@ -80,19 +80,11 @@ def test_report_html_command(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "--html needs one incident" in err
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
 @pytest.mark.slow
 def test_real_incident_page_in_headless_chromium(tmp_path):
     """A real fd-exhaustion run; its report.html opened in Chromium: no request, no error, charts drawn."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
-    browser_path = _chromium()
+    browser_path = chromium_path()
     if browser_path is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run installs it)")
     reports = tmp_path / "reports"
@@ -136,36 +128,11 @@ def test_real_incident_page_in_headless_chromium(tmp_path):
 
 def test_any_field_of_any_type_renders_or_is_called_damaged(tmp_path):
     """Wrong types anywhere the page looks (a report edited or damaged): a page, or a ReportError."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    from dlwatch.errors import ReportError
-
-    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                          max_leaves=8)
-    base = json.loads(json.dumps(sampled_report(5)))
+    base = sampled_report(5)
     paths = [("summary",), ("progress",), ("progress", "stall_s"), ("findings",), ("findings", 0, "evidence"),
              ("processes",), ("processes", 0), ("timeline",), ("timeline", 0), ("timeline", 0, "procs"),
              ("timeline", 0, "procs", 0), ("timeline", 0, "system"), ("timeline", 0, "heartbeat"),
              ("timeline", 0, "gpus"), ("timeline", 0, "ts"), ("created_at",), ("notes",), ("exception",)]
     target = tmp_path / "one"
     target.mkdir()
-
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.sampled_from(paths), values)
-    def check(path, value):
-        report = json.loads(json.dumps(base))
-        node = report
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-        (target / "report.json").write_text(json.dumps(report))
-        try:
-            loaded = store.load_report(str(target))
-        except ReportError:
-            return
-        page = html.render_html(loaded)
-        assert page.count("</script>") == 3
-
-    check()
+    fuzz_fields(base, paths, target, "report.json", store.load_report, html.render_html)

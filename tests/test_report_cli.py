@@ -13,6 +13,8 @@ import pytest
 from dlwatch.cli import main
 from dlwatch.report import build, render, store
 
+from conftest import fuzz_fields
+
 
 def make_incident(report_dir: str, trigger: str = "exception", *, playbook: str | None = None, now: float | None = None) -> str:
     report = store.skeleton(trigger=trigger, pid=4242, now=now or time.time())
@@ -261,14 +263,6 @@ def test_fence_and_terminal_escape_helpers():
 
 def test_any_field_of_any_type_is_shown_or_called_damaged(tmp_path):
     """Wrong types anywhere the renderers look: a clean ReportError (exit 6), never a traceback."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    from dlwatch.errors import ReportError
-
-    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                          max_leaves=8)
     base = json.load(open(os.path.join(make_incident(str(tmp_path / "r"), playbook="fd-exhaustion"), "report.json")))
     base["processes"][0]["stack"] = {"source": "py-spy", "threads": [{"name": "MainThread", "frames": [
         {"function": "f", "filename": "a.py", "line": 1}]}]}
@@ -281,20 +275,8 @@ def test_any_field_of_any_type_is_shown_or_called_damaged(tmp_path):
     target = tmp_path / "one"
     target.mkdir()
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.sampled_from(paths), values)
-    def check(path, value):
-        report = json.loads(json.dumps(base))
-        node = report
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-        (target / "report.json").write_text(json.dumps(report))
-        try:
-            loaded = store.load_report(str(target))
-        except ReportError:
-            return
+    def show(loaded):
         "\n".join(render.terminal_lines(loaded))
         render.render_markdown(loaded)
 
-    check()
+    fuzz_fields(base, paths, target, "report.json", store.load_report, show, examples=300)

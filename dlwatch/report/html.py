@@ -370,17 +370,32 @@ dt{font-weight:600;margin-top:6px} dd{margin:2px 0 6px 18px} pre{background:#f7f
 """
 
 
+def _page_head(title: str) -> list[str]:
+    """Doctype, the no-fetch policy, the styles and the heading; ``title`` already escaped."""
+    return ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">",
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+            f"<title>{title}</title>",
+            f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
+            f"<h1>{title}</h1>"]
+
+
+def _page_end(parts: list[str], notes: Any, data: Any) -> str:
+    """The notes, the chart data (as JSON in a non-executing script tag), uPlot and the drawing code."""
+    if notes and isinstance(notes, list):
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
+    parts.append(f"<script>{_vendor('uPlot.iife.min.js')}</script>")
+    parts.append(f"<script>{_SCRIPT}</script></body></html>")
+    return "".join(parts) + "\n"
+
+
 def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None) -> str:
     """The page for one incident (report as loaded and redacted)."""
     data = _clean(chart_data(report, timeline))
     findings = [f for f in report.get("findings") or () if isinstance(f, Mapping)]
     procs = [p for p in report.get("processes") or () if isinstance(p, Mapping)]
-    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">",
-             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-             f"<title>dlwatch incident {_e(report.get('id'))}</title>",
-             f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
-             f"<h1>dlwatch incident {_e(report.get('id'))}</h1>",
+    parts = _page_head(f"dlwatch incident {_e(report.get('id'))}") + [
              "<div class=\"headline\">",
              f"<div><b>{_e(str(report.get('trigger') or '?').upper())}</b>"
              + (f" ({_e(report['classification'])})" if report.get("classification") else "")
@@ -417,13 +432,7 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
             parts.append("<h2>Stacks</h2>")
             for who, frames in excerpts:
                 parts.append(f"<p><b>{_e(who)}</b> (innermost first)</p><pre>{_e(chr(10).join(frames))}</pre>")
-    notes = report.get("notes") or []
-    if notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
-    parts.append(f"<script>{_vendor('uPlot.iife.min.js')}</script>")
-    parts.append(f"<script>{_SCRIPT}</script></body></html>")
-    return "".join(parts) + "\n"
+    return _page_end(parts, report.get("notes"), data)
 
 
 def _headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -494,12 +503,7 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
     data = _clean(summary_chart_data(s, timeline, incident_times))
     advice = [f for f in s.get("advice") or () if isinstance(f, Mapping)]
     preflight = [f for f in s.get("preflight") or () if isinstance(f, Mapping)]
-    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">",
-             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-             f"<title>dlwatch run {_e(s.get('id'))}</title>",
-             f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
-             f"<h1>dlwatch run summary {_e(s.get('id'))}</h1>",
+    parts = _page_head(f"dlwatch run summary {_e(s.get('id'))}") + [
              "<div class=\"headline" + (" calm" if not advice else "") + "\">"]
     if advice:
         parts.append("<div><b>ADVICE</b>: " + "; ".join(
@@ -543,13 +547,7 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
     if isinstance(loader, Mapping) and loader:
         parts.append("<h2>Loader</h2>")
         parts.append(_kv_table([(str(k), display.scalar(str(k), v)) for k, v in loader.items()]))
-    notes = s.get("notes") or []
-    if notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
-    parts.append(f"<script>{_vendor('uPlot.iife.min.js')}</script>")
-    parts.append(f"<script>{_SCRIPT}</script></body></html>")
-    return "".join(parts) + "\n"
+    return _page_end(parts, s.get("notes"), data)
 
 
 def _write_page(directory: str, page: str, name: str = HTML_NAME) -> str:
