@@ -511,15 +511,21 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
         victims = [k.name for k in runs if k.name != spare][:excess]
         removed: list[str] = []
         failures: list[str] = []
-
-        def onerror(func: Any, path: str, info: Any) -> None:
-            if not isinstance(info[1], FileNotFoundError):  # gone already: another pruner was first
-                failures.append(f"{path}: {info[1]}")
-
         for name in victims:
-            before = len(failures)
-            shutil.rmtree(name, dir_fd=fd, onerror=onerror)
-            if len(failures) == before:
+            for attempt in range(3):
+                errors: list[OSError] = []
+
+                def onerror(func: Any, path: str, info: Any, errors: list[OSError] = errors) -> None:
+                    if not isinstance(info[1], FileNotFoundError):  # gone already: another pruner was first
+                        errors.append(info[1])
+
+                shutil.rmtree(name, dir_fd=fd, onerror=onerror)
+                # a late file (that summary's report.html child still writing) makes rmdir fail: again
+                if not any(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors) or attempt == 2:
+                    break
+            if errors:
+                failures += [f"{name}: {e}" for e in errors]
+            else:
                 removed.append(name)
         if failures:
             _log().warning("prune_runs_incomplete", report_dir=report_dir, errors=failures[:3],
