@@ -351,6 +351,28 @@ def test_real_watched_blocks_keep_the_two_newest(tmp_path, no_leftovers, capfd):
     assert rows[0].startswith("RUN") and len(rows) == 3 and {r.split()[0] for r in rows[1:]} == set(ids[2:])
 
 
+def test_the_training_process_prunes_when_it_writes_the_summary_itself(tmp_path, no_leftovers):
+    """The monitor is gone (SIGKILL): the fallback summary written in the training process prunes too."""
+    import signal
+    import warnings
+
+    from conftest import wait_for
+
+    older = [run_id(i) for i in range(3)]  # summaries of earlier blocks (2026-01-01: older than any new id)
+    for rid in older:
+        write(tmp_path, rid)
+    dl = DataLoader(Squares(), batch_size=4, num_workers=2)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
+            os.kill(w.monitor_pid, signal.SIGKILL)
+            wait_for(lambda: w._monitor.poll() is not None, 5)
+            assert [y.tolist() for _, y in w] == [[0, 1, 4, 9], [16, 25, 36, 49]]
+    s = w.summary
+    assert any("monitor process was not running" in n for n in s["notes"])
+    assert summaries(tmp_path) == sorted([older[2], s["id"]])
+
+
 @pytest.mark.slow
 def test_dlwatch_run_keep_runs_2_lists_two(tmp_path):
     """plain_train.py ok: two epochs of train and val loaders, four watched iterations."""
