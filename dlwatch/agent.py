@@ -202,12 +202,12 @@ class Watch:
 
     def __init__(self, loader: Any, *, report_dir: Any = None, poll_interval: Any = None,
                  stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None,
-                 body_timeout: Any = None, ignore: Any = None) -> None:
+                 body_timeout: Any = None, ignore: Any = None, keep_runs: Any = None) -> None:
         if not hasattr(type(loader), "__iter__"):
             raise TypeError(f"dlwatch.watch: expected a DataLoader or another iterable, got {type(loader).__name__}")
         self.options = config.resolve(report_dir=report_dir, poll_interval=poll_interval,
                                       stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks,
-                                      body_timeout=body_timeout, ignore=ignore)
+                                      body_timeout=body_timeout, ignore=ignore, keep_runs=keep_runs)
         self.thresholds: dict[str, float] = {}
         self._ignored = frozenset(self.options.ignored_playbooks)
         self._advice_pbs: dict[str, Any] = {}  # preflight playbooks by id (titles and thresholds)
@@ -702,6 +702,9 @@ class Watch:
                 path = store.write_summary(base, s, render_markdown=sm.render_markdown)
             except OSError:
                 continue
+            # the oldest summaries beyond keep_runs go (never this one); never raises
+            store.prune_runs(os.path.dirname(os.path.dirname(path)), self.options.keep_runs,
+                             spare=os.path.basename(path))
             try:  # report.html in a short-lived child, as the monitor does; never raises, never waits
                 from dlwatch.report import html
 
@@ -897,7 +900,7 @@ def _drop_own_entry(exc: BaseException) -> None:
 
 def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any = None,
           stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None,
-          body_timeout: Any = None, ignore: Any = None) -> Watch:
+          body_timeout: Any = None, ignore: Any = None, keep_runs: Any = None) -> Watch:
     """Watch a DataLoader (or any iterable) for the duration of a ``with`` block.
 
     Both forms yield the very same batches as the bare loader::
@@ -922,7 +925,11 @@ def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any =
       as a stall (DLWATCH_BODY_TIMEOUT, default adaptive: see the README)
     - ``ignore``: playbook ids to silence for this run, and ``"batch-dim-mismatch:KEY"`` to
       leave one key of the batch out of the shape check (DLWATCH_IGNORE, comma-separated)
+    - ``keep_runs``: how many run summaries (``runs/<run-id>/``) to keep in the report
+      directory; after each summary is written the oldest beyond this many are removed,
+      only ones this user wrote (DLWATCH_KEEP_RUNS, default 200; 0 keeps all).  Incidents
+      are never removed.
     """
     return Watch(loader, report_dir=report_dir, poll_interval=poll_interval,
                  stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks,
-                 body_timeout=body_timeout, ignore=ignore)
+                 body_timeout=body_timeout, ignore=ignore, keep_runs=keep_runs)

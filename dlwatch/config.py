@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 DEFAULT_REPORT_DIR = "./dlwatch-reports"
 DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_KEEP_RUNS = 200  # run summaries kept per report directory (runs/<run-id>/); 0 keeps all
 ENV = {
     "report_dir": "DLWATCH_DIR",
     "poll_interval": "DLWATCH_POLL_INTERVAL",
@@ -23,6 +24,7 @@ ENV = {
     "enabled": "DLWATCH_ENABLED",
     "playbooks": "DLWATCH_PLAYBOOKS",
     "ignore": "DLWATCH_IGNORE",
+    "keep_runs": "DLWATCH_KEEP_RUNS",
 }
 # a playbook id, or "batch-dim-mismatch:KEY" to leave one key of the batch out of the shape check
 _IGNORE_ITEM = re.compile(r"[a-z0-9][a-z0-9-]*(:[^\x00-\x1f]+)?")
@@ -39,6 +41,7 @@ class Options:
     playbooks: tuple[str, ...]  # extra playbook directories
     body_timeout: float | None = None  # None: adaptive (see detect/stall.py)
     ignore: tuple[str, ...] = ()  # playbook ids, and "batch-dim-mismatch:KEY" entries
+    keep_runs: int = DEFAULT_KEEP_RUNS  # run summaries kept per report directory; 0 keeps all
 
     @property
     def ignored_playbooks(self) -> tuple[str, ...]:
@@ -53,7 +56,8 @@ class Options:
         return {"report_dir": self.report_dir, "poll_interval": self.poll_interval,
                 "stall_timeout": self.stall_timeout, "body_timeout": self.body_timeout,
                 "enabled": self.enabled, "playbooks": list(self.playbooks),
-                "ignore": list(self.ignored_playbooks), "ignore_batch_keys": list(self.ignored_batch_keys)}
+                "ignore": list(self.ignored_playbooks), "ignore_batch_keys": list(self.ignored_batch_keys),
+                "keep_runs": self.keep_runs}
 
 
 def _seconds(name: str, value: Any, *, source: str, minimum: float) -> float:
@@ -66,6 +70,22 @@ def _seconds(name: str, value: Any, *, source: str, minimum: float) -> float:
     if not math.isfinite(seconds) or seconds < minimum:
         raise ValueError(f"dlwatch.watch: {name} must be a finite number >= {minimum} seconds, got {value!r} ({source})")
     return seconds
+
+
+def _count(name: str, value: Any, *, source: str) -> int:
+    """A whole number >= 0, from an int or a string of digits (an environment variable)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), "
+                        f"got {type(value).__name__} ({source})")
+    if isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"[0-9]+", text):
+            raise ValueError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), "
+                             f"got {value!r} ({source})")
+        value = int(text)
+    if value < 0:
+        raise ValueError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), got {value!r} ({source})")
+    return value
 
 
 def _flag(name: str, value: Any, *, source: str) -> bool:
@@ -98,7 +118,7 @@ def _ignore_list(value: Any, *, source: str) -> tuple[str, ...]:
 
 def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: Any = None,
             enabled: Any = None, playbooks: Any = None, body_timeout: Any = None, ignore: Any = None,
-            environ: Mapping[str, str] | None = None) -> Options:
+            keep_runs: Any = None, environ: Mapping[str, str] | None = None) -> Options:
     """Validate every option before anything starts; raise ValueError/TypeError naming it."""
     env = os.environ if environ is None else environ
 
@@ -131,6 +151,9 @@ def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: An
     value, src = pick("ignore", ignore)
     ignored = _ignore_list(value, source=src)
 
+    value, src = pick("keep_runs", keep_runs)
+    keep = DEFAULT_KEEP_RUNS if value is None else _count("keep_runs", value, source=src)
+
     value, src = pick("enabled", enabled)
     on = True if value is None else _flag("enabled", value, source=src)
     if env.get("DLWATCH_DISABLE", "").strip().lower() in _TRUE:
@@ -150,4 +173,4 @@ def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: An
         if not os.path.isdir(d):
             raise ValueError(f"dlwatch.watch: playbook directory {d!r} does not exist ({src}); create it or drop the option")
     return Options(report_dir=rdir, poll_interval=interval, stall_timeout=stall, enabled=on, playbooks=dirs,
-                   body_timeout=body, ignore=ignored)
+                   body_timeout=body, ignore=ignored, keep_runs=keep)

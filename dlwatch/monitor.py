@@ -26,6 +26,7 @@ from typing import Any
 from dlwatch import heartbeat as hbmod
 from dlwatch._fs import create_private, json_line, open_private
 from dlwatch._log import configure_own_process, get_logger
+from dlwatch.config import DEFAULT_KEEP_RUNS
 from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
@@ -127,6 +128,9 @@ class Monitor:
         self.stall_timeout = opts.get("stall_timeout")
         self.body_timeout = opts.get("body_timeout")
         self.playbook_dirs = tuple(opts.get("playbooks") or ())
+        keep = opts.get("keep_runs")  # validated by config.resolve in the training process
+        self.keep_runs = keep if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0 \
+            else DEFAULT_KEEP_RUNS
         self.report_dir: str = self.cfg.get("report_dir") or opts.get("report_dir") or "./dlwatch-reports"
         self.loader = self.cfg.get("loader")
         self.hb_path = os.path.join(run_dir, "heartbeat")
@@ -676,6 +680,8 @@ class Monitor:
                 log.warning("summary_write_failed", report_dir=base, error=str(exc))
         if path is None:
             return None
+        # the oldest summaries beyond keep_runs go (never this one); never raises
+        store.prune_runs(os.path.dirname(os.path.dirname(path)), self.keep_runs, spare=os.path.basename(path))
         # runs/<id>/report.html, drawn in a short-lived child from the timeline files handed to it open
         # (our run directory goes when the block ends): nothing is rendered or read in this process
         try:

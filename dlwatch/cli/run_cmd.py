@@ -13,6 +13,7 @@ report directory as with dlwatch.watch.  DLWATCH_DISABLE=1 runs the program unwa
 
   dlwatch run train.py --epochs 3
   dlwatch run --stall-timeout 120 -m torch.distributed.run --nproc_per_node 2 train.py
+  dlwatch run --keep-runs 50 train.py      # every iteration writes a run summary: keep the newest 50
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between monitor polls (default 1.0)")
     parser.add_argument("--ignore", default=None, metavar="IDS",
                         help="comma-separated playbook ids to silence (and batch-dim-mismatch:KEY)")
+    parser.add_argument("--keep-runs", default=None, metavar="N",
+                        help="run summaries to keep in the report directory, oldest removed first "
+                             "(default: $DLWATCH_KEEP_RUNS or 200; 0 keeps all)")
     # like python's -m, it ends dlwatch's options: everything after it is the module's
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE [ARGS]",
                         help="run a library module as a script, like python -m")
@@ -51,7 +55,8 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
     """The environment the program runs with: dlwatch's options, and the bootstrap first on PYTHONPATH."""
     env = dict(environ)
     options = {"report_dir": args.report_dir, "stall_timeout": args.stall_timeout,
-               "body_timeout": args.body_timeout, "poll_interval": args.poll_interval, "ignore": args.ignore}
+               "body_timeout": args.body_timeout, "poll_interval": args.poll_interval, "ignore": args.ignore,
+               "keep_runs": args.keep_runs}
     for name, value in options.items():
         if value is not None:
             if name == "report_dir":  # ranks and helpers may run in another directory
@@ -61,6 +66,9 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
         resolved = config.resolve(environ=env)
     except (ValueError, TypeError) as exc:
         msg = str(exc).replace("dlwatch.watch: ", "").replace("keyword argument", "option")
+        for name, value in options.items():  # name the flag the user gave, not the variable it travels in
+            if value is not None:
+                msg = msg.replace(f"(environment variable {config.ENV[name]})", f"(--{name.replace('_', '-')})")
         raise UsageError(msg) from None
     if resolved.ignored_playbooks:
         from dlwatch.playbooks import load_playbooks

@@ -7,7 +7,9 @@ can change it (``_fs.check_report_dir``); a sticky shared one such as /tmp gets 
 private ``mkdtemp`` child, and the fallback is a ``mkdtemp`` directory too.  Run directories
 (``.runs/``) hold a run in progress and are never listed as incidents; run summaries
 (``runs/<run-id>/summary.json`` and ``summary.md``) are written the same way, read with
-the same care as incidents, and listed apart (``dlwatch report --runs``).
+the same care as incidents, and listed apart (``dlwatch report --runs``).  After each summary is written, the oldest
+beyond ``keep_runs`` are removed (:func:`prune_runs`: only summaries of ours, never through a
+link, never an incident).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import datetime as _dt
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -440,6 +443,119 @@ def write_summary(report_dir: str, summary: dict[str, Any], *,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+# The run id, as Watch._make_run_dir makes it: <local yyyymmddTHHMMSS>-<pid>-<6 hex>
+RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+
+
+@dataclass(frozen=True)
+class _Kept:
+    name: str
+    key: tuple[str, int, str]
+
+
+def prune_runs(report_dir: str, keep: int, *, spare: str | None = None) -> list[str]:
+    """Remove the oldest run summaries in ``<report_dir>/runs/`` beyond ``keep``; return the names removed.
+
+    Never raises: a failure is one log line, and nothing else happens.  ``keep`` <= 0 keeps
+    all.  Only entries that are certainly summaries this user wrote count and may go: a name
+    that is exactly a run id, a real directory (not a link) owned by the effective uid, with a
+    regular summary.json in it.  Anything else in ``runs/`` (summaries being written,
+    ``.tmp-*``; links; other users' directories; foreign files) is left alone and not counted.
+    ``spare`` (the summary just written) counts but is never removed.
+
+    Oldest first: by the run id's timestamp (when the block started, whole seconds), then by
+    when summary.json was written (its mtime, in ns), then by name.  Removal is by directory
+    file descriptor (``shutil.rmtree(..., dir_fd=)``, which never follows a link); where the
+    platform's rmtree cannot do that, nothing is pruned.  Another process pruning the same
+    directory at the same time is fine: what it removed first is skipped.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
+        return []
+    try:
+        return _prune_runs(report_dir, keep, spare)
+    except Exception as exc:  # pruning is housekeeping: it never fails the run
+        _log().warning("prune_runs_failed", report_dir=report_dir, error=f"{type(exc).__name__}: {exc}")
+        return []
+
+
+def _log() -> Any:
+    from dlwatch._log import get_logger
+
+    return get_logger("dlwatch.store")
+
+
+def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
+    if not getattr(shutil.rmtree, "avoids_symlink_attacks", False):
+        _log().warning("prune_runs_skipped", report_dir=report_dir,
+                       reason="shutil.rmtree cannot avoid symlink attacks on this platform")
+        return []
+    check_report_dir(report_dir)  # ours and private, as when the summary was written
+    try:
+        fd = os.open(os.path.join(report_dir, SUMMARIES_DIR),
+                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    try:
+        st = os.fstat(fd)
+        euid = os.geteuid()
+        if st.st_uid != euid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UnsafeDirError(f"{SUMMARIES_DIR}/ is not ours or is writable by others "
+                                 f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+        runs = [k for k in (_summary_entry(fd, name, euid) for name in os.listdir(fd)) if k is not None]
+        excess = len(runs) - keep
+        if excess <= 0:
+            return []
+        runs.sort(key=lambda k: k.key)
+        victims = [k.name for k in runs if k.name != spare][:excess]
+        removed: list[str] = []
+        failures: list[str] = []
+        for name in victims:
+            for attempt in range(3):
+                errors: list[OSError] = []
+
+                def onerror(func: Any, path: str, info: Any, errors: list[OSError] = errors) -> None:
+                    if not isinstance(info[1], FileNotFoundError):  # gone already: another pruner was first
+                        errors.append(info[1])
+
+                shutil.rmtree(name, dir_fd=fd, onerror=onerror)
+                # a late file (that summary's report.html child still writing) makes rmdir fail: again
+                if not any(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors) or attempt == 2:
+                    break
+            if errors:
+                failures += [f"{name}: {e}" for e in errors]
+            else:
+                removed.append(name)
+        if failures:
+            _log().warning("prune_runs_incomplete", report_dir=report_dir, errors=failures[:3],
+                           num_errors=len(failures))
+        return removed
+    finally:
+        os.close(fd)
+
+
+def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
+    """The sort key of ``runs/<name>`` if it is a summary this user wrote, else None."""
+    m = RUN_ID.fullmatch(name)
+    if m is None:
+        return None
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != euid:
+            return None
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            if not os.path.samestat(st, os.fstat(sub)):
+                return None  # replaced between the two looks
+            js = os.stat("summary.json", dir_fd=sub, follow_symlinks=False)
+        finally:
+            os.close(sub)
+    except OSError:  # gone (another pruner), no summary.json, or unreadable: not ours to count
+        return None
+    if not stat.S_ISREG(js.st_mode):
+        return None
+    return _Kept(name=name, key=(m.group("when"), js.st_mtime_ns, name))
 
 
 MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this

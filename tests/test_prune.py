@@ -1,0 +1,428 @@
+"""Run-summary retention (keep_runs): the oldest summaries beyond the cap go after each write.
+
+Unit tests build summaries with the real ``store.write_summary`` so they look exactly like real
+ones; hostile look-alikes (links, other users' directories, foreign names, summaries being
+written) are left alone and not counted.  End to end: real watched DataLoader blocks with real
+workers, in process and under ``dlwatch run``; and two processes writing and pruning the same
+report directory at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import dlwatch
+from conftest import REPO, TARGETS, descendants_of, kill_session
+from dlwatch import config
+from dlwatch.cli import main
+from dlwatch.report import store
+from dlwatch.report import summary as sm
+
+PID = 4242
+
+
+def run_id(second: int, tag: str | None = None, pid: int = PID) -> str:
+    """A run id as Watch._make_run_dir makes it, at a chosen second of 2026-01-01."""
+    return f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}-{pid}-{tag or secrets.token_hex(3)}"
+
+
+def write(report_dir, rid: str) -> str:
+    s = sm.skeleton(run_id=rid, pid=PID, now=time.time())
+    return store.write_summary(str(report_dir), s, render_markdown=sm.render_markdown)
+
+
+def summaries(report_dir) -> list[str]:
+    return sorted(r.id for r in store.list_runs(str(report_dir))[0])
+
+
+def entries(report_dir) -> list[str]:
+    return sorted(os.listdir(os.path.join(report_dir, "runs")))
+
+
+# --------------------------------------------------------------------------- unit, real summaries
+
+
+def test_cap_respected_oldest_go_newest_and_just_written_stay(tmp_path):
+    ids = [run_id(i) for i in range(6)]
+    for rid in ids[:5]:
+        write(tmp_path, rid)
+    path = write(tmp_path, ids[5])
+    removed = store.prune_runs(os.path.dirname(os.path.dirname(path)), 3, spare=os.path.basename(path))
+    assert removed == ids[:3]
+    assert summaries(tmp_path) == entries(tmp_path) == ids[3:]
+    assert store.prune_runs(str(tmp_path), 3) == []  # at the cap: nothing more goes
+
+
+def test_the_summary_just_written_stays_even_when_its_block_started_first(tmp_path):
+    # an outer block (or a long one) ends after shorter ones that started later: its id is the oldest
+    ids = [run_id(i) for i in range(5)]
+    for rid in ids[1:]:
+        write(tmp_path, rid)
+    path = write(tmp_path, ids[0])
+    assert store.prune_runs(str(tmp_path), 2, spare=os.path.basename(path)) == ids[1:4]
+    assert summaries(tmp_path) == [ids[0], ids[4]]
+
+
+@pytest.mark.parametrize("keep", [0, -1, None, True])
+def test_keep_zero_keeps_all_and_nonsense_prunes_nothing(tmp_path, keep):
+    ids = [run_id(i) for i in range(4)]
+    for rid in ids:
+        write(tmp_path, rid)
+    assert store.prune_runs(str(tmp_path), keep) == []
+    assert summaries(tmp_path) == ids
+
+
+def test_ties_in_the_same_second_go_by_when_the_summary_was_written(tmp_path):
+    # blocks a fraction of a second apart share the id's timestamp; the random tag says nothing of order
+    a, b, c = run_id(7, "ffffff"), run_id(7, "000000"), run_id(7, "888888")
+    for rid, mtime_ns in ((a, 1_000_000_000), (b, 3_000_000_000), (c, 2_000_000_000)):
+        p = write(tmp_path, rid)
+        os.utime(os.path.join(p, "summary.json"), ns=(mtime_ns, mtime_ns))
+    assert store.prune_runs(str(tmp_path), 1) == [a, c]
+    assert summaries(tmp_path) == [b]
+
+
+def test_no_runs_dir_or_no_report_dir_is_nothing_to_do(tmp_path):
+    assert store.prune_runs(str(tmp_path), 1) == []
+    assert store.prune_runs(str(tmp_path / "missing"), 1) == []  # logged, never raised
+
+
+# --------------------------------------------------------------------------- hostile look-alikes
+
+
+def test_hostile_look_alikes_are_left_alone_and_not_counted(tmp_path, caplog):
+    reports = tmp_path / "reports"
+    real = [run_id(100 + i) for i in range(3)]
+    for rid in real:
+        write(reports, rid)
+    runs = reports / "runs"
+    # a victim outside, holding what a summary holds, reached through a link named like the oldest run
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "summary.json").write_text("{}")
+    (victim / "precious.txt").write_text("keep me")
+    link = run_id(1, "aaaaaa")
+    os.symlink(victim, runs / link)
+    # a run id without summary.json (a crashed writer, or someone's own directory)
+    bare = run_id(2, "bbbbbb")
+    (runs / bare).mkdir()
+    (runs / bare / "notes.txt").write_text("x")
+    # a run id whose summary.json is a link to a file elsewhere
+    linked_json = run_id(3, "cccccc")
+    (runs / linked_json).mkdir()
+    os.symlink(victim / "summary.json", runs / linked_json / "summary.json")
+    # a regular file named like a run id
+    plain_file = run_id(4, "dddddd")
+    (runs / plain_file).write_text("not a directory")
+    # names that are not exactly a run id, each a directory with a summary.json
+    odd = ["notes", run_id(5, "ABCDEF"), run_id(6, "eeeeee") + ".bak", "x" + run_id(7, "eeeeee"),
+           "20260101T000008-12-abcdef0"]
+    # a summary being written right now
+    odd.append(store.TMP_PREFIX + run_id(8, "ffffff") + "-k2j3h4")
+    for name in odd:
+        (runs / name).mkdir()
+        (runs / name / "summary.json").write_text("{}")
+    before = set(entries(reports))
+
+    # three real summaries and keep=3: the look-alikes do not count, nothing goes
+    assert store.prune_runs(str(reports), 3) == []
+    assert set(entries(reports)) == before
+
+    assert store.prune_runs(str(reports), 1) == real[:2]
+    assert set(entries(reports)) == before - set(real[:2])
+    assert summaries(reports) == real[2:]
+    assert (victim / "precious.txt").read_text() == "keep me" and (victim / "summary.json").exists()
+    assert os.path.islink(runs / link) and os.path.islink(runs / linked_json / "summary.json")
+    assert "prune_runs" not in caplog.text
+
+
+def test_another_users_run_directory_is_never_removed(tmp_path):
+    reports = tmp_path / "reports"
+    mine = [run_id(10), run_id(11)]
+    for rid in mine:
+        write(reports, rid)
+    theirs = run_id(1, "111111")
+    path = write(reports, theirs)
+    try:
+        os.chown(path, 65534, 65534)
+    except PermissionError:
+        pytest.skip("chown is not permitted here (not root): another user's directory cannot be made")
+    assert os.stat(path).st_uid == 65534
+    assert store.prune_runs(str(reports), 1) == [mine[0]]
+    assert entries(reports) == [theirs, mine[1]]
+    assert os.path.isfile(os.path.join(path, "summary.json"))
+
+
+def test_a_link_inside_a_pruned_summary_is_removed_not_followed(tmp_path):
+    reports = tmp_path / "reports"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data.bin").write_bytes(b"x" * 100)
+    old = write(reports, run_id(1))
+    os.symlink(victim, os.path.join(old, "report.html"))  # planted where a late file could go
+    os.symlink(victim / "data.bin", os.path.join(old, "timeline.jsonl"))
+    write(reports, run_id(2))
+    assert store.prune_runs(str(reports), 1) == [os.path.basename(old)]
+    assert not os.path.lexists(old)
+    assert (victim / "data.bin").read_bytes() == b"x" * 100
+
+
+def test_a_linked_or_shared_runs_directory_is_not_pruned(tmp_path, caplog):
+    reports = tmp_path / "reports"
+    for i in range(3):
+        write(reports, run_id(i))
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(reports / "runs", elsewhere)
+    os.symlink(elsewhere, reports / "runs")
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_runs(str(reports), 1) == []
+    assert len(os.listdir(elsewhere)) == 3 and "prune_runs_failed" in caplog.text
+    os.unlink(reports / "runs")
+    os.rename(elsewhere, reports / "runs")
+    os.chmod(reports / "runs", 0o770)  # writable by the group: someone else could have put things there
+    assert store.prune_runs(str(reports), 1) == []
+    assert len(entries(reports)) == 3
+
+
+def test_without_symlink_safe_rmtree_nothing_is_pruned(tmp_path, monkeypatch, caplog):
+    for i in range(3):
+        write(tmp_path, run_id(i))
+    monkeypatch.setattr(shutil.rmtree, "avoids_symlink_attacks", False)
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_runs(str(tmp_path), 1) == []
+    assert len(summaries(tmp_path)) == 3 and "prune_runs_skipped" in caplog.text
+
+
+def test_a_concurrent_pruner_that_was_first_is_not_an_error(tmp_path, monkeypatch, caplog):
+    """The other rank removes a victim between our listing and our rmtree: ENOENT is fine."""
+    ids = [run_id(i) for i in range(4)]
+    for rid in ids:
+        write(tmp_path, rid)
+    real_rmtree = shutil.rmtree
+
+    def other_pruner_first(path, *args, **kw):
+        real_rmtree(os.path.join(tmp_path, "runs", path))  # the other process, a moment earlier
+        return real_rmtree(path, *args, **kw)
+
+    other_pruner_first.avoids_symlink_attacks = True
+    monkeypatch.setattr(store.shutil, "rmtree", other_pruner_first)
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_runs(str(tmp_path), 2) == ids[:2]
+    assert summaries(tmp_path) == ids[2:] and "prune_runs" not in caplog.text
+
+
+def test_a_late_file_in_a_summary_being_pruned_is_removed_on_a_second_pass(tmp_path, monkeypatch, caplog):
+    """That summary's report.html child may still be writing into it: rmdir fails once (ENOTEMPTY)."""
+    ids = [run_id(i) for i in range(3)]
+    for rid in ids:
+        write(tmp_path, rid)
+    real_rmtree = shutil.rmtree
+    calls = []
+
+    def late_file_once(path, *args, onerror, **kw):
+        calls.append(path)
+        if len(calls) == 1:  # as if a file arrived between the listing and the final rmdir
+            return onerror(os.rmdir, path, (OSError, OSError(errno.ENOTEMPTY, "Directory not empty"), None))
+        return real_rmtree(path, *args, onerror=onerror, **kw)
+
+    late_file_once.avoids_symlink_attacks = True
+    monkeypatch.setattr(store.shutil, "rmtree", late_file_once)
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_runs(str(tmp_path), 2) == ids[:1]
+    assert calls == [ids[0], ids[0]] and summaries(tmp_path) == ids[1:] and "prune_runs" not in caplog.text
+
+
+def test_a_removal_that_keeps_failing_is_one_log_line_never_raised(tmp_path, monkeypatch, caplog):
+    ids = [run_id(i) for i in range(3)]
+    for rid in ids:
+        write(tmp_path, rid)
+
+    def denied(path, *args, onerror, **kw):
+        return onerror(os.rmdir, path, (OSError, PermissionError(errno.EACCES, "Permission denied"), None))
+
+    denied.avoids_symlink_attacks = True
+    monkeypatch.setattr(store.shutil, "rmtree", denied)
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_runs(str(tmp_path), 1) == []
+    assert summaries(tmp_path) == ids
+    assert [r.message.split()[0] for r in caplog.records] == ["event='prune_runs_incomplete'"], caplog.text
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("value, kind", [(-1, ValueError), (2.0, TypeError), (True, TypeError),
+                                         ("many", ValueError), ("-3", ValueError), ([2], TypeError)])
+def test_bad_keep_runs_keyword_names_the_keyword(value, kind):
+    with pytest.raises(kind) as info:
+        config.resolve(keep_runs=value, environ={})
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("dlwatch.watch: keep_runs must be a whole number >= 0")
+    assert msg.endswith("(keyword argument)")
+    with pytest.raises(kind):
+        dlwatch.watch([1, 2], keep_runs=value)  # before anything starts
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "true", "2e3", "ten"])
+def test_bad_keep_runs_variable_names_the_variable(value):
+    with pytest.raises(ValueError) as info:
+        config.resolve(environ={"DLWATCH_KEEP_RUNS": value})
+    msg = str(info.value)
+    assert "\n" not in msg and "keep_runs must be a whole number" in msg
+    assert msg.endswith("(environment variable DLWATCH_KEEP_RUNS)")
+
+
+def test_keep_runs_precedence_default_and_to_dict():
+    assert config.resolve(environ={}).keep_runs == 200
+    assert config.resolve(environ={"DLWATCH_KEEP_RUNS": " 7 "}).keep_runs == 7
+    assert config.resolve(keep_runs=0, environ={"DLWATCH_KEEP_RUNS": "7"}).keep_runs == 0
+    assert config.resolve(keep_runs="5", environ={}).to_dict()["keep_runs"] == 5
+    assert config.ENV["keep_runs"] == "DLWATCH_KEEP_RUNS"
+
+
+def _cli(args, cwd, timeout=120, **extra):
+    env = dict(os.environ)
+    env.pop("DLWATCH_DIR", None)
+    env.pop("DLWATCH_DISABLE", None)
+    env.pop("DLWATCH_KEEP_RUNS", None)
+    env["PYTHONPATH"] = REPO  # this tree's dlwatch, whatever the environment has installed
+    env.update(extra)
+    proc = subprocess.Popen([sys.executable, "-m", "dlwatch", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(cwd), start_new_session=True)
+    known: set[int] = set()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    finally:
+        known.update(p.pid for p in descendants_of(proc.pid))
+        kill_session(proc.pid, known)
+        proc.wait()
+
+
+@pytest.mark.parametrize("args, extra, text", [
+    (["--keep-runs", "-1"], {}, "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)"),
+    (["--keep-runs", "2.5"], {}, "got '2.5' (--keep-runs)"),
+    ([], {"DLWATCH_KEEP_RUNS": "lots"}, "got 'lots' (environment variable DLWATCH_KEEP_RUNS)"),
+])
+def test_run_bad_keep_runs_one_line_exit_2(tmp_path, args, extra, text):
+    script = os.path.join(TARGETS, "plain_train.py")
+    rc, out, err = _cli(["run", "--report-dir", str(tmp_path / "r"), *args, script, "ok"], tmp_path,
+                        timeout=60, **extra)
+    assert rc == 2  # a usage error (see `dlwatch --help`)
+    assert err.count("\n") == 1 and err.startswith("dlwatch: error: ") and text in err, err
+    assert out == "" and not (tmp_path / "r").exists()  # refused before the program started
+
+
+# --------------------------------------------------------------------------- end to end, real workers
+
+
+class Squares(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), torch.tensor(i * i)
+
+
+def test_real_watched_blocks_keep_the_two_newest(tmp_path, no_leftovers, capfd):
+    dl = DataLoader(Squares(), batch_size=4, num_workers=2)
+    ids = []
+    for _ in range(4):
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
+            assert [y.tolist() for _, y in w] == [[0, 1, 4, 9], [16, 25, 36, 49]]  # the same batches
+        ids.append(w.summary["id"])
+    assert len(set(ids)) == 4
+    assert [e for e in entries(tmp_path) if not e.startswith(".")] == sorted(ids[2:])
+    assert summaries(tmp_path) == sorted(ids[2:])
+    capfd.readouterr()
+    assert main(["report", "--runs", str(tmp_path)]) == 0
+    rows = capfd.readouterr().out.splitlines()
+    assert rows[0].startswith("RUN") and len(rows) == 3 and {r.split()[0] for r in rows[1:]} == set(ids[2:])
+
+
+def test_the_training_process_prunes_when_it_writes_the_summary_itself(tmp_path, no_leftovers):
+    """The monitor is gone (SIGKILL): the fallback summary written in the training process prunes too."""
+    import signal
+    import warnings
+
+    from conftest import wait_for
+
+    older = [run_id(i) for i in range(3)]  # summaries of earlier blocks (2026-01-01: older than any new id)
+    for rid in older:
+        write(tmp_path, rid)
+    dl = DataLoader(Squares(), batch_size=4, num_workers=2)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
+            os.kill(w.monitor_pid, signal.SIGKILL)
+            wait_for(lambda: w._monitor.poll() is not None, 5)
+            assert [y.tolist() for _, y in w] == [[0, 1, 4, 9], [16, 25, 36, 49]]
+    s = w.summary
+    assert any("monitor process was not running" in n for n in s["notes"])
+    assert summaries(tmp_path) == sorted([older[2], s["id"]])
+
+
+@pytest.mark.slow
+def test_dlwatch_run_keep_runs_2_lists_two(tmp_path):
+    """plain_train.py ok: two epochs of train and val loaders, four watched iterations."""
+    reports = tmp_path / "reports"
+    rc, out, err = _cli(["run", "--report-dir", str(reports), "--keep-runs", "2",
+                         os.path.join(TARGETS, "plain_train.py"), "ok"], tmp_path, timeout=180)
+    assert rc == 0, err
+    assert out.count("ITER") == 4  # four watched blocks wrote a summary each
+    assert len([e for e in entries(reports) if not e.startswith(".")]) == 2
+    rc, out, err = _cli(["report", "--runs", str(reports)], tmp_path, timeout=60)
+    assert rc == 0, err
+    rows = out.splitlines()
+    assert rows[0].startswith("RUN") and len(rows) == 3, out
+
+
+# --------------------------------------------------------------------------- two pruners at once
+
+WRITER = r"""
+import os, secrets, sys, time
+sys.path.insert(0, sys.argv[1])
+from dlwatch._log import configure_own_process
+from dlwatch.report import store, summary as sm
+configure_own_process()  # a prune failure would be a line on stderr
+report_dir, go, n, keep = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+while not os.path.exists(go):
+    time.sleep(0.005)
+for i in range(n):
+    rid = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+    path = store.write_summary(report_dir, sm.skeleton(run_id=rid, pid=os.getpid(), now=time.time()),
+                               render_markdown=sm.render_markdown)
+    # never its own just-written summary; the other process may prune it, if its id is older than keep others
+    assert rid not in store.prune_runs(os.path.dirname(os.path.dirname(path)), keep, spare=rid)
+print("DONE", n)
+"""
+
+
+def test_two_processes_writing_and_pruning_at_once(tmp_path):
+    reports = tmp_path / "reports"
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, REPO, str(reports), str(go), "40", "3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for _ in range(2)]
+    try:
+        go.write_text("")
+        results = [p.communicate(timeout=120) for p in procs]
+        for p, (out, err) in zip(procs, results):
+            assert p.returncode == 0 and out.strip() == "DONE 40" and err == "", err
+        left = summaries(reports)
+        assert 1 <= len(left) <= 3 and entries(reports) == left  # no half-removed or temporary leftovers
+    finally:
+        for p in procs:
+            kill_session(p.pid, set())
+            p.wait()
