@@ -197,6 +197,7 @@ def test_user_watch_inside_run_is_left_alone(tmp_path):
     (["--stall-timeout", "soon", SCRIPT], 2, "stall_timeout must be a number of seconds"),
     (["--ignore", "no-such-playbook", SCRIPT], 2, "--ignore names no known playbook: no-such-playbook"),
     (["-m"], 2, "-m needs a module name"),
+    (["--keep-runs", "-1", SCRIPT], 2, "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)"),
 ])
 def test_bad_input_one_line(tmp_path, args, code, text):
     rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", *args], tmp_path, timeout=60)
