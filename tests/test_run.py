@@ -171,9 +171,11 @@ def test_torchrun_ranks_are_watched(tmp_path):
                          "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT, "ok"],
                         tmp_path, timeout=180, OMP_NUM_THREADS="1")
     assert rc == 0, err[-2000:]
-    lines = [line for line in out.splitlines() if line.startswith("ITER")]
+    # two ranks print to one pipe: a line of one can land in the middle of the other's, so split
+    # on the marker, not on newlines
+    lines = [chunk.split()[:3] for chunk in out.split("ITER rank ")[1:]]
     for rank in ("0", "1"):
-        mine = [line.split()[-1] for line in lines if line.split()[2] == rank]
+        mine = [words[2] for words in lines if words[0] == rank]
         assert mine == ["RunIterator"] * 4, lines
 
 
