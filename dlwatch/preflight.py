@@ -47,7 +47,7 @@ def thread_info(t: threading.Thread) -> dict[str, Any]:
 # "dlwatch-stop" thread of `dlwatch run`, which waits for the previous iteration's monitor
 # to exit (a wait on a child and a pipe write; a forked worker neither has it nor needs its locks),
 # and its "dlwatch-html-reaper", which waits (at most a minute) for the child that renders the
-# report.html of an incident written in this process.  Neither is the user's: a finding about
+# report.html of an incident or run summary written in this process.  Neither is the user's: a finding about
 # them would be dlwatch accusing itself, and a worker forked beside them never touches them.
 _FORK_SAFE_TARGETS = ("multiprocessing.queues.Queue._feed", "torch.utils.data.", "dlwatch.agent.Watch._stop_monitor",
                       "dlwatch.report.html.spawn_render.")
