@@ -258,3 +258,18 @@ def chromium_path() -> str | None:
         if found:
             return found
     return None
+
+
+def run_bounded(argv: list, *, env: dict, cwd: str, timeout: float = 120) -> tuple[int, str, str]:
+    """Run a command in its own session; whatever it started is killed when it ends or outlives
+    the bound (a hung DataLoader worker included). Returns (returncode, stdout, stderr)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    known: set[int] = set()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    finally:
+        known.update(p.pid for p in descendants_of(proc.pid))
+        kill_session(proc.pid, known)
+        proc.wait()

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from conftest import REPO, TARGETS, descendants_of, kill_session
+from conftest import REPO, TARGETS, kill_session, run_bounded
 from dlwatch import config
 from dlwatch.cli import main
 from dlwatch.report import store
@@ -298,16 +298,7 @@ def _cli(args, cwd, timeout=120, **extra):
     env.pop("DLWATCH_KEEP_RUNS", None)
     env["PYTHONPATH"] = REPO  # this tree's dlwatch, whatever the environment has installed
     env.update(extra)
-    proc = subprocess.Popen([sys.executable, "-m", "dlwatch", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(cwd), start_new_session=True)
-    known: set[int] = set()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-    finally:
-        known.update(p.pid for p in descendants_of(proc.pid))
-        kill_session(proc.pid, known)
-        proc.wait()
+    return run_bounded([sys.executable, "-m", "dlwatch", *args], env=env, cwd=str(cwd), timeout=timeout)
 
 
 @pytest.mark.parametrize("args, extra, text", [

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import TARGETS, incidents, kill_session, load, wait_for, descendants_of
+from conftest import TARGETS, descendants_of, incidents, kill_session, load, run_bounded, wait_for
 
 SCRIPT = os.path.join(TARGETS, "plain_train.py")
 
@@ -24,16 +24,7 @@ def _env(tmp_path, **extra):
 
 def _run(args, tmp_path, *, timeout=120, cwd=None, **extra):
     """Run a command in its own session; kill everything it started if it outlives the bound."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(tmp_path, **extra), cwd=cwd or str(tmp_path), start_new_session=True)
-    known: set[int] = set()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-    finally:
-        known.update(p.pid for p in descendants_of(proc.pid))
-        kill_session(proc.pid, known)
-        proc.wait()
+    return run_bounded(args, env=_env(tmp_path, **extra), cwd=cwd or str(tmp_path), timeout=timeout)
 
 
 def dlwatch_run(tmp_path, *args, **kw):
