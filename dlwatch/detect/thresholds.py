@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from dlwatch.detect.growth import slope
 from dlwatch.model import FdSummary, ProcSample, SystemSample
 
 __all__ = [
@@ -38,16 +39,7 @@ SHM_NEED_FACTOR = 1.0  # free /dev/shm below need × this is pressure
 
 def fd_trend(history: Sequence[ProcSample]) -> float | None:
     """Least-squares slope of num_fds over time, fds per second; None with < 2 usable points."""
-    points = [(s.ts, s.num_fds) for s in history if s.num_fds is not None and not s.gone]
-    if len(points) < 2:
-        return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_f = sum(f for _, f in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var <= 0:
-        return None
-    return sum((t - mean_t) * (f - mean_f) for t, f in points) / var
+    return slope([(s.ts, s.num_fds) for s in history if s.num_fds is not None and not s.gone])
 
 
 def fd_pressure(history: Sequence[ProcSample], *, fd_share: float = FD_SHARE,
