@@ -289,6 +289,33 @@ def _type_problem(data: dict[str, Any]) -> str | None:
     return None
 
 
+def _load_json_document(path: str, raw: bytes, noun: str, what: str, has_keys: Callable[[dict[str, Any]], bool],
+                        schema_version: int) -> dict[str, Any]:
+    """``raw`` (read from ``path`` with :func:`read_regular`) parsed and checked as a JSON object with
+    the keys ``has_keys`` wants, a schema_version this dlwatch understands, nested at most MAX_DEPTH
+    deep; ReportError naming ``path`` otherwise.  The checks load_report and load_summary share."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
+                          help="it was not written by a complete dlwatch run; remove it") from None
+    except RecursionError:
+        raise ReportError(f"{path} is damaged (nested deeper than any {noun})",
+                          help="it was not written by dlwatch; remove it") from None
+    if not isinstance(data, dict) or not has_keys(data):
+        raise ReportError(f"{path} is not {what} (missing keys)")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ReportError(f"{path} has no valid schema_version")
+    if version > schema_version:
+        raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands ({schema_version})",
+                          help="upgrade dlwatch (pip install -U dlwatch)")
+    if _too_deep(data):
+        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
+                          help="it was not written by dlwatch; remove it")
+    return data
+
+
 def load_report(path: str) -> dict[str, Any]:
     """Load and check one report.json (or the directory holding it); ReportError if damaged.
 
@@ -298,26 +325,8 @@ def load_report(path: str) -> dict[str, Any]:
     """
     if os.path.isdir(path):
         path = os.path.join(path, "report.json")
-    raw = read_regular(path, MAX_REPORT_BYTES)
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
-                          help="it was not written by a complete dlwatch run; remove it") from None
-    except RecursionError:
-        raise ReportError(f"{path} is damaged (nested deeper than any report)",
-                          help="it was not written by dlwatch; remove it") from None
-    if not isinstance(data, dict) or any(k not in data for k in REQUIRED_KEYS):
-        raise ReportError(f"{path} is not a dlwatch report (missing keys)")
-    version = data.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ReportError(f"{path} has no valid schema_version")
-    if version > SCHEMA_VERSION:
-        raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands ({SCHEMA_VERSION})",
-                          help="upgrade dlwatch (pip install -U dlwatch)")
-    if _too_deep(data):
-        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
-                          help="it was not written by dlwatch; remove it")
+    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES), "report", "a dlwatch report",
+                               lambda d: all(k in d for k in REQUIRED_KEYS), SCHEMA_VERSION)
     problem = _type_problem(data)
     if problem:
         raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
@@ -578,25 +587,9 @@ def load_summary(path: str) -> dict[str, Any]:
         raw = read_regular(path, MAX_SUMMARY_BYTES)
     except NotFoundError:
         raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
-                          help="it was not written by a complete dlwatch run; remove it") from None
-    except RecursionError:
-        raise ReportError(f"{path} is damaged (nested deeper than any summary)",
-                          help="it was not written by dlwatch; remove it") from None
-    if not isinstance(data, dict) or data.get("kind") != KIND or any(k not in data for k in SUMMARY_KEYS):
-        raise ReportError(f"{path} is not a dlwatch run summary (missing keys)")
-    version = data.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ReportError(f"{path} has no valid schema_version")
-    if version > SUMMARY_SCHEMA_VERSION:
-        raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands "
-                          f"({SUMMARY_SCHEMA_VERSION})", help="upgrade dlwatch (pip install -U dlwatch)")
-    if _too_deep(data):
-        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
-                          help="it was not written by dlwatch; remove it")
+    data = _load_json_document(path, raw, "summary", "a dlwatch run summary",
+                               lambda d: d.get("kind") == KIND and all(k in d for k in SUMMARY_KEYS),
+                               SUMMARY_SCHEMA_VERSION)
     for key, types in _SUMMARY_TYPES.items():
         if key in data and not isinstance(data[key], types):
             raise ReportError(f"{path} is damaged: {key} is {type(data[key]).__name__}",
