@@ -90,17 +90,22 @@ def _start_method(loader: Any) -> str | None:
     return "spawn"
 
 
+def _sharing_strategy() -> str | None:
+    """torch.multiprocessing's sharing strategy, if torch's multiprocessing is imported (never imports it)."""
+    tmp = sys.modules.get("torch.multiprocessing")
+    if tmp is not None:
+        try:
+            return tmp.get_sharing_strategy()
+        except Exception:
+            pass
+    return None
+
+
 def loader_config(loader: Any) -> dict[str, Any] | None:
     """The DataLoader's configuration for the report; None for a plain iterable."""
     if not _is_dataloader(loader):
         return None
-    strategy = None
-    tmp = sys.modules.get("torch.multiprocessing")
-    if tmp is not None:
-        try:
-            strategy = tmp.get_sharing_strategy()
-        except Exception:
-            pass
+    strategy = _sharing_strategy()
     dataset = getattr(loader, "dataset", None)
     try:
         dataset_len = len(dataset)  # type: ignore[arg-type]
@@ -650,15 +655,8 @@ class Watch:
             return
         from dlwatch import preflight
 
-        strategy = None
-        tmp = sys.modules.get("torch.multiprocessing")
-        if tmp is not None:
-            try:
-                strategy = tmp.get_sharing_strategy()
-            except Exception:
-                pass
         cfg = {"num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
-               "sharing_strategy": strategy}
+               "sharing_strategy": _sharing_strategy()}
         thresholds = {pid: dict(pb.thresholds) for pid, pb in self._advice_pbs.items()}
         self._send_preflight(preflight.first_batch_checks(preflight.first_batch_facts(cfg, batch, batch_bytes),
                                                           thresholds))
