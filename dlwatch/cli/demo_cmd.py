@@ -396,14 +396,8 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
             return 1
         for line in summary_render.terminal_lines(outbound(data)):
             print(render.terminal_safe(line))
-        print()
-        print(f"full summary: {os.path.join(o.summary, 'summary.md')}")
-        print(f"see it again: dlwatch report {o.summary}")
-        print(f"charts: dlwatch report {o.summary} --html")
-        if not o.matched:
-            print(f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}")
-            return 1
-        return 0
+        return _trailer(o.summary, "summary", None if o.matched else
+                        f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}")
     if not o.reports and o.job is None:
         print("no incident: dlwatch found nothing wrong" if o.expected is None
               else f"no incident was written (expected {o.expected})")
@@ -427,11 +421,16 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
     except DlwatchError as exc:
         print(f"cannot show {last}: {exc}")
         return 1
+    return _trailer(last, "report", None if o.matched else f"expected {o.expected or 'no incident'}, found {o.top}")
+
+
+def _trailer(path: str, document: str, mismatch: str | None) -> int:
+    """Where the whole document is, how to see it and its charts again; the exit code (1 on a mismatch)."""
     print()
-    print(f"full report: {os.path.join(last, 'report.md')}")
-    print(f"see it again: dlwatch report {last}")
-    print(f"charts: dlwatch report {last} --html")
-    if not o.matched:
-        print(f"expected {o.expected or 'no incident'}, found {o.top}")
+    print(f"full {document}: {os.path.join(path, document + '.md')}")
+    print(f"see it again: dlwatch report {path}")
+    print(f"charts: dlwatch report {path} --html")
+    if mismatch:
+        print(mismatch)
         return 1
     return 0
