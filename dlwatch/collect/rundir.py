@@ -129,20 +129,18 @@ def _read_all(run_dir: str, names: Iterable[str], uid: int, caps: Mapping[str, i
         os.close(dir_fd)
 
 
+_WHY = {
+    errno.ELOOP: "a symbolic link (not followed)",
+    errno.ENOTDIR: "a symbolic link or a file where a directory belongs (not followed)",
+    errno.EPERM: "not owned by the target's user (not read)",
+    errno.EINVAL: "not a regular file inside the run directory (not read)",
+    errno.ENOENT: "missing",
+    errno.EACCES: "the target's user cannot read it (not read)",
+}
+
+
 def _explain(name: str, code: int) -> str:
-    if code == errno.ELOOP:
-        return f"{name}: a symbolic link (not followed)"
-    if code == errno.ENOTDIR:
-        return f"{name}: a symbolic link or a file where a directory belongs (not followed)"
-    if code == errno.EPERM:
-        return f"{name}: not owned by the target's user (not read)"
-    if code == errno.EINVAL:
-        return f"{name}: not a regular file inside the run directory (not read)"
-    if code == errno.ENOENT:
-        return f"{name}: missing"
-    if code == errno.EACCES:
-        return f"{name}: the target's user cannot read it (not read)"
-    return f"{name}: {os.strerror(code)}"
+    return f"{name}: {_WHY.get(code) or os.strerror(code)}"
 
 
 class RunDirReader:
