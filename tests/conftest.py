@@ -273,3 +273,27 @@ def run_bounded(argv: list, *, env: dict, cwd: str, timeout: float = 120) -> tup
         known.update(p.pid for p in descendants_of(proc.pid))
         kill_session(proc.pid, known)
         proc.wait()
+
+
+def in_private_mount_namespace(cmd: str, *, env: dict, timeout: float) -> tuple[int, str, str]:
+    """``sh -c cmd`` in a private mount namespace of its own (so it may mount a small tmpfs
+    without touching the machine), in its own session, killed with all it started if it outlives
+    the bound.  Skips the test where unshare is missing or a mount namespace is not permitted."""
+    import shutil
+
+    if not shutil.which("unshare"):
+        pytest.skip("unshare is not installed")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
+            proc.wait()
+    return proc.returncode, out, err

@@ -18,7 +18,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import dlwatch
-from conftest import REPO, TARGETS, batches_of, incidents, load, wait_for
+from conftest import REPO, TARGETS, batches_of, in_private_mount_namespace, incidents, load, wait_for
 from dlwatch.agent import DlwatchWarning
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
@@ -166,11 +166,6 @@ def test_worker_exiting_mid_poll(tmp_path, no_leftovers):
 
 
 def _in_private_mount(tmp_path, mount_opts: str, script: str, *args: str, timeout: float = 90):
-    if not shutil.which("unshare"):
-        pytest.skip("unshare is not installed")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), TMPDIR=str(tmp_path / "tmp"))
@@ -178,16 +173,8 @@ def _in_private_mount(tmp_path, mount_opts: str, script: str, *args: str, timeou
     cmd = (f"mount -t tmpfs -o {mount_opts} tmpfs {mnt} && "
            f"{sys.executable} {os.path.join(TARGETS, script)} {mnt}/reports {' '.join(args)}; "
            f"rc=$?; echo TREE; find {mnt} | sort; exit $rc")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out, err, env["TMPDIR"]
+    returncode, out, err = in_private_mount_namespace(cmd, env=env, timeout=timeout)
+    return returncode, out, err, env["TMPDIR"]
 
 
 def _check_fallback(out: str, err: str, tmpdir: str) -> dict:

@@ -11,43 +11,26 @@ shows the detector does judge there.
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, TARGETS, incidents, kill_tree, load
+from conftest import REPO, TARGETS, in_private_mount_namespace, incidents, load
 
 MiB = 1 << 20
 
 
 def run_beside_tenant(tmp_path, size_mib: int, tenant_mib: int, mode: str, timeout: float = 120) -> dict:
-    if not shutil.which("unshare"):
-        pytest.skip("unshare is not installed")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
     reports = tmp_path / "reports"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]))
     env.pop("DLWATCH_IGNORE", None)
     cmd = (f"mount -t tmpfs -o size={size_mib}m tmpfs /dev/shm || exit 77; "
            f"head -c {tenant_mib * MiB} /dev/zero > /dev/shm/other-tenant-cache && "
            f"exec {sys.executable} {os.path.join(TARGETS, 'shm_tenant.py')} {reports} {mode}")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kill_tree(proc.pid)
-            proc.wait()
-    if proc.returncode == 77:
+    returncode, out, err = in_private_mount_namespace(cmd, env=env, timeout=timeout)
+    if returncode == 77:
         pytest.skip(f"cannot mount a tmpfs on /dev/shm: {err.strip()}")
-    assert proc.returncode == 0, (out, err[-3000:])
+    assert returncode == 0, (out, err[-3000:])
     fields = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.splitlines()
               if line.split() and line.split()[0] in ("BATCHES", "BATCH_BYTES", "SHM")}
     assert fields["SHM"][0] == size_mib * MiB, out  # the run saw the small tmpfs
