@@ -297,3 +297,40 @@ def in_private_mount_namespace(cmd: str, *, env: dict, timeout: float) -> tuple[
             kill_tree(proc.pid)
             proc.wait()
     return proc.returncode, out, err
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    """Live (not zombie) processes whose command line contains ``marker``: what a test's run left behind."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(p.info["cmdline"] or ()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def run_to_end(argv: list, *, env: dict, marker: str, timeout: float, what: str,
+               settle_s: float = 5.0) -> tuple[int, str, str]:
+    """Run ``argv`` in its own session until it ends by itself (the test fails after ``timeout``);
+    then nothing whose command line names ``marker`` may be left after ``settle_s``.  Whatever it
+    started is killed in any case, including processes in sessions of their own (torchrun's ranks)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{what} did not end by itself within {timeout} s")
+        left = wait_for(lambda: not processes_with(marker), timeout=settle_s) or processes_with(marker)
+        assert left is True, f"{what} left processes behind: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_tree(proc.pid)
+        for p in processes_with(marker):
+            kill_tree(p.pid)
+    return proc.returncode, out, err

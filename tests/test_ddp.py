@@ -14,15 +14,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
-import subprocess
 import sys
 from contextlib import redirect_stdout
 
-import psutil
 import pytest
 
-from conftest import REPO, TARGETS, kill_tree, wait_for
+from conftest import REPO, TARGETS, run_to_end
 from dlwatch.cli import main as cli_main
 from dlwatch.report import jobview, store
 
@@ -30,40 +27,13 @@ pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 120
 
 
-def _ours(marker: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(p.info["cmdline"] or ()):
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return out
-
-
 def _run(argv: list[str], marker: str) -> tuple[int, str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS, os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
     for var in ("DLWATCH_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "DLWATCH_JOB_ID"):
         env.pop(var, None)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        try:
-            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{argv[1:4]} did not end within {RUN_TIMEOUT_S} s")
-        left = wait_for(lambda: not _ours(marker), timeout=10) or _ours(marker)
-        assert left is True, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        kill_tree(proc.pid)
-        for p in _ours(marker):  # torchrun puts each rank in a session of its own
-            kill_tree(p.pid)
-    return proc.returncode, out, err
+    # torchrun puts each rank in a session of its own: run_to_end finds them by the marker
+    return run_to_end(argv, env=env, marker=marker, timeout=RUN_TIMEOUT_S, what=" ".join(argv[1:4]), settle_s=10)
 
 
 def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:

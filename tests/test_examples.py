@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
-import psutil
 import pytest
 
-from conftest import REPO, kill_tree, load, wait_for
+from conftest import REPO, load, run_to_end
 
 EXAMPLES = os.path.join(REPO, "examples")
 EXAMPLE_TIMEOUT_S = 60  # the examples promise to end by themselves within this
@@ -43,42 +40,15 @@ class Run:
         return report["findings"][0]
 
 
-def _ours(marker: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(p.info["cmdline"] or ()):
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return out
-
-
 def run_example(name: str, report_dir: str) -> Run:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     env.pop("DLWATCH_DIR", None)
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        try:
-            out, err = proc.communicate(timeout=EXAMPLE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} did not end by itself within {EXAMPLE_TIMEOUT_S} s")
-        seconds = time.monotonic() - t0
-        # nothing may outlive the example (a monitor exits within a poll or two of its training process)
-        left = wait_for(lambda: not _ours(report_dir), timeout=5) or _ours(report_dir)
-        assert left is True, f"{name} left processes behind: {[(p.pid, p.name()) for p in left]}"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        kill_tree(proc.pid)
-        for p in _ours(report_dir):
-            kill_tree(p.pid)
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}\nstdout:\n{out}\nstderr:\n{err[-3000:]}"
+    # nothing may outlive the example (a monitor exits within a poll or two of its training process)
+    returncode, out, err = run_to_end([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
+                                      env=env, marker=report_dir, timeout=EXAMPLE_TIMEOUT_S, what=name)
+    seconds = time.monotonic() - t0
+    assert returncode == 0, f"{name} exited {returncode}\nstdout:\n{out}\nstderr:\n{err[-3000:]}"
     reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
     for path in reports:
         assert os.path.isfile(os.path.join(path, "report.json")) and os.path.isfile(os.path.join(path, "report.md"))
@@ -87,7 +57,7 @@ def run_example(name: str, report_dir: str) -> Run:
     listed = {os.path.join(report_dir, n) for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"} \
         if os.path.isdir(report_dir) else set()
     assert set(reports) == listed
-    return Run(proc.returncode, out, err, reports, seconds)
+    return Run(returncode, out, err, reports, seconds)
 
 
 @pytest.fixture
