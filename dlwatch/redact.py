@@ -316,6 +316,20 @@ _GATE_RE = re.compile(
 )
 
 
+def _redact_to_fixpoint(text: str) -> str:
+    """``_redact`` until the text stops changing (at most _MAX_PASSES more passes).
+
+    Masking can change what a later pass sees (quote pairing, a removed "/" ending a URL's
+    userinfo); repeating until stable makes redact(redact(x)) == redact(x).  Clean text takes
+    a single pass."""
+    prev, cur = text, _redact(text)
+    for _ in range(_MAX_PASSES):
+        if cur == prev:
+            break
+        prev, cur = cur, _redact(cur)
+    return cur
+
+
 def redact(text: str) -> str:
     """Return ``text`` with secret-looking values replaced by ``***``.
 
@@ -327,15 +341,7 @@ def redact(text: str) -> str:
     try:
         if _GATE_RE.search(text.lower()) is None:
             return text
-        prev, cur = text, _redact(text)
-        # Masking can change what a later pass sees (quote pairing, a removed
-        # "/" ending a URL's userinfo); repeat until stable so that
-        # redact(redact(x)) == redact(x).  Clean text takes a single pass.
-        for _ in range(_MAX_PASSES):
-            if cur == prev:
-                break
-            prev, cur = cur, _redact(cur)
-        return cur
+        return _redact_to_fixpoint(text)
     except Exception:  # pragma: no cover - defensive: never leak, never raise
         return MASK
 

@@ -396,14 +396,9 @@ def test_redact_obj_never_raises(obj: object) -> None:
 
 
 def _redact_without_gate(text: str) -> str:
-    from dlwatch.redact import _MAX_PASSES, _redact
+    from dlwatch.redact import _redact_to_fixpoint
 
-    prev, cur = text, _redact(text)
-    for _ in range(_MAX_PASSES):
-        if cur == prev:
-            break
-        prev, cur = cur, _redact(cur)
-    return cur
+    return _redact_to_fixpoint(text)
 
 
 @settings(max_examples=400, deadline=None)
