@@ -695,21 +695,9 @@ class Watch:
         s["notes"].append("the monitor process was not running at the end of the block: this summary was "
                           "written by the training process and has no per-process figures and no advice")
         self.summary = s
-        for base in (self.report_dir, store.fallback_dir()):
-            try:
-                path = store.write_summary(base, s, render_markdown=sm.render_markdown)
-            except OSError:
-                continue
-            # the oldest summaries beyond keep_runs go (never this one); never raises
-            store.prune_runs(os.path.dirname(os.path.dirname(path)), self.options.keep_runs,
-                             spare=os.path.basename(path))
-            try:  # report.html in a short-lived child, as the monitor does; never raises, never waits
-                from dlwatch.report import html
+        from dlwatch.report.build import write_run_summary  # as the monitor does: prune, report.html child
 
-                html.spawn_render(path, timeline_dir=self.run_dir)
-            except Exception:
-                pass
-            return
+        write_run_summary(s, self.report_dir, keep_runs=self.options.keep_runs, timeline_dir=self.run_dir)
 
     def _read_summary(self, run_dir: str | None = None) -> None:
         """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""

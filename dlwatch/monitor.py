@@ -671,25 +671,11 @@ class Monitor:
         except Exception as exc:
             self._warn_once("summary_failed", f"{type(exc).__name__}: {exc}")
             return None
-        path = None
-        for base in (self.report_dir, store.fallback_dir()):
-            try:
-                path = store.write_summary(base, s, render_markdown=sm.render_markdown)
-                break
-            except OSError as exc:
-                log.warning("summary_write_failed", report_dir=base, error=str(exc))
+        # runs/<id>/ with its report.html (drawn in a short-lived child from our timeline files, handed
+        # to it open: our run directory goes when the block ends); the oldest beyond keep_runs go
+        path = build.write_run_summary(s, self.report_dir, keep_runs=self.keep_runs, timeline_dir=self.run_dir)
         if path is None:
             return None
-        # the oldest summaries beyond keep_runs go (never this one); never raises
-        store.prune_runs(os.path.dirname(os.path.dirname(path)), self.keep_runs, spare=os.path.basename(path))
-        # runs/<id>/report.html, drawn in a short-lived child from the timeline files handed to it open
-        # (our run directory goes when the block ends): nothing is rendered or read in this process
-        try:
-            from dlwatch.report import html
-
-            html.spawn_render(path, timeline_dir=self.run_dir)  # never raises, never waits
-        except Exception as exc:
-            self._warn_once("html_failed", f"{type(exc).__name__}: {exc}")
         try:  # where the training process finds it for Watch.summary (its own private run dir)
             from dlwatch._fs import write_private
 

@@ -96,6 +96,36 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
     return path
 
 
+def write_run_summary(summary: dict[str, Any], report_dir: str, *, keep_runs: int,
+                      timeline_dir: str | None) -> str | None:
+    """Write ``runs/<id>/`` (falling back to the private temporary directory if report_dir fails),
+    remove the oldest summaries beyond ``keep_runs`` there (never this one), and start the child
+    that draws its report.html from the timeline files in ``timeline_dir``, handed to it open.
+
+    What the monitor and the training process (when the monitor is gone) both do at the end of a
+    block.  Returns the summary's path, or None when no directory took it; never raises.
+    """
+    from dlwatch.report import summary as sm
+
+    path = None
+    for base in (report_dir, store.fallback_dir()):
+        try:
+            path = store.write_summary(base, summary, render_markdown=sm.render_markdown)
+            break
+        except OSError as exc:
+            log.warning("summary_write_failed", report_dir=base, error=str(exc))
+    if path is None:
+        return None
+    store.prune_runs(os.path.dirname(os.path.dirname(path)), keep_runs, spare=os.path.basename(path))
+    try:  # nothing is rendered or read in this process: it may be the monitor, with its memory budget
+        from dlwatch.report import html
+
+        html.spawn_render(path, timeline_dir=timeline_dir)  # never waits
+    except Exception as exc:
+        log.warning("html_failed", error=f"{type(exc).__name__}: {exc}")
+    return path
+
+
 def read_timeline(run_dir: str, limit: int = TIMELINE_WINDOW) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name in ("timeline.1.jsonl", "timeline.jsonl"):
