@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator
 from dlwatch import config, events
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.job import rank_info
+from dlwatch._proxy import IteratorProxy
 from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
 from dlwatch.redact import redact_argv
 from dlwatch.report import store
@@ -769,11 +770,8 @@ class _EpochState:
     __slots__ = ("next", "hb", "pack", "mm", "watch", "probe", "check_at", "prev", "base", "done")
 
 
-class _TimedIterator:
+class _TimedIterator(IteratorProxy):
     """Wraps one epoch's iterator: times each batch into the heartbeat, and is otherwise the iterator.
-
-    Attribute access falls through to the wrapped iterator (``len(it)``, ``it._workers``),
-    so code that inspects the DataLoader's iterator sees what it saw before.
 
     Per batch: two clock reads, a one-byte store (waiting for data) and one pack of the
     heartbeat's small hot part (batch delivered).  The loop-body time is not summed here: the
@@ -781,7 +779,7 @@ class _TimedIterator:
     the cold path (the full record).  Everything else is kept off this path (see bench/).
     """
 
-    __slots__ = ("_it", "_s")
+    __slots__ = ("_s",)
 
     def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
         self._it = it
@@ -800,15 +798,6 @@ class _TimedIterator:
                                else -1 if watch._batch_bytes_sent else 0) + 1
         s.prev = 0.0  # when the previous batch was handed out: the loop body started
         s.done = False
-
-    def __iter__(self) -> "_TimedIterator":
-        return self
-
-    def __len__(self) -> int:
-        return len(self._it)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
 
     def __next__(self) -> Any:
         t0 = _monotonic()

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Any, Iterator
 
+from dlwatch._proxy import IteratorProxy
+
 PROGRAM_RUN_ENV = "DLWATCH_PROGRAM_RUN"  # one id for every process and iteration of one `dlwatch run`
 TARGET_MODULE = "torch.utils.data.dataloader"
 _installed = False
@@ -73,11 +75,11 @@ def install() -> None:
 
 def _hidden_files() -> set[str]:
     here = os.path.dirname(os.path.abspath(__file__))
-    return {os.path.join(here, "runhook.py"), os.path.join(here, "agent.py")}
+    return {os.path.join(here, name) for name in ("runhook.py", "agent.py", "_proxy.py")}
 
 
 def strip_own_frames(tb: Any, hidden: set[str] | None = None) -> Any:
-    """``tb`` without the entries of dlwatch's own wrappers (runhook.py, agent.py).
+    """``tb`` without the entries of dlwatch's own wrappers (runhook.py, agent.py, _proxy.py).
 
     Those frames sit between the program's ``for`` loop and torch's iterator only because
     the iteration is watched; an uncaught exception prints the traceback plain python prints.
@@ -177,26 +179,17 @@ def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
     return RunIterator(it, w)
 
 
-class RunIterator:
+class RunIterator(IteratorProxy):
     """One watched iteration: the loader's iterator, with the watch closed when it ends.
 
     Attribute access falls through to the loader's iterator, as for the watch's own wrapper.
     """
 
-    __slots__ = ("_it", "_watch")
+    __slots__ = ("_watch",)
 
     def __init__(self, it: Iterator[Any], w: Any) -> None:
         self._it = it
         self._watch = w
-
-    def __iter__(self) -> "RunIterator":
-        return self
-
-    def __len__(self) -> int:
-        return len(self._it)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
 
     def __next__(self) -> Any:
         try:
