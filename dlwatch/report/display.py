@@ -13,7 +13,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -465,7 +465,3 @@ def md_table(table: Table, code_fn: Callable[[Any], str]) -> list[str]:
         cells = list(r) + [""] * (len(table.headers) - len(r))
         out.append("| " + " | ".join(md_cell(c, code_fn) for c in cells[:len(table.headers)]) + " |")
     return out
-
-
-def iter_strings(v: Iterable[Any]) -> list[str]:
-    return [one_line(x) for x in v]
