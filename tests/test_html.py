@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, chromium_path, fuzz_fields, incidents, wait_for
+from conftest import chromium_path, fuzz_fields, incidents, wait_for
 from dlwatch.report import build, html, store
 
 

@@ -10,7 +10,6 @@ report directory at once.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import secrets
 import shutil
