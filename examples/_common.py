@@ -19,6 +19,16 @@ def parse_args(description: str) -> argparse.Namespace:
     return args
 
 
+def rank_or_supervise(description: str, train, supervise) -> None:
+    """A DDP example's entry point: ``train(report_dir)`` in a rank that torchrun started (RANK and
+    WORLD_SIZE set), else ``supervise(report_dir)``, which starts the job itself."""
+    args = parse_args(description)
+    if os.environ.get("RANK") is not None and os.environ.get("WORLD_SIZE") is not None:
+        train(args.report_dir)
+    else:
+        supervise(args.report_dir)
+
+
 def incidents(report_dir: str) -> set[str]:
     """Incident directories: every entry not starting with '.' (those are runs and half-written ones)."""
     try:

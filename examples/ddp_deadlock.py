@@ -22,7 +22,6 @@ ranks, their workers and monitors. Run under torchrun yourself, it is one rank
 """
 
 import datetime
-import os
 import threading
 
 import torch
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from _common import incidents, parse_args, print_reports, run_torchrun
+from _common import incidents, print_reports, rank_or_supervise, run_torchrun
 
 GIVE_UP_S = 60.0
 GLOO_TIMEOUT_S = 120
@@ -91,11 +90,7 @@ def supervise(report_dir):
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
-    if os.environ.get("RANK") is not None and os.environ.get("WORLD_SIZE") is not None:
-        train(args.report_dir)
-    else:
-        supervise(args.report_dir)
+    rank_or_supervise(__doc__.splitlines()[0], train, supervise)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Run plainly, this script starts `python -m torch.distributed.run --standalone
 """
 
 import datetime
-import os
 import time
 
 import torch
@@ -21,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from _common import incidents, parse_args, print_reports, run_torchrun
+from _common import incidents, print_reports, rank_or_supervise, run_torchrun
 
 BATCHES = 160  # ~4 s: 20 polls of 2 workers, twice the reads straggler-rank needs (min_worker_reads)
 SAMPLE_S = 0.004  # rank 0; rank 1 takes three times this
@@ -61,11 +60,7 @@ def supervise(report_dir):
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
-    if os.environ.get("RANK") is not None and os.environ.get("WORLD_SIZE") is not None:
-        train(args.report_dir)
-    else:
-        supervise(args.report_dir)
+    rank_or_supervise(__doc__.splitlines()[0], train, supervise)
 
 
 if __name__ == "__main__":
