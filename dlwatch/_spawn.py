@@ -52,11 +52,14 @@ def _path_entry(name: str) -> str | None:
 
 def dependency_path(names: Sequence[str]) -> list[str]:
     """Where ``names`` live, without the working directory (never trusted) or dlwatch's own parent."""
-    cwd = os.path.realpath(os.getcwd())
+    try:
+        cwd: str | None = os.path.realpath(os.getcwd())
+    except OSError:  # the working directory was removed under the job: nothing can be imported from it
+        cwd = None
     out: list[str] = []
     for name in names:
         entry = _path_entry(name)
-        if entry and os.path.realpath(entry) != cwd and entry not in out:
+        if entry and os.path.isabs(entry) and os.path.realpath(entry) != cwd and entry not in out:
             out.append(entry)
     return out
 
