@@ -41,6 +41,21 @@ MONITOR_STOP_TIMEOUT_S = 10.0
 FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared
 
 
+# What of an exception is copied for its report: a 50 MB message must not make the block's exit
+# (or the monitor's redaction of it) take seconds.  Both ends are kept: a traceback's last lines hold the error.
+MAX_MESSAGE_CHARS = 64 * 1024
+MAX_TRACEBACK_CHARS = 192 * 1024
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: its head and tail, and between them where and how much was cut."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    return f"{text[:head]}\n[dlwatch: {len(text) - head - tail:,} characters cut here]\n{text[len(text) - tail:]}"
+
+
 class DlwatchWarning(RuntimeWarning):
     """dlwatch could not do something; training goes on unchanged."""
 
@@ -264,6 +279,9 @@ class Watch:
         self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
         self.stop_in_background = False  # `dlwatch run`: stop the monitor off the training thread
+        # `dlwatch run`: the watch covers one iteration whose iterator it builds itself (iterate_with);
+        # the loader object is left as it is (no class swap, its hooks set only while torch builds it)
+        self.iteration_only = False
 
     @property
     def monitor_pid(self) -> int | None:
@@ -286,7 +304,12 @@ class Watch:
             self._start()
         except Exception as exc:  # dlwatch failing must not stop training
             _warn(f"could not start monitoring ({type(exc).__name__}: {exc}); training continues unwatched")
-            self._teardown(clean=False)
+            loader = self._loader
+            try:
+                self._teardown(clean=False)
+            except Exception:
+                pass
+            self._loader = loader  # the `as` form still iterates it, unwatched, until the block ends
             return self
         if self._in_place_warning:
             try:
@@ -363,11 +386,13 @@ class Watch:
         })
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
-        if is_dl:
+        if self.iteration_only:
+            self._prepare_probes(loader)  # set on the loader by iterate_with, while torch builds the iterator
+        elif is_dl:
             self._instrument_loader(loader)
         elif self._can_swap(loader):
             self._swap_class(loader)
-        self._in_place_warning = not self._swapped
+        self._in_place_warning = not (self._swapped or self.iteration_only)
         self._active = True
 
     def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
@@ -383,11 +408,19 @@ class Watch:
         )
 
     def _instrument_loader(self, loader: Any) -> None:
+        self._prepare_probes(loader)
+        self._set_hooks(loader)
+        existing = getattr(loader, "_iterator", None)
+        if existing is not None:  # persistent workers already running: the hook won't run in them
+            self._note_workers(existing)
+        self._swap_class(loader)
+
+    def _prepare_probes(self, loader: Any) -> None:
+        """The worker hook and the batch-shape probe for a DataLoader (set on the loader by _set_hooks)."""
         self._hook = WorkerHook(loader.worker_init_fn, self._events_path or "", self.run_dir or "",
                                 _start_method(loader), self._monitor.pid if self._monitor else None,
                                 rng_depth=int(self.thresholds.get("attribute_depth", 2)))
         self._hook.fingerprint = "rng-duplication" not in self._ignored
-        loader.worker_init_fn = self._hook
         try:
             from dlwatch.shapes import BatchShapeProbe
 
@@ -410,11 +443,50 @@ class Watch:
             # the second RNG fingerprint, after each worker's first batch (see worker_hook)
             self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "",
                                              rng_depth=self._hook.rng_depth)
+
+    def _set_hooks(self, loader: Any) -> None:
+        if self._hook is not None:
+            loader.worker_init_fn = self._hook
+        if self._collate_hook is not None:
             loader.collate_fn = self._collate_hook
-        existing = getattr(loader, "_iterator", None)
-        if existing is not None:  # persistent workers already running: the hook won't run in them
-            self._note_workers(existing)
-        self._swap_class(loader)
+
+    def _unset_hooks(self, loader: Any) -> None:
+        if self._hook is not None and getattr(loader, "worker_init_fn", None) is self._hook:
+            try:
+                loader.worker_init_fn = self._hook.user_fn
+            except Exception:
+                pass
+        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
+            try:
+                loader.collate_fn = self._collate_hook.user_fn
+            except Exception:
+                pass
+
+    def iterate_with(self, original: Any) -> Iterator[Any]:
+        """``dlwatch run``: this iteration's iterator, built by ``original`` (the DataLoader's own
+        ``__iter__``) with dlwatch's hooks on the loader only while torch builds it (torch reads
+        ``worker_init_fn`` and ``collate_fn`` then), and instrumented.  Never re-enters the loader's
+        class: a subclass's ``__iter__`` that called ``super().__iter__()`` runs once, as bare."""
+        loader = self._loader
+        if not self._active or loader is None:
+            return original(loader)
+        self._before_iter()
+        hooked = False
+        try:
+            if _is_dataloader(loader) and not (loader.persistent_workers and loader._iterator is not None):
+                self._set_hooks(loader)
+                hooked = True
+        except Exception:
+            pass
+        try:
+            it = original(loader)
+        finally:
+            if hooked:
+                self._unset_hooks(loader)
+        try:
+            return self._instrument(it)
+        except Exception:
+            return it
 
     @staticmethod
     def _can_swap(obj: Any) -> bool:
@@ -439,17 +511,8 @@ class Watch:
                 pass
             loader.__dict__.pop("_dlwatch_watch", None)
             self._swapped = False
-        if self._hook is not None and getattr(loader, "worker_init_fn", None) is self._hook:
-            try:
-                loader.worker_init_fn = self._hook.user_fn
-            except Exception:
-                pass
+        self._unset_hooks(loader)
         self._hook = None
-        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
-            try:
-                loader.collate_fn = self._collate_hook.user_fn
-            except Exception:
-                pass
         self._collate_hook = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -495,9 +558,10 @@ class Watch:
         err = getattr(exc, "errno", None)
         info = {
             "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "message": str(exc),
+            "message": _cut(str(exc), MAX_MESSAGE_CHARS),
             "errno": err if isinstance(err, int) else None,
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            "traceback": _cut("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                              MAX_TRACEBACK_CHARS),
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
@@ -553,11 +617,11 @@ class Watch:
                 try:
                     monitor.stdin.write(b"stop\n")  # type: ignore[union-attr]
                     monitor.stdin.flush()  # type: ignore[union-attr]
-                except OSError:
+                except (OSError, ValueError):  # ValueError: the pipe's file object is already closed
                     pass
             try:
                 monitor.stdin.close()  # type: ignore[union-attr]
-            except OSError:
+            except (OSError, ValueError):
                 pass
             try:
                 monitor.wait(MONITOR_STOP_TIMEOUT_S if alive else 0.1)
