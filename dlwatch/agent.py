@@ -329,7 +329,9 @@ class Watch:
 
     def _make_run_dir(self) -> str:
         run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+        refused: str | None = None  # why the report directory was not used (said once the fallback works)
         for base in (self.options.report_dir, None):
+            path = None
             try:
                 # an existing report directory must be ours and private; /tmp-like ones get a private child
                 base_dir = store.prepare_report_dir(base) if base is not None else store.fallback_dir()
@@ -345,15 +347,20 @@ class Watch:
                     os.close(fd)
                 os.unlink(probe)
             except OSError as exc:
+                if path is not None:  # nothing half-made is left in a report directory
+                    shutil.rmtree(path, ignore_errors=True)
                 if base is not None:
                     why = f"is not safe: {exc}" if isinstance(exc, UnsafeDirError) else \
                         f"is not writable ({exc.strerror or exc})"
-                    _warn(f"report directory {base!r} {why}; "
-                          f"writing reports to {store.fallback_dir()!r} instead")
-                continue
+                    refused = f"report directory {base!r} {why}"
+                    continue
+                raise OSError(f"{refused}, nor is a private directory in TMPDIR ({exc.strerror or exc})" if refused
+                              else f"no private directory in TMPDIR for the run ({exc.strerror or exc})") from None
+            if refused is not None:
+                _warn(f"{refused}; writing reports to {base_dir!r} instead")
             self.report_dir = base_dir
             return path
-        raise OSError("no writable report directory")
+        raise OSError("no writable report directory")  # not reached: the fallback returns or raises
 
     def _start(self) -> None:
         self._entered_at = time.time()
