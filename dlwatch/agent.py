@@ -273,6 +273,7 @@ class Watch:
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
         self._iterated = False  # the watch object itself was iterated (the `as` form)
+        self._interrupted = False  # a KeyboardInterrupt (Ctrl-C) left the block
         self.summary: dict[str, Any] | None = None  # the run summary, after the block (see dlwatch.report.summary)
         self._preflight_sent: set[str] = set()
         self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
@@ -403,16 +404,17 @@ class Watch:
         self._active = True
 
     def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
-        from dlwatch._spawn import python_argv
+        from dlwatch._spawn import python_argv, sigint_blocked
 
         # Isolated (-I): nothing in the training program's working directory or PYTHONPATH is
         # imported by the monitor; it loads this very dlwatch by location (see dlwatch/_spawn.py).
         # No pipe ends of ours reach forked workers through this Popen except stdin's write end,
         # which is only a wake-up: the monitor never relies on its EOF.
-        return subprocess.Popen(
-            python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)]),
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
-        )
+        with sigint_blocked():  # a Ctrl-C while the monitor starts is the program's, never the monitor's
+            return subprocess.Popen(
+                python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)], ignore_sigint=True),
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
+            )
 
     def _instrument_loader(self, loader: Any) -> None:
         self._prepare_probes(loader)
@@ -547,7 +549,8 @@ class Watch:
                   "the watched object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)")
         try:
             clean_exit = isinstance(exc, GeneratorExit) or (isinstance(exc, SystemExit) and exc.code in (0, None))
-            if exc is not None and not clean_exit and id(exc) not in _REPORTED:
+            self._interrupted = isinstance(exc, KeyboardInterrupt)  # the user stopped the job: no failure
+            if exc is not None and not clean_exit and not self._interrupted and id(exc) not in _REPORTED:
                 self._record_exception(exc)
                 if _ACTIVE:
                     _REPORTED[id(exc)] = exc  # an enclosing watch sees the same exception: one incident
@@ -588,7 +591,7 @@ class Watch:
         monitor, self._monitor = self._monitor, None
         pending = self._pending_exception
         if self._events_path:
-            events.emit(self._events_path, "stop", clean=clean)
+            events.emit(self._events_path, "stop", clean=clean, interrupted=self._interrupted)
         if monitor is not None and self.stop_in_background and not sys.is_finalizing():
             # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
             # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
@@ -760,7 +763,7 @@ class Watch:
         now = time.time()
         s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=os.getpid(), now=now,
                         started_at=self._entered_at)
-        s["ended"] = "exception" if pending is not None else "clean"
+        s["ended"] = "exception" if pending is not None else "interrupted" if self._interrupted else "clean"
         s["cpus"] = self._cpus
         s["loop"] = RunStats(self._entered_at).loop(hbmod.read(os.path.join(self.run_dir, "heartbeat")), now)
         s["preflight"] = [to_finding(sig, self._advice_pbs) for sig in self._preflight_signals]

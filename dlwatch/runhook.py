@@ -213,10 +213,14 @@ def _close_watch(w: Any, exc: BaseException | None) -> None:
 
 
 def _close_open_watches() -> None:
+    # A Ctrl-C that ended the program (uncaught, so sys.last_value) ended these iterations too: their
+    # summaries say "interrupted".  Any other uncaught exception came from the program's own code.
+    last = getattr(sys, "last_value", None)
+    stopped_by = last if isinstance(last, KeyboardInterrupt) else None
     for w in list(_OPEN.values()):
         try:
             w.stop_in_background = False  # nothing would wait for a thread started now
-            _close_watch(w, None)
+            _close_watch(w, stopped_by)
         except Exception:
             pass
 

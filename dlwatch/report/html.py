@@ -731,15 +731,16 @@ def spawn_render(target_dir: str, timeline_dir: str | None = None) -> subprocess
         return None
     fds: list[int] = []
     try:
-        from dlwatch._spawn import python_argv
+        from dlwatch._spawn import python_argv, sigint_blocked
 
         fds = _open_timeline(timeline_dir) if timeline_dir else []
         args = [os.path.abspath(target_dir)]
         for fd in fds:
             args += ["--timeline-fd", str(fd)]
-        proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=args),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True, pass_fds=fds)
+        with sigint_blocked():  # the page is finished even when the user's Ctrl-C reaches the whole group
+            proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=args, ignore_sigint=True),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, close_fds=True, pass_fds=fds)
     except Exception:
         return None
     finally:
