@@ -769,7 +769,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 2
     target, rest, fds = args[0], args[1:], []
     while rest:
-        if rest[0] != "--timeline-fd" or len(rest) < 2 or not rest[1].isdigit():
+        if rest[0] != "--timeline-fd" or len(rest) < 2 or not (rest[1].isascii() and rest[1].isdigit()):
             print(usage, file=sys.stderr)
             return 2
         fds.append(int(rest[1]))
