@@ -358,3 +358,43 @@ def test_thread_name_token_in_a_real_warning_is_redacted(tmp_path):
     assert "fork-with-threads" in err and "shard_***" in err, err[-2000:]  # the warning was printed, redacted
     shown = out + err + everything_written(str(tmp_path))
     assert THREAD_TOKEN[len("shard_ghp_"):] not in shown
+
+
+def test_warnings_still_point_at_the_callers_line():
+    """Routing warnings through redact.warn keeps their stacklevel: the line shown is the caller's, not dlwatch's."""
+    import warnings
+
+    from dlwatch import agent
+
+    def caller():
+        agent._warn(f"could not read {THREAD_TOKEN}")  # stacklevel=3: the line that called caller()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        caller()  # <- the line the warning points at
+    assert caught[0].filename == __file__ and "caller()  # <- the line" in open(__file__).read().splitlines()[
+        caught[0].lineno - 1]
+    assert "shard_***" in str(caught[0].message)
+
+
+BOOT_FAILS = '''
+import os, sys
+real = os.path.join(sys.argv[1], "dlwatch")
+__path__.append(real)  # dlwatch.redact and the rest come from the real package
+'''
+
+
+def test_bootstrap_warning_line_is_redacted(tmp_path):
+    """Item 8: `dlwatch run`'s bootstrap line when the run hook cannot be installed: its message is redacted."""
+    from conftest import REPO, run_bounded
+
+    fake = tmp_path / "shadow" / "dlwatch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(BOOT_FAILS.replace("sys.argv[1]", repr(REPO)))
+    (fake / "runhook.py").write_text(f"def install():\n    raise OSError('cannot open /data/{THREAD_TOKEN}/x')\n")
+    boot = os.path.join(REPO, "dlwatch", "_boot")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, str(tmp_path / "shadow")]))
+    rc, out, err = run_bounded([sys.executable, "-c", "print('ran')"], env=env, cwd=str(tmp_path), timeout=60)
+    assert rc == 0 and out.strip() == "ran"  # the program runs unwatched
+    assert "could not install the run hook (OSError: cannot open /data/shard_***/x)" in err, err
+    assert THREAD_TOKEN[len("shard_ghp_"):] not in err
