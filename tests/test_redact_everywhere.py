@@ -28,6 +28,7 @@ from conftest import kill_tree
 from dlwatch import events
 from dlwatch.cli import attach_cmd
 from dlwatch.monitor import Timeline
+from dlwatch._fs import write_json
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
@@ -307,7 +308,8 @@ def warned(text: str) -> str:
 @settings(max_examples=250, deadline=None)
 @given(token=glued_token(), field=st.sampled_from(sorted(FIELDS)))
 def test_glued_token_in_every_field_and_warning_is_redacted(token, field):
-    """Issue 18, item 7 and 8: a token shape right after a word character, in every field and in warning text."""
+    """Issue 18, item 7 and 8: a token shape right after a word character, in every field (report.json/.md,
+    timeline, stacks/<pid>.txt, events, config.json, a run summary, attach's --json and summary) and in warning text."""
     _name, text, body = token
     d = tempfile.mkdtemp()
     try:
@@ -318,6 +320,13 @@ def test_glued_token_in_every_field_and_warning_is_redacted(token, field):
         run = os.path.join(d, "run")
         os.mkdir(run, 0o700)
         events.emit(os.path.join(run, "events.jsonl"), "exception", text=text)
+        write_json(os.path.join(run, "config.json"), {"loader": {"dataset": text}, "argv": ["train.py", text]})
+        from dlwatch.report import summary as sm
+
+        s = sm.skeleton(run_id="20260101T000000-1-abcdef", pid=1, now=time.time())
+        s["notes"].append(text)
+        s["loader"] = {"dataset": text}
+        store.write_summary(d, s, render_markdown=sm.render_markdown)
         out = everything_written(d) + printed_by_attach(report, path)
         printed = warned(text)
         assert "dlwatch: could not read" in printed and "fork-with-threads" in printed  # the warnings were shown
