@@ -316,6 +316,13 @@ MB = 1 << 20
         "Bearer ",
         "hf_",
         "A" * 39 + "=",  # almost an AWS secret, over and over
+        "mysql -p",  # issue 18: client words and -p options
+        "mysql ",
+        "Cookie: a=b; ",
+        "Authorization: Basic ",
+        "x\"",  # quotes inside an option value
+        "xghp_",  # glued token prefixes
+        "ask-",
     ],
 )
 def test_pathological_input_finishes(unit: str) -> None:
