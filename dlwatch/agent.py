@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
@@ -32,7 +31,7 @@ from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make
 from dlwatch.job import rank_info
 from dlwatch._proxy import IteratorProxy
 from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
-from dlwatch.redact import redact_argv
+from dlwatch.redact import redact_argv, warn
 from dlwatch.runhook import strip_own_frames
 from dlwatch.report import store
 from dlwatch.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
@@ -62,7 +61,7 @@ class DlwatchWarning(RuntimeWarning):
 
 
 def _warn(message: str) -> None:
-    warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=_user_stacklevel())  # at the program's line
 
 
 def _user_stacklevel() -> int:
@@ -822,8 +821,8 @@ class Watch:
             if self._events_path:
                 events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
             pb = self._advice_pbs.get(pid)
-            warnings.warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
-                          stacklevel=_user_stacklevel())
+            warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
+                 stacklevel=_user_stacklevel())
 
     def _fallback_summary(self, pending: dict[str, Any] | None) -> None:
         """The monitor is gone: a summary from the heartbeat and the preflight findings, written here."""

@@ -128,11 +128,10 @@ class _ExceptHook:
 
 
 def _warn(message: str) -> None:
-    import warnings
-
     from dlwatch.agent import DlwatchWarning
+    from dlwatch.redact import warn
 
-    warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
 
 
 def patch(cls: type) -> None:
