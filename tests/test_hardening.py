@@ -1,0 +1,188 @@
+"""Hardening II (issue 18): what a local user could still turn against root, performed for real.
+
+Each exploitable path is attacked with two uids, as a local user would: the victim is root
+(running ``dlwatch attach`` or ``dlwatch report``), the adversary is ``nobody`` (the job's
+owner).  Helpers for the second uid come from test_security.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import REPO, kill_session, run_bounded
+from test_security import NOBODY, _as_nobody, _need_two_uids
+
+# --------------------------------------------------------------------------- item 1: attach signals a recycled pid
+
+# nobody's fake "watched job": a Python process that maps a run directory's heartbeat (so attach
+# reads that run directory) and names one fake worker, a child that catches the dump signal.
+FAKE_JOB = r'''
+import faulthandler, json, mmap, os, signal, sys, time
+run_dir = sys.argv[1]
+os.makedirs(os.path.join(run_dir, "dumps"))
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the fake worker is reaped the moment it dies: its pid is free
+r, w = os.pipe()
+worker = os.fork()
+if worker == 0:
+    f = open(os.path.join(run_dir, "dumps", f"{os.getpid()}.txt"), "w")
+    faulthandler.register(signal.SIGRTMIN + 6, file=f, all_threads=True)
+    os.write(w, b"x")
+    time.sleep(300)
+    os._exit(0)
+os.read(r, 1)
+with open(os.path.join(run_dir, "heartbeat"), "wb") as f:
+    f.write(b"\0" * 4096)
+hb = open(os.path.join(run_dir, "heartbeat"), "r+b")
+m = mmap.mmap(hb.fileno(), 4096)
+with open(os.path.join(run_dir, "config.json"), "w") as f:
+    json.dump({"pid": os.getpid()}, f)
+with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
+    f.write(json.dumps({"event": "worker_registered", "ts": time.time(), "pid": worker, "worker_id": 0,
+                        "dump_path": os.path.join(run_dir, "dumps", f"{worker}.txt")}) + "\n")
+print("READY", worker, flush=True)
+time.sleep(300)
+'''
+
+# root's `dlwatch attach`, the real code path, with one hook: right after the helper (nobody's, which
+# nobody could SIGSTOP for as long as it takes) has read the worker's dump file, and before the dump
+# signal goes out, the fake worker dies and a root process takes its pid.  That is the window the
+# attack needs; the hook makes it certain instead of a race.
+DRIVER = r'''
+import json, os, subprocess, sys, time
+if sys.argv[4] == "no-pidfd":
+    del os.pidfd_open  # an older kernel or Python: the recheck path
+from dlwatch.cli import main
+from dlwatch.collect import rundir
+
+job_pid, worker, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+victim = []
+real_read_one = rundir.RunDirReader.read_one
+
+
+def take_pid(pid):
+    """A root process at exactly ``pid`` (the next pid after ns_last_pid; again when another fork won)."""
+    for _ in range(500):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        p = subprocess.Popen(["sleep", "120"])
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    return None
+
+
+def read_one(self, name):
+    data = real_read_one(self, name)
+    if name == f"dumps/{worker}.txt" and not victim:
+        os.kill(worker, 9)  # as its owner would
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        victim.append(take_pid(worker))
+    return data
+
+
+rundir.RunDirReader.read_one = read_one
+try:
+    rc = main(["attach", str(job_pid), "--out", out, "--duration", "0.1", "--no-native", "--json"])
+finally:
+    v = victim[0] if victim else None
+    fate = v.poll() if v is not None else None
+    if v is not None:
+        v.kill()
+        v.wait()
+print("RESULT", json.dumps({"rc": rc, "swapped": v is not None, "victim_exit": fate}))
+'''
+
+
+def _can_place_pids() -> None:
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "r+") as f:
+            f.write(f.read().strip())
+    except OSError as exc:
+        pytest.skip(f"cannot choose the next pid here (ns_last_pid: {exc.strerror}): the pid swap cannot be staged")
+
+
+@pytest.mark.parametrize("mode", ["pidfd", "no-pidfd"])
+def test_attach_never_signals_a_pid_recycled_by_a_root_process(tmp_path, mode):
+    """nobody's fake worker dies between attach's checks and its dump signal; root's `sleep` takes the pid."""
+    _need_two_uids()
+    _can_place_pids()
+    if mode == "pidfd" and not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open in this Python or kernel; the no-pidfd case covers the recheck")
+    shared = tempfile.mkdtemp(prefix="dlwatch-victim-", dir="/tmp")
+    os.chmod(shared, 0o755)
+    os.chown(shared, NOBODY, NOBODY)
+    run_dir = os.path.join(shared, ".runs", "20260101T000000-1-abcdef")
+    os.makedirs(os.path.dirname(run_dir))
+    os.chown(os.path.dirname(run_dir), NOBODY, NOBODY)
+    job = subprocess.Popen(_as_nobody(sys.executable, "-I", "-c", FAKE_JOB, run_dir), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
+    try:
+        line = job.stdout.readline()
+        if not line.startswith("READY"):
+            pytest.skip(f"nobody cannot run {sys.executable} here: {job.stderr.read()[-500:]}")
+        worker = int(line.split()[1])
+        out = tmp_path / "out"
+        env = dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS="")
+        rc, stdout, stderr = run_bounded([sys.executable, "-c", DRIVER, str(job.pid), str(worker), str(out), mode],
+                                         env=env, cwd=str(tmp_path), timeout=120)
+        assert rc == 0, stderr[-3000:]
+        result = json.loads(stdout[stdout.rindex("RESULT ") + 7:])
+        if not result["swapped"]:
+            pytest.skip("no root process could be placed at the worker's pid (other forks kept winning)")
+        # the root process holding the recycled pid got no signal: it still ran when attach ended
+        assert result["victim_exit"] is None, f"the dump signal reached root's process: {result}"
+        report = json.loads(stdout[:stdout.rindex("RESULT ")])
+        worker_entry = next(p for p in report["processes"] if p["pid"] == worker)
+        notes = "\n".join(report["notes"])
+        assert worker_entry["stack"]["source"] == "none"
+        if mode == "pidfd":
+            assert "no longer exists (not signalled" in worker_entry["stack"]["error"] + notes
+        else:
+            assert "now belongs to another process" in worker_entry["stack"]["error"] + notes
+    finally:
+        kill_session(job.pid, set())
+        job.wait(timeout=10)
+        job.stdout.close()
+        job.stderr.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_process_handle_refuses_another_uid_and_a_recycled_pid(monkeypatch):
+    """The handle's rules one by one, with real processes: uid mismatch, exit, and the recheck path."""
+    from dlwatch.collect import pidhandle
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        h = pidhandle.ProcessHandle.open(proc.pid)
+        assert h is not None and h.uid == os.geteuid()
+        with pytest.raises(pidhandle.RefusedSignal, match="not as the target's uid"):
+            h.send(0, uid=os.geteuid() + 1)
+        h.send(0, uid=os.geteuid())
+        # without a pidfd: the same pid with another start time is refused
+        monkeypatch.delattr(os, "pidfd_open")
+        g = pidhandle.ProcessHandle.open(proc.pid)
+        assert g is not None and not g.is_pidfd
+        g.send(0)
+        stale = pidhandle.ProcessHandle(pid=proc.pid, uid=g.uid, start=g.start - 1)
+        with pytest.raises(pidhandle.RefusedSignal, match="belongs to another process"):
+            stale.send(0)
+        monkeypatch.undo()
+        proc.kill()
+        proc.wait()
+        with pytest.raises(ProcessLookupError):
+            h.send(0)  # the pidfd names the dead process, whatever holds its pid now
+        h.close()
+        g.close()
+    finally:
+        proc.kill()
+        proc.wait()
