@@ -174,9 +174,11 @@ def _check_file(fd: int, path: str) -> None:
         os.fchmod(fd, FILE_MODE)  # an error here is an error, not ignored
 
 
-def create_private(path: str, flags: int = os.O_WRONLY) -> int:
-    """A new file, 0600: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file or link is an error)."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+def create_private(path: str, flags: int = os.O_WRONLY, *, dir_fd: int | None = None) -> int:
+    """A new file, 0600: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file or link is an error).
+
+    ``dir_fd``: ``path`` is a name in that open directory (never re-resolved through a path)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
     try:
         _check_file(fd, path)
     except BaseException:
@@ -208,9 +210,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_private(path: str, data: bytes | str) -> None:
+def write_private(path: str, data: bytes | str, *, dir_fd: int | None = None) -> None:
     """A new private file holding ``data`` (text, redacted on the way out)."""
-    fd = create_private(path)
+    fd = create_private(path, dir_fd=dir_fd)
     try:
         _write_all(fd, outbound_bytes(data))
         os.fsync(fd)
@@ -233,8 +235,8 @@ def json_line(record: Any) -> bytes:
     return (json.dumps(outbound(record)) + "\n").encode("utf-8", "surrogateescape")
 
 
-def write_jsonl(path: str, records: Iterable[Any]) -> None:
-    fd = create_private(path)
+def write_jsonl(path: str, records: Iterable[Any], *, dir_fd: int | None = None) -> None:
+    fd = create_private(path, dir_fd=dir_fd)
     try:
         _write_all(fd, b"".join(json_line(r) for r in records))
         os.fsync(fd)

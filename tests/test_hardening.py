@@ -186,3 +186,88 @@ def test_process_handle_refuses_another_uid_and_a_recycled_pid(monkeypatch):
     finally:
         proc.kill()
         proc.wait()
+
+
+# --------------------------------------------------------------------------- item 2: report --html into a swapped directory
+
+SWAP = "import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.moved'); os.symlink(sys.argv[2], sys.argv[1])"
+
+# root's `dlwatch report TARGET --html --force`, the real code path; the hook runs nobody's swap right
+# after root has read report.json (summary.json): the window the attack uses, made certain
+HTML_DRIVER = r'''
+import os, subprocess, sys
+from dlwatch.cli import main
+from dlwatch.report import store
+
+target, chosen, swap = sys.argv[1], sys.argv[2], sys.argv[3:]
+done = []
+
+
+def hooked(real):
+    def load(path, **kw):
+        data = real(path, **kw)
+        if not done:
+            done.append(subprocess.run([*swap, target, chosen], capture_output=True, timeout=60).returncode)
+        return data
+    return load
+
+
+store.load_report = hooked(store.load_report)
+store.load_summary = hooked(store.load_summary)
+rc = main(["report", target, "--html", "--force"])
+print("SWAPPED", done)
+sys.exit(rc)
+'''
+
+
+def _nobody_owns(path: str) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(root, name), NOBODY, NOBODY, follow_symlinks=False)
+    os.chown(path, NOBODY, NOBODY)
+
+
+@pytest.mark.parametrize("kind", ["incident", "summary"])
+def test_report_html_as_root_never_writes_where_the_owner_points(tmp_path, kind):
+    """nobody swaps its incident (run summary) directory for a link to a root-only directory after root read it."""
+    import time
+
+    from dlwatch.report import store
+    from dlwatch.report import summary as sm
+
+    _need_two_uids()
+    shared = tempfile.mkdtemp(prefix="dlwatch-victim-", dir="/tmp")  # nobody's report directory
+    os.chmod(shared, 0o755)
+    try:
+        if kind == "incident":
+            target = os.path.join(shared, "20260101-000000-exception-1-abcdef")
+            os.mkdir(target, 0o755)
+            report = store.skeleton(trigger="exception", pid=1, now=time.time())
+            with open(os.path.join(target, "report.json"), "w") as f:
+                json.dump(report, f)
+        else:
+            s = sm.skeleton(run_id="20260101T000000-1-abcdef", pid=1, now=time.time())
+            target = store.write_summary(os.path.join(shared, "r"), s, render_markdown=sm.render_markdown)
+        _nobody_owns(shared)
+        chosen = tmp_path / "root-only"  # where nobody wants a root-owned report.html
+        chosen.mkdir(mode=0o700)
+        private_tmp = tmp_path / "tmp"
+        private_tmp.mkdir(mode=0o700)
+        env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=str(private_tmp))
+        rc, out, err = run_bounded([sys.executable, "-c", HTML_DRIVER, target, str(chosen),
+                                    *_as_nobody(sys.executable, "-I", "-c", SWAP)],
+                                   env=env, cwd=str(tmp_path), timeout=120)
+        assert "SWAPPED [0]" in out, (out, err)  # the swap happened, as nobody, after the read
+        assert os.path.islink(target)
+        assert rc == 0, err
+        # nothing in the directory nobody chose, nothing written into nobody's own directory either
+        assert os.listdir(chosen) == []
+        assert not os.path.exists(os.path.join(target + ".moved", "report.html"))
+        # the page went to a private file of root's, and the command said so in one line
+        page = out.splitlines()[0]
+        assert page.startswith(str(private_tmp)) and os.path.getsize(page) > 10_000
+        assert os.stat(page).st_uid == 0 and os.stat(page).st_mode & 0o777 == 0o600
+        assert os.stat(os.path.dirname(page)).st_mode & 0o777 == 0o700
+        assert err.count("\n") == 1 and "is not yours" in err and "private file" in err
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

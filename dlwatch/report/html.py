@@ -15,7 +15,10 @@ It is rendered outside the monitor: ``spawn_render`` starts a short-lived isolat
 child (``python -I -m dlwatch.report.html DIR``) after an incident is written, and
 ``dlwatch report ID --html`` renders it when it is missing (bench/html_cost.py
 measures both).  Every string from the report is escaped; the file is created
-privately and replaces nothing it did not make.
+privately and replaces nothing it did not make.  The directory is opened once
+(O_NOFOLLOW) and read, written and renamed in through that descriptor; a directory
+of another user (root on a user's incident) gets nothing: the page goes to a
+private temporary directory instead.
 
 A run summary (``runs/<id>/``) gets the same page over the whole run (``render_summary_html``):
 the same charts (``_charts``) with x from the block's start, one series per worker slot, epoch
@@ -550,27 +553,59 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
     return _page_end(parts, s.get("notes"), data)
 
 
-def _write_page(directory: str, page: str, name: str = HTML_NAME) -> str:
+def _open_dir(path: str) -> int:
+    """The incident's or run's directory, opened once: every read, write and rename below is relative to it,
+    so swapping the path for a link after the read changes nothing (O_NOFOLLOW refuses a link now)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def is_ours(dir_fd: int) -> bool:
+    """Whether the open directory belongs to the effective uid: only then is the page written into it."""
+    return os.fstat(dir_fd).st_uid == os.geteuid()
+
+
+def _write_elsewhere(page: str, name: str) -> str:
+    """Another user's directory is theirs to swap: the page goes to a fresh private directory instead."""
+    import tempfile
+
     from dlwatch._fs import write_private
 
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}")
-    write_private(tmp, page)  # O_EXCL|O_NOFOLLOW: a name we just made up, never someone's link
+    private = tempfile.mkdtemp(prefix="dlwatch-html-")  # 0700, a new name: nothing planted in advance
+    path = os.path.join(private, name)
+    write_private(path, page)
+    return path
+
+
+def _write_page(dir_fd: int, directory: str, page: str, name: str = HTML_NAME) -> str:
+    """Write ``page`` as ``name`` in the open directory (privately, atomically); return its path.
+
+    Into a directory of another user (root on a user's incident) nothing is written: the page goes
+    to a private temporary file, whose path is returned (the caller says so)."""
+    from dlwatch._fs import write_private
+
+    if not is_ours(dir_fd):
+        return _write_elsewhere(page, name)
+    tmp = f".{name}.{secrets.token_hex(4)}"
+    write_private(tmp, page, dir_fd=dir_fd)  # O_EXCL|O_NOFOLLOW: a name we just made up, never someone's link
     try:
-        os.rename(tmp, final)  # replaces the name, never follows it
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces the name, never follows it
     except BaseException:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dir_fd)
         raise
-    return final
+    return os.path.join(directory, name)
 
 
 def write_html(incident_dir: str) -> str:
-    """Render ``incident_dir``'s report.html (privately, atomically); return its path."""
+    """Render ``incident_dir``'s report.html (privately, atomically); return its path (see _write_page)."""
     from dlwatch.redact import outbound
     from dlwatch.report import store
 
-    report = outbound(store.load_report(incident_dir))
-    return _write_page(incident_dir, render_html(report))
+    fd = _open_dir(incident_dir)
+    try:
+        report = outbound(store.load_report(incident_dir, dir_fd=fd))
+        return _write_page(fd, incident_dir, render_html(report))
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- the run summary's page
@@ -629,12 +664,12 @@ def _read_fd_lines(fd: int) -> Iterable[bytes]:
         yield from f
 
 
-def _read_kept_timeline(run_dir: str) -> list[dict[str, Any]]:
+def _read_kept_timeline(run_dir: str, dir_fd: int) -> list[dict[str, Any]]:
     from dlwatch.errors import DlwatchError
     from dlwatch.report import store
 
     try:  # a regular file, no link, capped: anything else is no samples, never a lost page
-        raw = store.read_regular(os.path.join(run_dir, TIMELINE_NAME), MAX_TIMELINE_BYTES)
+        raw = store.read_regular(os.path.join(run_dir, TIMELINE_NAME), MAX_TIMELINE_BYTES, dir_fd=dir_fd)
     except (DlwatchError, OSError):
         return []
     return thin_samples(raw.splitlines())
@@ -670,24 +705,29 @@ def write_summary_html(run_dir: str, timeline_fds: Sequence[int] = ()) -> str:
     from dlwatch.redact import outbound
     from dlwatch.report import store
 
-    summary = outbound(store.load_summary(run_dir))
-    if timeline_fds:
-        def lines() -> Iterable[bytes]:
-            for fd in timeline_fds:
-                yield from _read_fd_lines(fd)
+    fd = _open_dir(run_dir)
+    try:
+        summary = outbound(store.load_summary(run_dir, dir_fd=fd))
+        if timeline_fds:
+            def lines() -> Iterable[bytes]:
+                for tfd in timeline_fds:
+                    yield from _read_fd_lines(tfd)
 
-        timeline = thin_samples(lines())
-        tmp = os.path.join(run_dir, f".{TIMELINE_NAME}.{secrets.token_hex(4)}")
-        write_jsonl(tmp, timeline)
-        try:
-            os.rename(tmp, os.path.join(run_dir, TIMELINE_NAME))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    else:
-        timeline = _read_kept_timeline(run_dir)
-    page = render_summary_html(summary, outbound(timeline), _incident_times(run_dir, summary))
-    return _write_page(run_dir, page)
+            timeline = thin_samples(lines())
+            if is_ours(fd):  # kept for later drawings only in a directory of ours
+                tmp = f".{TIMELINE_NAME}.{secrets.token_hex(4)}"
+                write_jsonl(tmp, timeline, dir_fd=fd)
+                try:
+                    os.rename(tmp, TIMELINE_NAME, src_dir_fd=fd, dst_dir_fd=fd)
+                except BaseException:
+                    os.unlink(tmp, dir_fd=fd)
+                    raise
+        else:
+            timeline = _read_kept_timeline(run_dir, fd)
+        page = render_summary_html(summary, outbound(timeline), _incident_times(run_dir, summary))
+        return _write_page(fd, run_dir, page)
+    finally:
+        os.close(fd)
 
 
 def is_summary_dir(path: str) -> bool:

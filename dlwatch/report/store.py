@@ -182,14 +182,17 @@ MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far be
 MAX_DEPTH = 64  # nesting of report.json; schema 1 uses about 10
 
 
-def read_regular(path: str, cap: int) -> bytes:
+def read_regular(path: str, cap: int, *, dir_fd: int | None = None) -> bytes:
     """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else ReportError.
 
     Never follows a symbolic link at the last component, never blocks on a FIFO or a
     device (O_NONBLOCK, then fstat before the first read), never reads more than ``cap``.
+    With ``dir_fd`` the file is ``path``'s last component in that open directory (``path``
+    names it in messages).
     """
+    name = os.path.basename(path) if dir_fd is not None else path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         raise NotFoundError(f"no report at {path}", help="run `dlwatch report` to list the incidents") from None
     except PermissionError:
@@ -316,16 +319,17 @@ def _load_json_document(path: str, raw: bytes, noun: str, what: str, has_keys: C
     return data
 
 
-def load_report(path: str) -> dict[str, Any]:
+def load_report(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Load and check one report.json (or the directory holding it); ReportError if damaged.
 
     The file may have been written by anyone who can write the report directory: it is
     read only if it is a regular file (no FIFO, no link) within MAX_REPORT_BYTES, nested
-    at most MAX_DEPTH deep, and with the types the renderers rely on.
+    at most MAX_DEPTH deep, and with the types the renderers rely on.  ``dir_fd``: the
+    incident directory ``path`` names, already open; report.json is read in it.
     """
-    if os.path.isdir(path):
+    if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "report.json")
-    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES), "report", "a dlwatch report",
+    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES, dir_fd=dir_fd), "report", "a dlwatch report",
                                lambda d: all(k in d for k in REQUIRED_KEYS), SCHEMA_VERSION)
     problem = _type_problem(data)
     if problem:
@@ -573,18 +577,19 @@ _SUMMARY_TYPES = {"id": str, "created_at": str, "loop": _OPT_DICT, "peaks": _OPT
                   "workers": (list, type(None))}
 
 
-def load_summary(path: str) -> dict[str, Any]:
+def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Load and check one summary.json (or the run directory holding it); ReportError if damaged.
 
     Read with the care of :func:`load_report`: a regular file only (no link, no FIFO), at
     most MAX_SUMMARY_BYTES, nested at most MAX_DEPTH deep, with the types the renderers use.
+    ``dir_fd``: the run directory ``path`` names, already open; summary.json is read in it.
     """
     from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
 
-    if os.path.isdir(path):
+    if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "summary.json")
     try:
-        raw = read_regular(path, MAX_SUMMARY_BYTES)
+        raw = read_regular(path, MAX_SUMMARY_BYTES, dir_fd=dir_fd)
     except NotFoundError:
         raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
     data = _load_json_document(path, raw, "summary", "a dlwatch run summary",
