@@ -271,3 +271,50 @@ def test_report_html_as_root_never_writes_where_the_owner_points(tmp_path, kind)
         assert err.count("\n") == 1 and "is not yours" in err and "private file" in err
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- item 5: pruning never crosses a mount
+
+PRUNE_IN_NAMESPACE = r'''
+set -e
+mount --bind "$DATA" "$OLD1/bound"                      # nobody's data, same filesystem: st_dev alike
+mount -t tmpfs -o size=1m dlwatch-test "$OLD2/scratch"  # another filesystem
+echo "scratch file" > "$OLD2/scratch/kept.txt"
+"$PY" -c 'import sys, logging; logging.basicConfig(); from dlwatch.report import store; print("REMOVED", store.prune_runs(sys.argv[1], 1))' "$REPORTS"
+test -f "$OLD2/scratch/kept.txt" && echo "TMPFS KEPT"
+ls "$OLD1" "$OLD2"
+'''
+
+
+def test_pruning_never_deletes_files_of_a_bind_mount_inside_an_old_summary(tmp_path):
+    """Root's keep_runs prune; nobody's data bind-mounted (and a tmpfs mounted) inside the two oldest summaries."""
+    from conftest import in_private_mount_namespace
+    from test_prune import run_id, write
+
+    _need_two_uids()
+    reports = tmp_path / "reports"
+    old1, old2, newest = (write(reports, run_id(i)) for i in range(3))
+    os.mkdir(os.path.join(old1, "bound"))
+    os.mkdir(os.path.join(old2, "scratch"))
+    data = tmp_path / "nobodys-data"  # the second uid's files, which root's prune must not touch
+    data.mkdir()
+    (data / "sub").mkdir()
+    for rel in ("victim.txt", "sub/deeper.txt"):
+        (data / rel).write_text("nobody's data\n")
+    _nobody_owns(str(data))
+    before = sorted((p.relative_to(data), p.read_bytes()) for p in data.rglob("*") if p.is_file())
+    env = dict(os.environ, PYTHONPATH=REPO, DATA=str(data), OLD1=old1, OLD2=old2, REPORTS=str(reports),
+               PY=sys.executable)
+    rc, out, err = in_private_mount_namespace(PRUNE_IN_NAMESPACE, env=env, timeout=120)
+    if rc != 0 and ("mount" in err and ("denied" in err or "not permitted" in err)):
+        pytest.skip(f"cannot mount in a private namespace here: {err.strip()[-300:]}")
+    assert rc == 0, err
+    # the mounted files are all there, and the tmpfs kept its file while still mounted
+    assert sorted((p.relative_to(data), p.read_bytes()) for p in data.rglob("*") if p.is_file()) == before
+    assert "TMPFS KEPT" in out
+    # the summaries around the mounts went; the mount points stayed (with nothing else), and the
+    # newest summary is untouched; the failure to remove them fully is one log line, not an error
+    assert "REMOVED []" in out
+    assert sorted(os.listdir(old1)) == ["bound"] and sorted(os.listdir(old2)) == ["scratch"]
+    assert os.path.isfile(os.path.join(newest, "summary.json"))
+    assert "prune_runs_incomplete" in err and "mount point" in err
