@@ -105,6 +105,30 @@ def check_report_dir(path: str) -> str:
     return path
 
 
+def check_shared_dir(path: str) -> str:
+    """``path`` (an existing directory, not a link) if dlwatch may put files there that a service of the
+    machine reads (node_exporter's textfile directory); raises UnsafeDirError otherwise.
+
+    The report-directory rules, with root as a trusted owner too: owned by the effective uid or root;
+    not writable by group or others unless sticky (``/tmp``: nobody can rename another's entries);
+    not a symbolic link itself, links above it ours or root's, every directory above it safe.
+    """
+    if stat.S_ISLNK(os.lstat(path).st_mode):
+        raise UnsafeDirError(f"{path} is a symbolic link: give the directory itself")
+    check_links(path)
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
+    _check_ancestors(real)
+    if not _trusted_owner(st):
+        raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you or root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirError(f"{path} is writable by group or others without the sticky bit "
+                             f"(mode {stat.S_IMODE(st.st_mode):o})")
+    return path
+
+
 def sticky_parent(path: str) -> bool:
     """True for an existing sticky world-writable directory such as /tmp."""
     try:

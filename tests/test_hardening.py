@@ -318,3 +318,77 @@ def test_pruning_never_deletes_files_of_a_bind_mount_inside_an_old_summary(tmp_p
     assert sorted(os.listdir(old1)) == ["bound"] and sorted(os.listdir(old2)) == ["scratch"]
     assert os.path.isfile(os.path.join(newest, "summary.json"))
     assert "prune_runs_incomplete" in err and "mount point" in err
+
+
+# --------------------------------------------------------------------------- item 3: the Prometheus textfile directory
+
+def _prom_state():
+    from test_prom import _state
+
+    return _state()
+
+
+def test_prometheus_textfile_dir_of_another_user_is_refused_and_cannot_redirect_root(tmp_path):
+    """Root's run writes its textfile into nobody's directory; nobody swaps it for a link to a root-only one."""
+    pytest.importorskip("prometheus_client")
+    from dlwatch._fs import UnsafeDirError
+    from dlwatch.report.prom import PromSink
+
+    _need_two_uids()
+    shared = tempfile.mkdtemp(prefix="dlwatch-prom-", dir="/tmp")
+    os.chmod(shared, 0o755)
+    try:
+        textdir = os.path.join(shared, "textfile")
+        os.mkdir(textdir, 0o755)
+        _nobody_owns(shared)
+        chosen = tmp_path / "root-only"
+        chosen.mkdir(mode=0o700)
+        sink, refused = None, ""
+        try:  # root's run starts its sink on nobody's directory
+            sink = PromSink({"file": os.path.join(textdir, "dlwatch.prom")}, {}, pid=os.getpid())
+        except UnsafeDirError as exc:
+            refused = str(exc)
+        # nobody swaps the directory for a link to a root-only one while the run goes on
+        swap = subprocess.run(_as_nobody(sys.executable, "-I", "-c", SWAP, textdir, str(chosen)),
+                              capture_output=True, timeout=60)
+        assert swap.returncode == 0 and os.path.islink(textdir)
+        landed = []
+        if sink is not None:
+            try:
+                sink.on_poll(_prom_state())  # the next poll's textfile
+                landed = os.listdir(chosen)
+            finally:
+                sink.close(None, clean=False)
+        assert landed == [] and os.listdir(chosen) == []  # nothing of root's where nobody pointed
+        assert sink is None and "owned by nobody" in refused
+        assert os.listdir(chosen) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.parametrize("owner, mode, ok", [("self", 0o700, True), ("root", 0o755, True), ("self", 0o1777, True),
+                                             ("self", 0o770, False), ("self", 0o777, False), ("nobody", 0o755, False),
+                                             ("nobody", 0o1777, False)])
+def test_prometheus_textfile_dir_rules(tmp_path, owner, mode, ok):
+    """Yours or root's, not writable by group or others unless sticky; a refusal is one warning, the run goes on."""
+    pytest.importorskip("prometheus_client")
+    from dlwatch.report import sinks
+
+    if owner == "nobody":
+        _need_two_uids()
+    textdir = tmp_path / "textfile"
+    textdir.mkdir()
+    if owner == "nobody":
+        os.chown(textdir, NOBODY, NOBODY)
+    os.chmod(textdir, mode)
+    warnings = []
+    built = sinks.build({"pid": os.getpid(), "prometheus": {"file": str(textdir / "dlwatch.prom")}}, str(tmp_path),
+                        {}, lambda event, text: warnings.append((event, text)))
+    if ok:
+        assert [type(s).__name__ for s in built] == ["PromSink"] and warnings == []
+        built[0].on_poll(_prom_state())
+        assert os.listdir(textdir) == [f"dlwatch.{os.getpid()}.prom"]
+        built[0].close(None, clean=True)
+    else:
+        assert built == [] and len(warnings) == 1 and warnings[0][0] == "prometheus_unavailable"
+        assert "UnsafeDirError" in warnings[0][1] and os.listdir(textdir) == []
