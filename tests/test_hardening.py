@@ -392,3 +392,87 @@ def test_prometheus_textfile_dir_rules(tmp_path, owner, mode, ok):
     else:
         assert built == [] and len(warnings) == 1 and warnings[0][0] == "prometheus_unavailable"
         assert "UnsafeDirError" in warnings[0][1] and os.listdir(textdir) == []
+
+
+# --------------------------------------------------------------------------- item 6: bounded playbook loading
+
+PLAYBOOK = 'id = "p{n}"\ntitle = "P {n}"\n[[signals]]\nexception_text = "boom{n}"\nconfidence = 0.5\n'
+
+# the load in a process whose address space is capped well below the file: reading it whole would be
+# a MemoryError, not the PlaybookError; no timing involved
+LOAD_CAPPED = r'''
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from dlwatch.errors import PlaybookError
+from dlwatch.playbooks import load_playbooks
+try:
+    load_playbooks([sys.argv[1]])
+except PlaybookError as exc:
+    print("ERROR", str(exc).splitlines()[0])
+'''
+
+
+def test_a_huge_sparse_playbook_fails_at_once_with_one_line(tmp_path):
+    d = tmp_path / "pb"
+    d.mkdir()
+    (d / "a.toml").write_text(PLAYBOOK.format(n=1))
+    with open(d / "huge.toml", "wb") as f:
+        f.truncate(3 << 30)  # 3 GiB, sparse: nothing on disk
+    rc, out, err = run_bounded([sys.executable, "-c", LOAD_CAPPED, str(d)], env=dict(os.environ, PYTHONPATH=REPO),
+                               cwd=str(tmp_path), timeout=120)
+    assert rc == 0, err
+    assert out.count("\n") == 1 and out.startswith(f"ERROR playbook {d / 'huge.toml'}: field '(file)': 3221225472 bytes")
+    assert "split it or remove it" in out
+
+
+def test_a_link_to_a_big_file_or_a_fifo_is_not_read_whole(tmp_path):
+    from dlwatch.errors import PlaybookError
+    from dlwatch.playbooks import MAX_PLAYBOOK_BYTES, load_dir, load_file
+
+    d = tmp_path / "pb"
+    d.mkdir()
+    big = tmp_path / "big"
+    big.write_bytes(b"#" * (MAX_PLAYBOOK_BYTES + 1))
+    os.symlink(big, d / "linked.toml")  # a link to a file: followed, as the loader always did, but capped
+    with pytest.raises(PlaybookError, match="linked.toml: field '\\(file\\)': 1048577 bytes"):
+        load_dir(d)
+    os.unlink(d / "linked.toml")
+    os.mkfifo(d / "fifo.toml")  # listed but not a file: skipped by the listing; named directly, refused
+    assert load_dir(d) == []
+    with pytest.raises(PlaybookError, match="not a regular file"):
+        load_file(d / "fifo.toml")
+    exact = d / "exact.toml"  # a file of exactly the cap still loads
+    text = PLAYBOOK.format(n=2)
+    exact.write_text(text + "#" * (MAX_PLAYBOOK_BYTES - len(text)))
+    assert [pb.id for pb in load_dir(d)] == ["p2"]
+
+
+def test_too_many_playbook_files_fail_before_any_is_parsed(tmp_path, monkeypatch):
+    from dlwatch.cli import main
+    from dlwatch.errors import PlaybookError
+    from dlwatch.playbooks import MAX_PLAYBOOK_FILES, load_playbooks
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    for n in range(MAX_PLAYBOOK_FILES):  # exactly the cap in the first directory: fine
+        (one / f"p{n:04d}.toml").write_text(PLAYBOOK.format(n=n))
+    assert len(load_playbooks([str(one)])) >= MAX_PLAYBOOK_FILES
+    (two / "a-malformed.toml").write_text("id = ")  # parsed first if anything were parsed
+    # one more file in all the directories: the count is the error, naming the directory
+    with pytest.raises(PlaybookError, match=f"field '\\(directory\\)': 1 playbook files; dlwatch reads at most "
+                                            f"{MAX_PLAYBOOK_FILES}"):
+        load_playbooks([str(one), str(two)])
+    for n in range(3000):
+        (two / f"q{n:04d}.toml").write_text(PLAYBOOK.format(n=n))
+    with pytest.raises(PlaybookError) as info:
+        load_playbooks([str(two)])
+    assert str(two) in str(info.value) and "3001 playbook files" in str(info.value)
+    # through the environment: watch() gets a one-line ValueError, the CLI exit 7
+    monkeypatch.setenv("DLWATCH_PLAYBOOKS", str(two))
+    import dlwatch
+
+    with pytest.raises(ValueError) as raised:
+        dlwatch.watch([1, 2, 3])
+    assert "\n" not in str(raised.value) and "merge or remove some" in str(raised.value)
+    assert main(["playbooks"]) == 7
