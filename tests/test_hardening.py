@@ -476,3 +476,77 @@ def test_too_many_playbook_files_fail_before_any_is_parsed(tmp_path, monkeypatch
         dlwatch.watch([1, 2, 3])
     assert "\n" not in str(raised.value) and "merge or remove some" in str(raised.value)
     assert main(["playbooks"]) == 7
+
+
+# --------------------------------------------------------------------------- item 10: scripts allowed by hash only
+
+def _page_scripts(page: str) -> tuple[str, list[str]]:
+    import re
+
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', page).group(1)
+    return policy, re.findall(r"<script>(.*?)</script>", page, re.S)
+
+
+def test_the_policy_allows_exactly_the_pages_own_scripts_as_written(tmp_path):
+    """No 'unsafe-inline' for scripts; the hashes are those of the two scripts in the file as written
+    (the redaction on the way out must not change a byte of them)."""
+    import base64
+    import hashlib
+    import time
+
+    from dlwatch.report import html, store
+
+    report = store.skeleton(trigger="exception", pid=1, now=time.time())
+    incident = tmp_path / "inc"
+    incident.mkdir(mode=0o700)
+    (incident / "report.json").write_text(json.dumps(report))
+    page = open(html.write_html(str(incident)), encoding="utf-8").read()
+    policy, scripts = _page_scripts(page)
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives["default-src"] == "'none'" and "unsafe" not in directives["script-src"]
+    assert len(scripts) == 2
+    assert directives["script-src"].split() == [
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'" for s in scripts]
+
+
+def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
+    """The page draws its charts with no CSP violation; markup injected past the escaping does not run."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    from conftest import chromium_path
+    from dlwatch.report import html
+    from test_html import sampled_report
+
+    browser_path = chromium_path()
+    if browser_path is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium)")
+    clean = html.render_html(sampled_report())
+    injected = clean.replace("<h1>", "<script>window.__pwned = 1; document.title = 'PWNED'</script>"
+                                      "<img src=x onerror=\"window.__pwned = 2\"><h1>", 1)
+    pages = {"clean": clean, "injected": injected}
+    seen = {}
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+        try:
+            for name, text in pages.items():
+                path = tmp_path / f"{name}.html"
+                path.write_text(text)
+                messages = []
+                tab = browser.new_page()
+                tab.on("console", lambda m: messages.append(m.text) if m.type in ("error", "warning") else None)
+                tab.on("pageerror", lambda e: messages.append(str(e)))
+                tab.goto(f"file://{path}")
+                tab.wait_for_function("document.body.getAttribute('data-charts-drawn') !== null", timeout=30_000)
+                seen[name] = {"messages": messages, "pwned": tab.evaluate("window.__pwned === undefined ? null : window.__pwned"),
+                              "title": tab.title(),
+                              "drawn": int(tab.evaluate("document.body.getAttribute('data-charts-drawn')"))}
+                tab.close()
+        finally:
+            browser.close()
+    assert seen["clean"]["messages"] == [] and seen["clean"]["drawn"] == 5 and seen["clean"]["pwned"] is None
+    # the injected script and the inline handler were refused by the policy, the page's own still ran
+    assert seen["injected"]["pwned"] is None and seen["injected"]["title"] != "PWNED"
+    assert seen["injected"]["drawn"] == 5
+    messages = seen["injected"]["messages"]
+    assert all("Content Security Policy" in m for m in messages), messages  # nothing else went wrong
+    assert any(m.startswith("Executing inline script violates") for m in messages), messages
+    assert any(m.startswith("Executing inline event handler violates") for m in messages), messages

@@ -31,6 +31,7 @@ child its timeline files open (``--timeline-fd``); the child thins them (``thin_
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import secrets
@@ -43,7 +44,9 @@ from dlwatch.report import display
 
 HTML_NAME = "report.html"
 RENDER_TIMEOUT_S = 60.0
-_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+# Scripts: only the page's own two (uPlot and the drawing code), allowed by their sha256, so that
+# markup that got past the escaping (a class name, a frame, a message) still could not run a script.
+_CSP = "default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data:"
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 
@@ -373,10 +376,28 @@ dt{font-weight:600;margin-top:6px} dd{margin:2px 0 6px 18px} pre{background:#f7f
 """
 
 
+def _script_hash(code: str) -> str:
+    import base64
+    import hashlib
+
+    return "'sha256-" + base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+@functools.lru_cache(maxsize=1)
+def _scripts() -> tuple[str, str]:
+    """The page's own scripts, in page order: what the policy allows by hash, nothing else."""
+    return _vendor("uPlot.iife.min.js"), _SCRIPT
+
+
+def csp() -> str:
+    """The page's Content-Security-Policy: nothing fetched, only its own scripts run."""
+    return _CSP.format(hashes=" ".join(_script_hash(code) for code in _scripts()))
+
+
 def _page_head(title: str) -> list[str]:
     """Doctype, the no-fetch policy, the styles and the heading; ``title`` already escaped."""
     return ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">",
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp()}\">",
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
             f"<title>{title}</title>",
             f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
@@ -388,8 +409,9 @@ def _page_end(parts: list[str], notes: Any, data: Any) -> str:
     if notes and isinstance(notes, list):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
-    parts.append(f"<script>{_vendor('uPlot.iife.min.js')}</script>")
-    parts.append(f"<script>{_SCRIPT}</script></body></html>")
+    uplot, draw = _scripts()  # exactly the text the policy hashed
+    parts.append(f"<script>{uplot}</script>")
+    parts.append(f"<script>{draw}</script></body></html>")
     return "".join(parts) + "\n"
 
 
