@@ -550,3 +550,56 @@ def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
     assert all("Content Security Policy" in m for m in messages), messages  # nothing else went wrong
     assert any(m.startswith("Executing inline script violates") for m in messages), messages
     assert any(m.startswith("Executing inline event handler violates") for m in messages), messages
+
+
+# --------------------------------------------------------------------------- item 11: the run bootstrap in other interpreters
+
+SPAWNS_OTHER = r'''
+import os, subprocess, sys
+other = sys.argv[1]
+env = dict(os.environ)
+if len(sys.argv) > 2:  # a dlwatch of another location later on the path
+    env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + sys.argv[2]
+r = subprocess.run([other, "-c", "import sys; print('CHILD RAN', 'dlwatch' in sys.modules)"], env=env,
+                   capture_output=True, text=True, timeout=60)
+print(r.stdout.strip())
+sys.stderr.write(r.stderr)
+import torch.utils.data as d
+print("HOOKED", getattr(d.DataLoader.__iter__, "_dlwatch_run", False))
+'''
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """The same Python in a fresh virtualenv: dlwatch is not importable there."""
+    where = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120,
+                   capture_output=True)
+    exe = str(where / "bin" / "python")
+    probe = subprocess.run([exe, "-c", "import dlwatch"], capture_output=True, env={"PATH": os.environ["PATH"]}, cwd="/",
+                           timeout=60)
+    if probe.returncode == 0:
+        pytest.skip("dlwatch is importable even in a fresh virtualenv here")
+    return exe
+
+
+@pytest.mark.parametrize("case", ["no-dlwatch", "another-dlwatch"])
+def test_the_run_bootstrap_stays_silent_in_an_interpreter_it_does_not_belong_to(tmp_path, bare_python, case):
+    script = tmp_path / "spawns_other.py"
+    script.write_text(SPAWNS_OTHER)
+    args = [str(script), bare_python]
+    if case == "another-dlwatch":
+        fake = tmp_path / "elsewhere" / "dlwatch"
+        fake.mkdir(parents=True)
+        (fake / "__init__.py").write_text("import sys; sys.stderr.write('OTHER DLWATCH IMPORTED\\n')\n")
+        args.append(str(fake.parent))
+    env = dict(os.environ, PYTHONPATH="")
+    env.pop("DLWATCH_DISABLE", None)
+    rc, out, err = run_bounded([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), *args],
+                               env=env, cwd=str(tmp_path), timeout=180)
+    assert rc == 0, err
+    # the other interpreter ran as without dlwatch: nothing imported, nothing printed
+    assert "CHILD RAN False" in out
+    assert "dlwatch: warning" not in err and "OTHER DLWATCH IMPORTED" not in err, err
+    # the program itself, whose interpreter the bootstrap belongs to, is still watched
+    assert "HOOKED True" in out
