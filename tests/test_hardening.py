@@ -536,7 +536,8 @@ def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
                 tab.on("pageerror", lambda e: messages.append(str(e)))
                 tab.goto(f"file://{path}")
                 tab.wait_for_function("document.body.getAttribute('data-charts-drawn') !== null", timeout=30_000)
-                seen[name] = {"messages": messages, "pwned": tab.evaluate("window.__pwned === undefined ? null : window.__pwned"),
+                pwned = tab.evaluate("window.__pwned === undefined ? null : window.__pwned")
+                seen[name] = {"messages": messages, "pwned": pwned,
                               "title": tab.title(),
                               "drawn": int(tab.evaluate("document.body.getAttribute('data-charts-drawn')"))}
                 tab.close()
@@ -576,7 +577,8 @@ def bare_python(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120,
                    capture_output=True)
     exe = str(where / "bin" / "python")
-    probe = subprocess.run([exe, "-c", "import dlwatch"], capture_output=True, env={"PATH": os.environ["PATH"]}, cwd="/",
+    probe = subprocess.run([exe, "-c", "import dlwatch"], capture_output=True, cwd="/",
+                           env={"PATH": os.environ["PATH"]},
                            timeout=60)
     if probe.returncode == 0:
         pytest.skip("dlwatch is importable even in a fresh virtualenv here")
