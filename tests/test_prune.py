@@ -208,14 +208,13 @@ def test_a_concurrent_pruner_that_was_first_is_not_an_error(tmp_path, monkeypatc
     ids = [run_id(i) for i in range(4)]
     for rid in ids:
         write(tmp_path, rid)
-    real_rmtree = shutil.rmtree
+    real_remove = store._remove_tree
 
-    def other_pruner_first(path, *args, **kw):
-        real_rmtree(os.path.join(tmp_path, "runs", path))  # the other process, a moment earlier
-        return real_rmtree(path, *args, **kw)
+    def other_pruner_first(dir_fd, name, *args):
+        shutil.rmtree(os.path.join(tmp_path, "runs", name))  # the other process, a moment earlier
+        return real_remove(dir_fd, name, *args)
 
-    other_pruner_first.avoids_symlink_attacks = True
-    monkeypatch.setattr(store.shutil, "rmtree", other_pruner_first)
+    monkeypatch.setattr(store, "_remove_tree", other_pruner_first)
     with caplog.at_level("WARNING", logger="dlwatch"):
         assert store.prune_runs(str(tmp_path), 2) == ids[:2]
     assert summaries(tmp_path) == ids[2:] and "prune_runs" not in caplog.text
@@ -226,17 +225,16 @@ def test_a_late_file_in_a_summary_being_pruned_is_removed_on_a_second_pass(tmp_p
     ids = [run_id(i) for i in range(3)]
     for rid in ids:
         write(tmp_path, rid)
-    real_rmtree = shutil.rmtree
+    real_remove = store._remove_tree
     calls = []
 
-    def late_file_once(path, *args, onerror, **kw):
-        calls.append(path)
+    def late_file_once(dir_fd, name, fs, errors):
+        calls.append(name)
         if len(calls) == 1:  # as if a file arrived between the listing and the final rmdir
-            return onerror(os.rmdir, path, (OSError, OSError(errno.ENOTEMPTY, "Directory not empty"), None))
-        return real_rmtree(path, *args, onerror=onerror, **kw)
+            return errors.append(OSError(errno.ENOTEMPTY, "Directory not empty"))
+        return real_remove(dir_fd, name, fs, errors)
 
-    late_file_once.avoids_symlink_attacks = True
-    monkeypatch.setattr(store.shutil, "rmtree", late_file_once)
+    monkeypatch.setattr(store, "_remove_tree", late_file_once)
     with caplog.at_level("WARNING", logger="dlwatch"):
         assert store.prune_runs(str(tmp_path), 2) == ids[:1]
     assert calls == [ids[0], ids[0]] and summaries(tmp_path) == ids[1:] and "prune_runs" not in caplog.text
@@ -247,11 +245,10 @@ def test_a_removal_that_keeps_failing_is_one_log_line_never_raised(tmp_path, mon
     for rid in ids:
         write(tmp_path, rid)
 
-    def denied(path, *args, onerror, **kw):
-        return onerror(os.rmdir, path, (OSError, PermissionError(errno.EACCES, "Permission denied"), None))
+    def denied(dir_fd, name, fs, errors):
+        errors.append(PermissionError(errno.EACCES, "Permission denied"))
 
-    denied.avoids_symlink_attacks = True
-    monkeypatch.setattr(store.shutil, "rmtree", denied)
+    monkeypatch.setattr(store, "_remove_tree", denied)
     with caplog.at_level("WARNING", logger="dlwatch"):
         assert store.prune_runs(str(tmp_path), 1) == []
     assert summaries(tmp_path) == ids

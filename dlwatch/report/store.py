@@ -182,14 +182,17 @@ MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far be
 MAX_DEPTH = 64  # nesting of report.json; schema 1 uses about 10
 
 
-def read_regular(path: str, cap: int) -> bytes:
+def read_regular(path: str, cap: int, *, dir_fd: int | None = None) -> bytes:
     """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else ReportError.
 
     Never follows a symbolic link at the last component, never blocks on a FIFO or a
     device (O_NONBLOCK, then fstat before the first read), never reads more than ``cap``.
+    With ``dir_fd`` the file is ``path``'s last component in that open directory (``path``
+    names it in messages).
     """
+    name = os.path.basename(path) if dir_fd is not None else path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         raise NotFoundError(f"no report at {path}", help="run `dlwatch report` to list the incidents") from None
     except PermissionError:
@@ -316,16 +319,17 @@ def _load_json_document(path: str, raw: bytes, noun: str, what: str, has_keys: C
     return data
 
 
-def load_report(path: str) -> dict[str, Any]:
+def load_report(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Load and check one report.json (or the directory holding it); ReportError if damaged.
 
     The file may have been written by anyone who can write the report directory: it is
     read only if it is a regular file (no FIFO, no link) within MAX_REPORT_BYTES, nested
-    at most MAX_DEPTH deep, and with the types the renderers rely on.
+    at most MAX_DEPTH deep, and with the types the renderers rely on.  ``dir_fd``: the
+    incident directory ``path`` names, already open; report.json is read in it.
     """
-    if os.path.isdir(path):
+    if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "report.json")
-    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES), "report", "a dlwatch report",
+    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES, dir_fd=dir_fd), "report", "a dlwatch report",
                                lambda d: all(k in d for k in REQUIRED_KEYS), SCHEMA_VERSION)
     problem = _type_problem(data)
     if problem:
@@ -476,8 +480,9 @@ def prune_runs(report_dir: str, keep: int, *, spare: str | None = None) -> list[
 
     Oldest first: by the run id's timestamp (when the block started, whole seconds), then by
     when summary.json was written (its mtime, in ns), then by name.  Removal is by directory
-    file descriptor (``shutil.rmtree(..., dir_fd=)``, which never follows a link); where the
-    platform's rmtree cannot do that, nothing is pruned.  Another process pruning the same
+    file descriptor (``_remove_tree``: never follows a link, never enters another mount, so a
+    bind mount inside an old summary keeps its files); where the platform cannot remove by file
+    descriptor (shutil's ``avoids_symlink_attacks`` says so), nothing is pruned.  Another process pruning the same
     directory at the same time is fine: what it removed first is skipped.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
@@ -523,12 +528,7 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
         for name in victims:
             for attempt in range(3):
                 errors: list[OSError] = []
-
-                def onerror(func: Any, path: str, info: Any, errors: list[OSError] = errors) -> None:
-                    if not isinstance(info[1], FileNotFoundError):  # gone already: another pruner was first
-                        errors.append(info[1])
-
-                shutil.rmtree(name, dir_fd=fd, onerror=onerror)
+                _remove_tree(fd, name, _Fs(st.st_dev, _mount_id(fd)), errors)
                 # a late file (that summary's report.html child still writing) makes rmdir fail: again
                 if not any(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors) or attempt == 2:
                     break
@@ -542,6 +542,69 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
         return removed
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Fs:
+    """The mount ``runs/`` is on: removal never leaves it."""
+    dev: int
+    mount_id: int | None  # None where /proc/self/fdinfo does not say (then st_dev alone decides)
+
+
+def _mount_id(fd: int) -> int | None:
+    """The mount an open file is on (``mnt_id`` in /proc/self/fdinfo): tells a bind mount of the same
+    filesystem, which st_dev cannot."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            for line in f:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _remove_tree(dir_fd: int, name: str, fs: _Fs, errors: list[OSError]) -> None:
+    """Remove the directory ``name`` in ``dir_fd`` and what it holds, by file descriptor, never following
+    a link and never crossing into another mount (a bind mount inside an old summary keeps its files:
+    it is left, and the directories above it with it).  Errors go to ``errors``; an entry already gone
+    (another pruner was first) is not one."""
+    _remove_entry(dir_fd, name, fs, errors)
+
+
+def _remove_entry(dir_fd: int, name: str, fs: _Fs, errors: list[OSError]) -> None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)  # a link is removed, its target untouched
+            return
+        if st.st_dev != fs.dev:
+            raise OSError(errno.EXDEV, f"{name} is on another filesystem (a mount point): left alone")
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        errors.append(exc)
+        return
+    try:
+        mid = _mount_id(fd) if fs.mount_id is not None else None
+        if not os.path.samestat(st, os.fstat(fd)) or mid != fs.mount_id:
+            errors.append(OSError(errno.EXDEV, f"{name} is a mount point or was replaced: left alone"))
+            return
+        for entry in list(os.scandir(fd)):
+            _remove_entry(fd, entry.name, fs, errors)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append(exc)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append(exc)
 
 
 def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
@@ -573,18 +636,19 @@ _SUMMARY_TYPES = {"id": str, "created_at": str, "loop": _OPT_DICT, "peaks": _OPT
                   "workers": (list, type(None))}
 
 
-def load_summary(path: str) -> dict[str, Any]:
+def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Load and check one summary.json (or the run directory holding it); ReportError if damaged.
 
     Read with the care of :func:`load_report`: a regular file only (no link, no FIFO), at
     most MAX_SUMMARY_BYTES, nested at most MAX_DEPTH deep, with the types the renderers use.
+    ``dir_fd``: the run directory ``path`` names, already open; summary.json is read in it.
     """
     from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
 
-    if os.path.isdir(path):
+    if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "summary.json")
     try:
-        raw = read_regular(path, MAX_SUMMARY_BYTES)
+        raw = read_regular(path, MAX_SUMMARY_BYTES, dir_fd=dir_fd)
     except NotFoundError:
         raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
     data = _load_json_document(path, raw, "summary", "a dlwatch run summary",
