@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -305,7 +304,7 @@ class Watch:
         return self
 
     def _make_run_dir(self) -> str:
-        run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+        run_id = store.new_run_id()
         for base in (self.options.report_dir, None):
             try:
                 # an existing report directory must be ours and private; /tmp-like ones get a private child

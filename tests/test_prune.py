@@ -31,9 +31,12 @@ from dlwatch.report import summary as sm
 PID = 4242
 
 
-def run_id(second: int, tag: str | None = None, pid: int = PID) -> str:
-    """A run id as Watch._make_run_dir makes it, at a chosen second of 2026-01-01."""
-    return f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}-{pid}-{tag or secrets.token_hex(3)}"
+def run_id(second: int, tag: str | None = None, pid: int = PID, utc: bool = True) -> str:
+    """A run id as store.new_run_id makes it (``utc=False``: as older dlwatch did, local time
+    without Z), at a chosen second of 2026-01-01."""
+    z = "Z" if utc else ""
+    return (f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}{z}-{pid}-"
+            f"{tag or secrets.token_hex(3)}")
 
 
 def write(report_dir, rid: str) -> str:
@@ -97,6 +100,91 @@ def test_no_runs_dir_or_no_report_dir_is_nothing_to_do(tmp_path):
     assert store.prune_runs(str(tmp_path / "missing"), 1) == []  # logged, never raised
 
 
+# --------------------------------------------------------------------------- UTC ids, DST and time zones
+
+
+@pytest.fixture
+def set_tz():
+    """Set this process's time zone (TZ + tzset, as a rank started in another zone has it); restored after."""
+    before = os.environ.get("TZ")
+
+    def set_to(zone: str) -> None:
+        assert os.path.exists(os.path.join("/usr/share/zoneinfo", zone)), f"no tzdata for {zone}"
+        os.environ["TZ"] = zone
+        time.tzset()
+
+    try:
+        yield set_to
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+
+
+# 2026-11-01, America/New_York: at 06:00 UTC the clocks go back from 02:00 EDT to 01:00 EST
+BEFORE_FALL_BACK = 1793512800 - 30 * 60  # 05:30 UTC, 01:30 EDT
+AFTER_FALL_BACK = 1793512800 + 10 * 60  # 06:10 UTC, 01:10 EST: later, yet earlier on the local clock
+
+
+def test_ids_across_a_dst_change_sort_and_prune_by_real_time(tmp_path, set_tz):
+    set_tz("America/New_York")
+    # the precondition that makes this a test: on the local clock the later block looks earlier
+    assert time.strftime("%H%M", time.localtime(BEFORE_FALL_BACK)) == "0130"
+    assert time.strftime("%H%M", time.localtime(AFTER_FALL_BACK)) == "0110"
+    first = store.new_run_id(pid=PID, now=BEFORE_FALL_BACK)
+    second = store.new_run_id(pid=PID, now=AFTER_FALL_BACK)
+    third = store.new_run_id(pid=PID, now=AFTER_FALL_BACK + 60)
+    assert first.startswith("20261101T053000Z-4242-") and second.startswith("20261101T061000Z-4242-")
+    assert store.run_id_time(first) == BEFORE_FALL_BACK and store.run_id_time(second) == AFTER_FALL_BACK
+    for rid in (second, first, third):  # written out of order: the order is the ids'
+        write(tmp_path, rid)
+    assert store.prune_runs(str(tmp_path), 2) == [first]
+    assert summaries(tmp_path) == sorted([second, third])
+
+
+def test_an_id_is_the_same_in_every_time_zone(set_tz):
+    ids = set()
+    for zone in ("UTC", "America/New_York", "Asia/Kolkata", "Etc/GMT-14", "Etc/GMT+12"):
+        set_tz(zone)
+        ids.add(store.new_run_id(pid=7, now=AFTER_FALL_BACK).rsplit("-", 1)[0])
+        assert store.run_id_time(store.new_run_id(now=AFTER_FALL_BACK)) == AFTER_FALL_BACK
+    assert ids == {"20261101T061000Z-7"}
+
+
+def test_old_local_time_ids_are_still_read_listed_ordered_and_pruned(tmp_path, set_tz):
+    """Ids without Z were local time: read in this process's zone, they order among the UTC ones."""
+    set_tz("Asia/Kolkata")  # UTC+05:30, no DST
+    old_early = run_id(3600 * 9, "aaaaaa", utc=False)  # 09:00 IST = 03:30 UTC
+    new_middle = run_id(3600 * 4, "bbbbbb")  # 04:00 UTC
+    old_late = run_id(3600 * 10, "cccccc", utc=False)  # 10:00 IST = 04:30 UTC
+    new_last = run_id(3600 * 5, "dddddd")  # 05:00 UTC
+    assert store.run_id_time(old_early) == store.run_id_time(run_id(3600 * 3 + 1800, "eeeeee"))
+    for rid in (new_last, old_late, new_middle, old_early):
+        write(tmp_path, rid)
+    assert summaries(tmp_path) == sorted([old_early, new_middle, old_late, new_last])  # all listed
+    assert store.prune_runs(str(tmp_path), 2) == [old_early, new_middle]
+    assert summaries(tmp_path) == sorted([old_late, new_last])
+
+
+def test_real_blocks_in_different_time_zones_prune_the_one_that_started_first(tmp_path, set_tz, no_leftovers):
+    """Three real watched blocks, the first in UTC+14, the next two in UTC-12 (ranks in other zones
+    share a report directory).  On local clocks the first looks 26 hours newer than the others; in
+    UTC it is the oldest, and keep_runs=2 removes it."""
+    dl = DataLoader(Squares(), batch_size=4, num_workers=2)
+    ids = []
+    for zone in ("Etc/GMT-14", "Etc/GMT+12", "Etc/GMT+12"):
+        set_tz(zone)
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
+            assert [y.tolist() for _, y in w] == [[0, 1, 4, 9], [16, 25, 36, 49]]
+        ids.append(w.summary["id"])
+    assert all(store.RUN_ID.fullmatch(i) and i.split("-")[0].endswith("Z") for i in ids), ids
+    times = [store.run_id_time(i) for i in ids]
+    assert times == sorted(times)  # ids say UTC: the order they were made in
+    assert summaries(tmp_path) == sorted(ids[1:])
+
+
 # --------------------------------------------------------------------------- hostile look-alikes
 
 
@@ -126,7 +214,7 @@ def test_hostile_look_alikes_are_left_alone_and_not_counted(tmp_path, caplog):
     (runs / plain_file).write_text("not a directory")
     # names that are not exactly a run id, each a directory with a summary.json
     odd = ["notes", run_id(5, "ABCDEF"), run_id(6, "eeeeee") + ".bak", "x" + run_id(7, "eeeeee"),
-           "20260101T000008-12-abcdef0"]
+           "20260101T000008-12-abcdef0", "20260101T000009z-12-abcdef", "20261399T000000Z-12-abcdef"]
     # a summary being written right now
     odd.append(store.TMP_PREFIX + run_id(8, "ffffff") + "-k2j3h4")
     for name in odd:
@@ -381,7 +469,7 @@ def test_dlwatch_run_keep_runs_2_lists_two(tmp_path):
 # --------------------------------------------------------------------------- two pruners at once
 
 WRITER = r"""
-import os, secrets, sys, time
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
 from dlwatch._log import configure_own_process
 from dlwatch.report import store, summary as sm
@@ -390,7 +478,7 @@ report_dir, go, n, keep = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.ar
 while not os.path.exists(go):
     time.sleep(0.005)
 for i in range(n):
-    rid = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+    rid = store.new_run_id()
     path = store.write_summary(report_dir, sm.skeleton(run_id=rid, pid=os.getpid(), now=time.time()),
                                render_markdown=sm.render_markdown)
     # never its own just-written summary; the other process may prune it, if its id is older than keep others

@@ -14,6 +14,7 @@ link, never an incident).
 
 from __future__ import annotations
 
+import calendar
 import datetime as _dt
 import errno
 import json
@@ -24,6 +25,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -454,14 +456,45 @@ def write_summary(report_dir: str, summary: dict[str, Any], *,
     return final
 
 
-# The run id, as Watch._make_run_dir makes it: <local yyyymmddTHHMMSS>-<pid>-<6 hex>
-RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+# A run id, as new_run_id makes it: <UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>.  Older ids said local
+# time and had no Z: they are still read, listed and pruned (as local time, see run_id_time).
+RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})(?P<utc>Z?)-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+
+
+def new_run_id(pid: int | None = None, now: float | None = None) -> str:
+    """``<UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>``: the id of a watched block (and of a ``dlwatch run``).
+
+    UTC, so that ids order by time across a DST change and across ranks in other time zones.
+    """
+    when = _dt.datetime.fromtimestamp(time.time() if now is None else now, _dt.timezone.utc)
+    return f"{when:%Y%m%dT%H%M%SZ}-{os.getpid() if pid is None else pid}-{secrets.token_hex(3)}"
+
+
+def run_id_time(run_id: str) -> float | None:
+    """When the block of ``run_id`` started, in seconds since the epoch; None if it is no run id.
+
+    An old id without ``Z`` said local time: it is read in this process's time zone, the best
+    guess there is (right unless the zone changed since, or within a repeated DST hour).
+    """
+    m = RUN_ID.fullmatch(run_id)
+    if m is None:
+        return None
+    try:
+        parsed = _dt.datetime.strptime(m.group("when"), "%Y%m%dT%H%M%S")
+    except ValueError:  # 20261399T... matches the pattern but is no date
+        return None
+    if m.group("utc"):
+        return calendar.timegm(parsed.timetuple())
+    try:
+        return time.mktime(parsed.timetuple()[:8] + (-1,))  # -1: let the zone say whether DST applied
+    except (OverflowError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
 class _Kept:
     name: str
-    key: tuple[str, int, str]
+    key: tuple[float, int, str]
 
 
 def prune_runs(report_dir: str, keep: int, *, spare: str | None = None) -> list[str]:
@@ -546,8 +579,8 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
 
 def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
     """The sort key of ``runs/<name>`` if it is a summary this user wrote, else None."""
-    m = RUN_ID.fullmatch(name)
-    if m is None:
+    started = run_id_time(name)
+    if started is None:
         return None
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -564,7 +597,7 @@ def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
         return None
     if not stat.S_ISREG(js.st_mode):
         return None
-    return _Kept(name=name, key=(m.group("when"), js.st_mtime_ns, name))
+    return _Kept(name=name, key=(started, js.st_mtime_ns, name))
 
 
 MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
