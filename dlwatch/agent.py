@@ -388,7 +388,7 @@ class Watch:
         self._hook.fingerprint = "rng-duplication" not in self._ignored
         loader.worker_init_fn = self._hook
         try:
-            from dlwatch.shapes import BatchShapeProbe
+            from dlwatch.shapes import BatchShapeProbe, marks_time_major
 
             try:  # batches per epoch follow the sampler, which may subsample the dataset
                 samples = len(loader.sampler)
@@ -400,7 +400,7 @@ class Watch:
                     check_first=int(self.thresholds.get("check_first", 8)),
                     sample_every=int(self.thresholds.get("sample_every", 64)),
                     confirm_batches=int(self.thresholds.get("confirm_batches", 8)),
-                    ignore_keys=self.options.ignored_batch_keys)
+                    ignore_keys=self.options.ignored_batch_keys, time_major=marks_time_major(loader.collate_fn))
         except Exception:
             self._shape_probe = None
         if self._hook.fingerprint and loader.num_workers > 0:
