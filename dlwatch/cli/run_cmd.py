@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
-import time
 
 from dlwatch import config
 from dlwatch.errors import NotFoundError, UsageError
@@ -86,7 +84,9 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
     env[PACKAGE_ENV] = os.path.dirname(BOOT_DIR)
     from dlwatch.runhook import PROGRAM_RUN_ENV
 
-    env.setdefault(PROGRAM_RUN_ENV, f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}")
+    from dlwatch.report.store import new_run_id
+
+    env.setdefault(PROGRAM_RUN_ENV, new_run_id())  # the shape (and UTC) of a run id
     return env
 
 

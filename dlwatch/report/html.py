@@ -74,6 +74,25 @@ def _samples(records: Any) -> list[Mapping[str, Any]]:
     return out
 
 
+# A limit (the fd limit, /dev/shm's size) is drawn as a dashed reference only when the figure comes
+# within this share of it: below, one scale for both would press the figure into a flat line at zero
+# (20 fds under a limit of 20,000), so the figure gets its own scale and the title names the limit.
+LIMIT_IN_REACH = 0.25
+
+
+def _peak_share(pairs: Iterable[tuple[float | None, float | None]]) -> tuple[float, float] | None:
+    """(highest value / its limit, that limit) over (value, limit) pairs; None without any limit."""
+    best: tuple[float, float] | None = None
+    for value, limit in pairs:
+        if value is not None and limit is not None and limit > 0 and (best is None or value / limit > best[0]):
+            best = (value / limit, limit)
+    return best
+
+
+def _share_text(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.01 else "under 1%"
+
+
 def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str, Any]], Any],
             label_of: Callable[[Any, Mapping[str, Any]], str]) -> list[dict[str, Any]]:
     """The charts over ``samples`` (both pages): one series per process slot (``slot_of`` a sample's proc)."""
@@ -121,10 +140,14 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
     if fds:
         limits = [max((v for v in (_num(p.get("fd_limit")) for p in row.values()) if v is not None), default=None)
                   for row in per]
-        if any(v is not None for v in limits):
+        title = "Open file descriptors against the limit, per process"
+        peak = _peak_share(((_num(p.get("num_fds")), _num(p.get("fd_limit"))) for row in per for p in row.values()))
+        if peak is not None and peak[0] >= LIMIT_IN_REACH:
             fds.append({"label": "fd limit", "y": limits, "color": "#000000", "dash": True})
-        charts.append({"id": "fds", "title": "Open file descriptors against the limit, per process",
-                       "unit": "count", "series": fds})
+        elif peak is not None:  # drawn, the limit would flatten the fds into a line at zero
+            title = (f"Open file descriptors per process (limit {peak[1]:,.0f}, not drawn: "
+                     f"peak {_share_text(peak[0])})")
+        charts.append({"id": "fds", "title": title, "unit": "count", "series": fds})
     mem = series(field("rss"), suffix=" RSS") + series(field("uss"), dash=True, suffix=" USS")
     if mem:
         charts.append({"id": "memory", "title": "Memory per process: RSS (solid) and USS (dashed)",
@@ -138,9 +161,14 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
     free = [_num(s.get("shm_free")) for s in systems]
     used = [t - f if t is not None and f is not None else None for t, f in zip(total, free)]
     if any(v is not None for v in used):
-        charts.append({"id": "shm", "title": "/dev/shm used against its size", "unit": "bytes", "series": [
-            {"label": "/dev/shm used", "y": used, "color": _COLORS[1], "dash": False},
-            {"label": "/dev/shm size", "y": total, "color": "#000000", "dash": True}]})
+        shm = [{"label": "/dev/shm used", "y": used, "color": _COLORS[1], "dash": False}]
+        title = "/dev/shm used against its size"
+        peak = _peak_share(zip(used, total))
+        if peak is not None and peak[0] >= LIMIT_IN_REACH:
+            shm.append({"label": "/dev/shm size", "y": total, "color": "#000000", "dash": True})
+        elif peak is not None:
+            title = f"/dev/shm used (size {display.human_bytes(peak[1])}, not drawn: peak {_share_text(peak[0])})"
+        charts.append({"id": "shm", "title": title, "unit": "bytes", "series": shm})
     locked = [_num(s.get("mlocked")) for s in systems]
     if any(v is not None for v in locked):
         charts.append({"id": "mlocked", "title": "Mlocked (pinned memory)", "unit": "bytes", "series": [

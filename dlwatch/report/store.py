@@ -14,6 +14,7 @@ link, never an incident).
 
 from __future__ import annotations
 
+import calendar
 import datetime as _dt
 import errno
 import json
@@ -24,6 +25,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -458,14 +460,45 @@ def write_summary(report_dir: str, summary: dict[str, Any], *,
     return final
 
 
-# The run id, as Watch._make_run_dir makes it: <local yyyymmddTHHMMSS>-<pid>-<6 hex>
-RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+# A run id, as new_run_id makes it: <UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>.  Older ids said local
+# time and had no Z: they are still read, listed and pruned (as local time, see run_id_time).
+RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})(?P<utc>Z?)-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+
+
+def new_run_id(pid: int | None = None, now: float | None = None) -> str:
+    """``<UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>``: the id of a watched block (and of a ``dlwatch run``).
+
+    UTC, so that ids order by time across a DST change and across ranks in other time zones.
+    """
+    when = _dt.datetime.fromtimestamp(time.time() if now is None else now, _dt.timezone.utc)
+    return f"{when:%Y%m%dT%H%M%SZ}-{os.getpid() if pid is None else pid}-{secrets.token_hex(3)}"
+
+
+def run_id_time(run_id: str) -> float | None:
+    """When the block of ``run_id`` started, in seconds since the epoch; None if it is no run id.
+
+    An old id without ``Z`` said local time: it is read in this process's time zone, the best
+    guess there is (right unless the zone changed since, or within a repeated DST hour).
+    """
+    m = RUN_ID.fullmatch(run_id)
+    if m is None:
+        return None
+    try:
+        parsed = _dt.datetime.strptime(m.group("when"), "%Y%m%dT%H%M%S")
+    except ValueError:  # 20261399T... matches the pattern but is no date
+        return None
+    if m.group("utc"):
+        return calendar.timegm(parsed.timetuple())
+    try:
+        return time.mktime(parsed.timetuple()[:8] + (-1,))  # -1: let the zone say whether DST applied
+    except (OverflowError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
 class _Kept:
     name: str
-    key: tuple[str, int, str]
+    key: tuple[float, int, str]
 
 
 def prune_runs(report_dir: str, keep: int, *, spare: str | None = None) -> list[str]:
@@ -500,14 +533,17 @@ def _log() -> Any:
     return get_logger("dlwatch.store")
 
 
-def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
+def _prune_runs(report_dir: str, keep: int, spare: str | None, subdir: str = SUMMARIES_DIR,
+                entry: Callable[[int, str, int], _Kept | None] | None = None, event: str = "prune_runs") -> list[str]:
+    """The remover behind prune_runs (and prune_jobs: ``subdir`` ".jobs", its own ``entry`` test)."""
+    entry = entry or _summary_entry
     if not getattr(shutil.rmtree, "avoids_symlink_attacks", False):
-        _log().warning("prune_runs_skipped", report_dir=report_dir,
+        _log().warning(f"{event}_skipped", report_dir=report_dir,
                        reason="shutil.rmtree cannot avoid symlink attacks on this platform")
         return []
     check_report_dir(report_dir)  # ours and private, as when the summary was written
     try:
-        fd = os.open(os.path.join(report_dir, SUMMARIES_DIR),
+        fd = os.open(os.path.join(report_dir, subdir),
                      os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
@@ -515,9 +551,9 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
         st = os.fstat(fd)
         euid = os.geteuid()
         if st.st_uid != euid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise UnsafeDirError(f"{SUMMARIES_DIR}/ is not ours or is writable by others "
+            raise UnsafeDirError(f"{subdir}/ is not ours or is writable by others "
                                  f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
-        runs = [k for k in (_summary_entry(fd, name, euid) for name in os.listdir(fd)) if k is not None]
+        runs = [k for k in (entry(fd, name, euid) for name in os.listdir(fd)) if k is not None]
         excess = len(runs) - keep
         if excess <= 0:
             return []
@@ -537,7 +573,7 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
             else:
                 removed.append(name)
         if failures:
-            _log().warning("prune_runs_incomplete", report_dir=report_dir, errors=failures[:3],
+            _log().warning(f"{event}_incomplete", report_dir=report_dir, errors=failures[:3],
                            num_errors=len(failures))
         return removed
     finally:
@@ -609,8 +645,8 @@ def _remove_entry(dir_fd: int, name: str, fs: _Fs, errors: list[OSError]) -> Non
 
 def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
     """The sort key of ``runs/<name>`` if it is a summary this user wrote, else None."""
-    m = RUN_ID.fullmatch(name)
-    if m is None:
+    started = run_id_time(name)
+    if started is None:
         return None
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -627,7 +663,76 @@ def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
         return None
     if not stat.S_ISREG(js.st_mode):
         return None
-    return _Kept(name=name, key=(m.group("when"), js.st_mtime_ns, name))
+    return _Kept(name=name, key=(started, js.st_mtime_ns, name))
+
+
+# --------------------------------------------------------------------------- .jobs retention
+
+JOBS_DIR = ".jobs"  # <report_dir>/.jobs/<job>/rank<R>-<host>-<pid>.json (dlwatch.report.rankfigures)
+_JOB_NAME = re.compile(r"[A-Za-z0-9_@-][A-Za-z0-9_.@-]{0,127}")  # what job.safe_name gives
+_FIGURES_NAME = re.compile(r"rank(?:[0-9]{1,10}|-unknown)-[A-Za-z0-9_.@:-]{0,64}-[0-9]{1,10}\.json")
+
+
+def prune_jobs(report_dir: str, keep: int, *, spare: str | None = None) -> list[str]:
+    """Remove the oldest job directories in ``<report_dir>/.jobs/`` beyond ``keep``; return the names removed.
+
+    The rank figures of multi-rank jobs, retained like run summaries (:func:`prune_runs`, whose
+    remover this is, with the same rules and the same cap, ``keep_runs``): never raises, ``keep``
+    <= 0 keeps all, ``spare`` (the job of the run that prunes) counts and is never removed.  A job counts,
+    and may go, only if its name is one ``job.safe_name`` gives, it is a real directory (not a
+    link) owned by the effective uid on the same filesystem as ``.jobs/`` (itself on the report
+    directory's), and it holds only regular files, at least one of them a rank figures file of
+    ours.  Oldest first by the newest figures file's mtime (the job's last write), then by name.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
+        return []
+    try:
+        try:
+            jobs_st = os.stat(os.path.join(report_dir, JOBS_DIR), follow_symlinks=False)
+        except FileNotFoundError:
+            return []
+        if jobs_st.st_dev != os.stat(report_dir).st_dev:
+            raise UnsafeDirError(f"{JOBS_DIR}/ is on another filesystem than the report directory")
+        return _prune_runs(report_dir, keep, spare, JOBS_DIR,
+                           lambda fd, name, euid: _job_entry(fd, name, euid, spare), "prune_jobs")
+    except Exception as exc:  # housekeeping: it never fails the run
+        _log().warning("prune_jobs_failed", report_dir=report_dir, error=f"{type(exc).__name__}: {exc}")
+        return []
+
+
+def _job_entry(dir_fd: int, name: str, euid: int, spare: str | None = None) -> _Kept | None:
+    """The sort key of ``.jobs/<name>`` if it is a job directory this user wrote, else None.
+
+    ``spare``, the pruning run's own job, counts even before its first figures file (the monitor
+    writes the summary, and so prunes, before its last figures)."""
+    if _JOB_NAME.fullmatch(name) is None:
+        return None
+    newest = None
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != euid or st.st_dev != os.fstat(dir_fd).st_dev:
+            return None  # a link, another user's, or a mount point: never ours to remove
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            if not os.path.samestat(st, os.fstat(sub)):
+                return None  # replaced between the two looks
+            for child in os.listdir(sub):
+                cst = os.stat(child, dir_fd=sub, follow_symlinks=False)
+                if stat.S_ISLNK(cst.st_mode):
+                    continue  # rmtree unlinks a link, never follows it
+                if not stat.S_ISREG(cst.st_mode) or cst.st_dev != st.st_dev:
+                    return None  # a directory, FIFO or mount point: rank figures are flat files
+                if cst.st_uid == euid and _FIGURES_NAME.fullmatch(child) and (newest is None or cst.st_mtime_ns > newest):
+                    newest = cst.st_mtime_ns
+        finally:
+            os.close(sub)
+    except OSError:  # gone (another pruner) or unreadable: not ours to count
+        return None
+    if newest is None and name == spare:
+        newest = st.st_mtime_ns
+    if newest is None:
+        return None
+    return _Kept(name=name, key=(newest / 1e9, newest, name))
 
 
 MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
