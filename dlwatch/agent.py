@@ -116,16 +116,45 @@ def _sharing_strategy() -> str | None:
     return None
 
 
+def _known_len(obj: Any) -> int | None:
+    """``len(obj)`` where that runs no code of the program's, else None.
+
+    A dataset's or sampler's own ``__len__`` is the program's code (it may list a bucket, open a
+    database in the main process before the workers fork, or count calls): dlwatch never calls it.
+    Built-in containers and torch's own samplers and datasets over them are read; a
+    DistributedSampler's length is the attribute torch computed at its construction.
+    """
+    if type(obj) in (list, tuple, range, dict, str, bytes):
+        return len(obj)
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return None
+    try:
+        kind = type(obj)
+        if kind is data.DistributedSampler:
+            n = obj.__dict__.get("num_samples")
+            return n if isinstance(n, int) else None
+        if kind is data.RandomSampler:
+            n = obj.__dict__.get("_num_samples")
+            return n if isinstance(n, int) else _known_len(obj.__dict__.get("data_source"))
+        if kind is data.SequentialSampler:
+            return _known_len(obj.__dict__.get("data_source"))
+        if kind is data.TensorDataset:
+            return len(obj)  # torch's: the first tensor's size
+        if kind is data.Subset:
+            return _known_len(obj.__dict__.get("indices"))
+    except Exception:
+        return None
+    return None
+
+
 def loader_config(loader: Any) -> dict[str, Any] | None:
     """The DataLoader's configuration for the report; None for a plain iterable."""
     if not _is_dataloader(loader):
         return None
     strategy = _sharing_strategy()
     dataset = getattr(loader, "dataset", None)
-    try:
-        dataset_len = len(dataset)  # type: ignore[arg-type]
-    except Exception:
-        dataset_len = None
+    dataset_len = _known_len(dataset)
     user_init = loader.worker_init_fn
     if isinstance(user_init, WorkerHook):
         user_init = user_init.user_fn
@@ -491,10 +520,9 @@ class Watch:
         try:
             from dlwatch.shapes import BatchShapeProbe, marks_time_major
 
-            try:  # batches per epoch follow the sampler, which may subsample the dataset
-                samples = len(loader.sampler)
-            except Exception:
-                samples = None
+            # batches per epoch follow the sampler, which may subsample the dataset; unknown where only
+            # the program's own __len__ could say (the probe then judges a short batch by the next one)
+            samples = _known_len(getattr(loader, "sampler", None))
             if loader.batch_size is not None and "batch-dim-mismatch" not in self._ignored:
                 self._shape_probe = BatchShapeProbe(
                     loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",

@@ -39,6 +39,21 @@ def allow_ptrace_from(tracer_pid: int | None) -> None:
         pass
 
 
+def _drop_own_entry(exc: BaseException) -> None:
+    """Take this module's frame off the traceback of an exception the user's function raised.
+
+    The frame is there only because the worker is watched; torch formats the worker's traceback into
+    the message the program sees ("Caught ValueError in DataLoader worker process 0. Original
+    Traceback ..."), which must read as bare.  A bare ``raise`` adds no entry for this frame again.
+    """
+    try:
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            exc.__traceback__ = tb.tb_next
+    except Exception:
+        pass
+
+
 class WorkerHook:
     def __init__(self, user_fn: Callable[[int], Any] | None, events_path: str, run_dir: str,
                  start_method: str | None, monitor_pid: int | None, rng_depth: int = 2) -> None:
@@ -57,7 +72,11 @@ class WorkerHook:
     def __call__(self, worker_id: int) -> None:
         self._register(worker_id)
         if self.user_fn is not None:
-            self.user_fn(worker_id)
+            try:
+                self.user_fn(worker_id)
+            except BaseException as exc:
+                _drop_own_entry(exc)
+                raise
         if self.fingerprint:
             self._fingerprint(worker_id)
 
@@ -128,7 +147,11 @@ class CollateHook:
         self.rng_depth = rng_depth
 
     def __call__(self, batch: Any) -> Any:
-        out = self.user_fn(batch)
+        try:
+            out = self.user_fn(batch)
+        except BaseException as exc:
+            _drop_own_entry(exc)
+            raise
         if _start:
             self._after_first_batch()
         return out
