@@ -41,6 +41,21 @@ MONITOR_STOP_TIMEOUT_S = 10.0
 FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared
 
 
+# What of an exception is copied for its report: a 50 MB message must not make the block's exit
+# (or the monitor's redaction of it) take seconds.  Both ends are kept: a traceback's last lines hold the error.
+MAX_MESSAGE_CHARS = 64 * 1024
+MAX_TRACEBACK_CHARS = 192 * 1024
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: its head and tail, and between them where and how much was cut."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    return f"{text[:head]}\n[dlwatch: {len(text) - head - tail:,} characters cut here]\n{text[len(text) - tail:]}"
+
+
 class DlwatchWarning(RuntimeWarning):
     """dlwatch could not do something; training goes on unchanged."""
 
@@ -258,12 +273,16 @@ class Watch:
         self._entered_at = 0.0
         self._pending_exception: dict[str, Any] | None = None
         self._iterated = False  # the watch object itself was iterated (the `as` form)
+        self._interrupted = False  # a KeyboardInterrupt (Ctrl-C) left the block
         self.summary: dict[str, Any] | None = None  # the run summary, after the block (see dlwatch.report.summary)
         self._preflight_sent: set[str] = set()
         self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
         self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
         self.stop_in_background = False  # `dlwatch run`: stop the monitor off the training thread
+        # `dlwatch run`: the watch covers one iteration whose iterator it builds itself (iterate_with);
+        # the loader object is left as it is (no class swap, its hooks set only while torch builds it)
+        self.iteration_only = False
 
     @property
     def monitor_pid(self) -> int | None:
@@ -286,7 +305,12 @@ class Watch:
             self._start()
         except Exception as exc:  # dlwatch failing must not stop training
             _warn(f"could not start monitoring ({type(exc).__name__}: {exc}); training continues unwatched")
-            self._teardown(clean=False)
+            loader = self._loader
+            try:
+                self._teardown(clean=False)
+            except Exception:
+                pass
+            self._loader = loader  # the `as` form still iterates it, unwatched, until the block ends
             return self
         if self._in_place_warning:
             try:
@@ -306,7 +330,9 @@ class Watch:
 
     def _make_run_dir(self) -> str:
         run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+        refused: str | None = None  # why the report directory was not used (said once the fallback works)
         for base in (self.options.report_dir, None):
+            path = None
             try:
                 # an existing report directory must be ours and private; /tmp-like ones get a private child
                 base_dir = store.prepare_report_dir(base) if base is not None else store.fallback_dir()
@@ -322,15 +348,20 @@ class Watch:
                     os.close(fd)
                 os.unlink(probe)
             except OSError as exc:
+                if path is not None:  # nothing half-made is left in a report directory
+                    shutil.rmtree(path, ignore_errors=True)
                 if base is not None:
                     why = f"is not safe: {exc}" if isinstance(exc, UnsafeDirError) else \
                         f"is not writable ({exc.strerror or exc})"
-                    _warn(f"report directory {base!r} {why}; "
-                          f"writing reports to {store.fallback_dir()!r} instead")
-                continue
+                    refused = f"report directory {base!r} {why}"
+                    continue
+                raise OSError(f"{refused}, nor is a private directory in TMPDIR ({exc.strerror or exc})" if refused
+                              else f"no private directory in TMPDIR for the run ({exc.strerror or exc})") from None
+            if refused is not None:
+                _warn(f"{refused}; writing reports to {base_dir!r} instead")
             self.report_dir = base_dir
             return path
-        raise OSError("no writable report directory")
+        raise OSError("no writable report directory")  # not reached: the fallback returns or raises
 
     def _start(self) -> None:
         self._entered_at = time.time()
@@ -363,31 +394,42 @@ class Watch:
         })
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
-        if is_dl:
+        if self.iteration_only:
+            self._prepare_probes(loader)  # set on the loader by iterate_with, while torch builds the iterator
+        elif is_dl:
             self._instrument_loader(loader)
         elif self._can_swap(loader):
             self._swap_class(loader)
-        self._in_place_warning = not self._swapped
+        self._in_place_warning = not (self._swapped or self.iteration_only)
         self._active = True
 
     def _spawn_monitor(self, run_dir: str) -> "subprocess.Popen[bytes]":
-        from dlwatch._spawn import python_argv
+        from dlwatch._spawn import python_argv, sigint_blocked
 
         # Isolated (-I): nothing in the training program's working directory or PYTHONPATH is
         # imported by the monitor; it loads this very dlwatch by location (see dlwatch/_spawn.py).
         # No pipe ends of ours reach forked workers through this Popen except stdin's write end,
         # which is only a wake-up: the monitor never relies on its EOF.
-        return subprocess.Popen(
-            python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)]),
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
-        )
+        with sigint_blocked():  # a Ctrl-C while the monitor starts is the program's, never the monitor's
+            return subprocess.Popen(
+                python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)], ignore_sigint=True),
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
+            )
 
     def _instrument_loader(self, loader: Any) -> None:
+        self._prepare_probes(loader)
+        self._set_hooks(loader)
+        existing = getattr(loader, "_iterator", None)
+        if existing is not None:  # persistent workers already running: the hook won't run in them
+            self._note_workers(existing)
+        self._swap_class(loader)
+
+    def _prepare_probes(self, loader: Any) -> None:
+        """The worker hook and the batch-shape probe for a DataLoader (set on the loader by _set_hooks)."""
         self._hook = WorkerHook(loader.worker_init_fn, self._events_path or "", self.run_dir or "",
                                 _start_method(loader), self._monitor.pid if self._monitor else None,
                                 rng_depth=int(self.thresholds.get("attribute_depth", 2)))
         self._hook.fingerprint = "rng-duplication" not in self._ignored
-        loader.worker_init_fn = self._hook
         try:
             from dlwatch.shapes import BatchShapeProbe
 
@@ -410,11 +452,50 @@ class Watch:
             # the second RNG fingerprint, after each worker's first batch (see worker_hook)
             self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "",
                                              rng_depth=self._hook.rng_depth)
+
+    def _set_hooks(self, loader: Any) -> None:
+        if self._hook is not None:
+            loader.worker_init_fn = self._hook
+        if self._collate_hook is not None:
             loader.collate_fn = self._collate_hook
-        existing = getattr(loader, "_iterator", None)
-        if existing is not None:  # persistent workers already running: the hook won't run in them
-            self._note_workers(existing)
-        self._swap_class(loader)
+
+    def _unset_hooks(self, loader: Any) -> None:
+        if self._hook is not None and getattr(loader, "worker_init_fn", None) is self._hook:
+            try:
+                loader.worker_init_fn = self._hook.user_fn
+            except Exception:
+                pass
+        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
+            try:
+                loader.collate_fn = self._collate_hook.user_fn
+            except Exception:
+                pass
+
+    def iterate_with(self, original: Any) -> Iterator[Any]:
+        """``dlwatch run``: this iteration's iterator, built by ``original`` (the DataLoader's own
+        ``__iter__``) with dlwatch's hooks on the loader only while torch builds it (torch reads
+        ``worker_init_fn`` and ``collate_fn`` then), and instrumented.  Never re-enters the loader's
+        class: a subclass's ``__iter__`` that called ``super().__iter__()`` runs once, as bare."""
+        loader = self._loader
+        if not self._active or loader is None:
+            return original(loader)
+        self._before_iter()
+        hooked = False
+        try:
+            if _is_dataloader(loader) and not (loader.persistent_workers and loader._iterator is not None):
+                self._set_hooks(loader)
+                hooked = True
+        except Exception:
+            pass
+        try:
+            it = original(loader)
+        finally:
+            if hooked:
+                self._unset_hooks(loader)
+        try:
+            return self._instrument(it)
+        except Exception:
+            return it
 
     @staticmethod
     def _can_swap(obj: Any) -> bool:
@@ -439,17 +520,8 @@ class Watch:
                 pass
             loader.__dict__.pop("_dlwatch_watch", None)
             self._swapped = False
-        if self._hook is not None and getattr(loader, "worker_init_fn", None) is self._hook:
-            try:
-                loader.worker_init_fn = self._hook.user_fn
-            except Exception:
-                pass
+        self._unset_hooks(loader)
         self._hook = None
-        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
-            try:
-                loader.collate_fn = self._collate_hook.user_fn
-            except Exception:
-                pass
         self._collate_hook = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -477,7 +549,8 @@ class Watch:
                   "the watched object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)")
         try:
             clean_exit = isinstance(exc, GeneratorExit) or (isinstance(exc, SystemExit) and exc.code in (0, None))
-            if exc is not None and not clean_exit and id(exc) not in _REPORTED:
+            self._interrupted = isinstance(exc, KeyboardInterrupt)  # the user stopped the job: no failure
+            if exc is not None and not clean_exit and not self._interrupted and id(exc) not in _REPORTED:
                 self._record_exception(exc)
                 if _ACTIVE:
                     _REPORTED[id(exc)] = exc  # an enclosing watch sees the same exception: one incident
@@ -495,9 +568,10 @@ class Watch:
         err = getattr(exc, "errno", None)
         info = {
             "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "message": str(exc),
+            "message": _cut(str(exc), MAX_MESSAGE_CHARS),
             "errno": err if isinstance(err, int) else None,
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            "traceback": _cut("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                              MAX_TRACEBACK_CHARS),
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
@@ -517,7 +591,7 @@ class Watch:
         monitor, self._monitor = self._monitor, None
         pending = self._pending_exception
         if self._events_path:
-            events.emit(self._events_path, "stop", clean=clean)
+            events.emit(self._events_path, "stop", clean=clean, interrupted=self._interrupted)
         if monitor is not None and self.stop_in_background and not sys.is_finalizing():
             # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
             # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
@@ -553,11 +627,11 @@ class Watch:
                 try:
                     monitor.stdin.write(b"stop\n")  # type: ignore[union-attr]
                     monitor.stdin.flush()  # type: ignore[union-attr]
-                except OSError:
+                except (OSError, ValueError):  # ValueError: the pipe's file object is already closed
                     pass
             try:
                 monitor.stdin.close()  # type: ignore[union-attr]
-            except OSError:
+            except (OSError, ValueError):
                 pass
             try:
                 monitor.wait(MONITOR_STOP_TIMEOUT_S if alive else 0.1)
@@ -689,7 +763,7 @@ class Watch:
         now = time.time()
         s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=os.getpid(), now=now,
                         started_at=self._entered_at)
-        s["ended"] = "exception" if pending is not None else "clean"
+        s["ended"] = "exception" if pending is not None else "interrupted" if self._interrupted else "clean"
         s["cpus"] = self._cpus
         s["loop"] = RunStats(self._entered_at).loop(hbmod.read(os.path.join(self.run_dir, "heartbeat")), now)
         s["preflight"] = [to_finding(sig, self._advice_pbs) for sig in self._preflight_signals]

@@ -9,6 +9,7 @@ sequence numbers at both ends of each part.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -83,6 +84,23 @@ class Heartbeat:
         }
 
 
+def _allocate(fd: int, size: int) -> None:
+    """Give ``fd`` ``size`` bytes of real blocks (posix_fallocate; written zeros where it is unsupported)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    except AttributeError:
+        pass
+    os.ftruncate(fd, 0)
+    view = memoryview(bytes(size))
+    while view:
+        view = view[os.pwrite(fd, view, size - len(view)):]
+    os.fsync(fd)
+
+
 class HeartbeatWriter:
     """Owned by the training process.  Not thread-safe: one loop writes it.
 
@@ -98,8 +116,15 @@ class HeartbeatWriter:
 
     def __init__(self, path: str) -> None:
         self._fd = create_private(path, os.O_RDWR)
-        os.ftruncate(self._fd, SIZE)
-        self._mm = mmap.mmap(self._fd, SIZE)
+        try:
+            # The file's blocks are allocated now, not at the first store into the mapping: a sparse
+            # page that the filesystem cannot back later (another writer took the last free block)
+            # kills the training process with SIGBUS.  No space now: OSError, and the run goes unwatched.
+            _allocate(self._fd, SIZE)
+            self._mm = mmap.mmap(self._fd, SIZE)
+        except BaseException:
+            os.close(self._fd)
+            raise
         self.mm = self._mm  # for the hot path's one-byte state store and hot-part pack
         self._pack = _REC.pack_into
         self.cseq = 0

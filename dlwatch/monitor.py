@@ -150,6 +150,7 @@ class Monitor:
         self.notes: list[str] = []
         self.exception: dict[str, Any] | None = None
         self.stop_seen = False
+        self.interrupted = False  # the block was left by a KeyboardInterrupt (the stop event says so)
         self.reported_playbooks: set[str] = set()
         self.incidents: list[str] = []
         self.polls = 0
@@ -234,6 +235,7 @@ class Monitor:
             name = ev.get("event")
             if name == "stop":
                 self.stop_seen = True
+                self.interrupted = ev.get("interrupted") is True
             elif name == "exception":
                 self.exception = ev.get("exception")
             elif name == "worker_registered":
@@ -610,7 +612,8 @@ class Monitor:
             except Exception:
                 pass
             self._write(self._report("exception"))
-        self._write_summary("exception" if self.exception is not None else "clean")
+        self._write_summary("exception" if self.exception is not None else
+                            "interrupted" if self.interrupted else "clean")
         self._close(clean=True)
 
     def _finish_vanished(self) -> None:

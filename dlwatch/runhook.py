@@ -143,7 +143,16 @@ def patch(cls: type) -> None:
     def __iter__(self: Any) -> Iterator[Any]:
         if "_dlwatch_watch" in getattr(self, "__dict__", {}) or disabled() or _in_worker():
             return original(self)  # the user's own watch, or nothing to do
-        return _watched_iteration(self, original)
+        try:
+            return _watched_iteration(self, original)
+        except BaseException as exc:
+            # raised by the loader's own __iter__ (a worker that could not start): its traceback as bare,
+            # without this hook's frames (this frame's entry goes too; a bare raise adds none for it)
+            try:
+                exc.__traceback__ = strip_own_frames(exc.__traceback__)
+            except Exception:
+                pass
+            raise
 
     __iter__._dlwatch_run = True  # type: ignore[attr-defined]
     __iter__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -165,6 +174,7 @@ def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
 
         w = Watch(loader)  # options from the environment that `dlwatch run` set
         w.stop_in_background = True  # the next iteration need not wait for this one's monitor to exit
+        w.iteration_only = True  # the loader's class is left alone: its own __iter__ is not re-entered
         w.__enter__()
     except Exception as exc:
         _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
@@ -172,11 +182,47 @@ def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
     if not w._active:
         return original(loader)
     try:
-        it = iter(loader)  # through the watch's instrumented class: times each batch
+        it = w.iterate_with(original)  # the loader's own __iter__, once, instrumented
     except BaseException as exc:
         w.__exit__(type(exc), exc, exc.__traceback__)
         raise
+    _open_watch(w)
     return RunIterator(it, w)
+
+
+# The watches of iterations still open.  An iterator the program keeps to its end (an infinite loader's,
+# a persistent one held by a global) would otherwise be closed during interpreter finalization, when
+# threads cannot start and file objects are being torn down: these are closed at exit instead, first.
+_OPEN: dict[int, Any] = {}
+_atexit_registered = False
+
+
+def _open_watch(w: Any) -> None:
+    global _atexit_registered
+    _OPEN[id(w)] = w
+    if not _atexit_registered:
+        import atexit
+
+        atexit.register(_close_open_watches)
+        _atexit_registered = True
+
+
+def _close_watch(w: Any, exc: BaseException | None) -> None:
+    _OPEN.pop(id(w), None)
+    w.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None)
+
+
+def _close_open_watches() -> None:
+    # A Ctrl-C that ended the program (uncaught, so sys.last_value) ended these iterations too: their
+    # summaries say "interrupted".  Any other uncaught exception came from the program's own code.
+    last = getattr(sys, "last_value", None)
+    stopped_by = last if isinstance(last, KeyboardInterrupt) else None
+    for w in list(_OPEN.values()):
+        try:
+            w.stop_in_background = False  # nothing would wait for a thread started now
+            _close_watch(w, stopped_by)
+        except Exception:
+            pass
 
 
 class RunIterator(IteratorProxy):
@@ -212,7 +258,7 @@ class RunIterator(IteratorProxy):
         if w is None:
             return
         try:
-            w.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None)
+            _close_watch(w, exc)
         except Exception:
             pass
 

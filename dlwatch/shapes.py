@@ -104,7 +104,7 @@ class IgnoreKeys:
                 paths.add(key.replace('"', "'"))
                 continue
             names.add(key)
-            if key.isdigit():
+            if key.isascii() and key.isdigit():
                 indexes.add(int(key))
         return cls(frozenset(names), frozenset(indexes), frozenset(paths))
 

@@ -11,6 +11,14 @@ from typing import Iterator
 
 import psutil
 import pytest
+from hypothesis import settings
+
+# Property tests are derandomized by default (a fixed seed: the same examples on every run, in CI
+# and from a fresh clone), with no per-example deadline (a loaded machine is slow, not wrong).
+# HYPOTHESIS_PROFILE=explore searches with fresh random examples locally.
+settings.register_profile("fixed", derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("explore", deadline=None, max_examples=1000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = os.path.join(HERE, "targets")

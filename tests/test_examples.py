@@ -312,7 +312,12 @@ def test_input_bound(report_dir):
     ev = _advice(run_example("input_bound", report_dir), "input-bound")
     assert ev["cause"] == "cpu-saturated"  # one worker, 2 CPUs: one for the loop, none spare
     assert ev["steady_data_wait_share"] >= 0.5 and ev["steady_batches"] == 119
-    assert ev["worker_cpu_util_mean"] >= 0.5 and ev["worker_state_share"]["running"] >= 0.75
+    # The worker wants the CPU all the time (runnable or running: true however loaded the machine is);
+    # how much it gets depends on the machine's other load, so the measured utilisation is checked
+    # against the example's own arithmetic (60 ms of CPU per batch over the measured batch interval),
+    # not against a fixed figure that four busy neighbours move (0.48 at load 7, 0.6+ when quiet).
+    assert ev["worker_state_share"]["running"] >= 0.75
+    assert ev["worker_cpu_util_mean"] == pytest.approx(0.06 / ev["steady_batch_s"], rel=0.3), ev
     assert ev["num_workers"] == 1 and ev["usable_cpus"] == 2
 
 

@@ -170,7 +170,7 @@ def parse_faulthandler(text: str | bytes) -> tuple[ThreadStack, ...]:
                 if not started:
                     started, tid, name = True, None, None
                 raw_line = fm.group("line")
-                line_no = int(raw_line) if raw_line.lstrip("-").isdigit() else None
+                line_no = int(raw_line) if raw_line.isascii() and raw_line.lstrip("-").isdigit() else None
                 func = fm.group("func") or "<unknown>"
                 frames.append(Frame(function=func, filename=fm.group("file") or None,
                                     line=line_no if line_no and line_no > 0 else None))
@@ -401,4 +401,4 @@ def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
 def _pid_of(path: str) -> int:
     name = os.path.basename(path)
     head = name[: -len(CRASH_SUFFIX)] if name.endswith(CRASH_SUFFIX) else name
-    return int(head) if head.isdigit() else 0
+    return int(head) if head.isascii() and head.isdigit() else 0

@@ -64,7 +64,7 @@ def parse_stat(text: str) -> dict[str, object]:
         "starttime": int(rest[19]),
     }
     # field 52 (Linux >= 3.5): the wait status; meaningful for a zombie (its parent has not reaped it)
-    if rest[0] == "Z" and len(rest) >= 50 and rest[49].lstrip("-").isdigit():
+    if rest[0] == "Z" and len(rest) >= 50 and _digits(rest[49].lstrip("-")):
         out["exit_code"] = int(rest[49])
     return out
 
@@ -106,6 +106,11 @@ def parse_schedstat(text: str) -> tuple[int, int, int] | None:
     return (run_ns, delay_ns, count) if min(run_ns, delay_ns, count) >= 0 else None
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() is also true for "²" and other Unicode digits that int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_ctx_switches(text: str) -> tuple[int | None, int | None]:
     """(voluntary, involuntary) context switches from /proc/<pid>/status."""
     vol = invol = None
@@ -113,7 +118,7 @@ def parse_ctx_switches(text: str) -> tuple[int | None, int | None]:
         key, _, rest = line.partition(":")
         if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
             val = rest.strip()
-            if val.isdigit():
+            if _digits(val):
                 if key[0] == "v":
                     vol = int(val)
                 else:
@@ -126,7 +131,7 @@ def parse_io_chars(text: str) -> tuple[int | None, int | None]:
     got: dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
-        if key in ("rchar", "wchar") and rest.strip().isdigit():
+        if key in ("rchar", "wchar") and _digits(rest.strip()):
             got[key] = int(rest.strip())
     return got.get("rchar"), got.get("wchar")
 
@@ -184,7 +189,7 @@ def parse_kv_kib(text: str, keys: tuple[str, ...]) -> dict[str, int]:
         key, _, rest = line.partition(":")
         if key in keys:
             parts = rest.split()
-            if parts and parts[0].isdigit():
+            if parts and _digits(parts[0]):
                 out[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
     return out
 
@@ -436,7 +441,7 @@ def read_io(pid: int) -> IoSample:
     ts = time.time()
     threads: list[ThreadIo] = []
     try:
-        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if _digits(t))
     except (FileNotFoundError, ProcessLookupError):
         return IoSample(pid=pid, ts=ts, gone=True)
     except OSError:
@@ -485,7 +490,7 @@ def read_io(pid: int) -> IoSample:
             link = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
             continue
-        if link.startswith("socket:[") and link.endswith("]") and link[8:-1].isdigit() and name.isdigit():
+        if link.startswith("socket:[") and link.endswith("]") and _digits(link[8:-1]) and _digits(name):
             socket_fds[int(link[8:-1])] = int(name)
         elif classify_fd_target(link) == "file" and link not in files and len(files) < MAX_FILES:
             files.append(link)
@@ -516,7 +521,7 @@ def children(pid: int) -> list[int]:
             text = _read(f"/proc/{pid}/task/{tid}/children")
         except (_Gone, OSError):
             continue
-        out.extend(int(x) for x in text.split() if x.isdigit())
+        out.extend(int(x) for x in text.split() if _digits(x))
     return out
 
 

@@ -233,7 +233,7 @@ def summarize_py_spy_error(stderr: str | bytes) -> str:
         if in_causes:
             # "0: No such file or directory (os error 2)"
             head, sep, rest = line.partition(": ")
-            causes.append(rest.strip() if sep and head.isdigit() else line)
+            causes.append(rest.strip() if sep and head.isascii() and head.isdigit() else line)
             continue
         if headline is None:
             headline = line[len("Error:"):].strip() if line.startswith("Error:") else line

@@ -25,7 +25,7 @@ def _int(text: str | None) -> int | None:
     if text is None:
         return None
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²".isdigit() is true, int("²") raises
         value = int(text)
         return None if value >= 1 << 60 else value  # v1 "unlimited" is a huge number
     return None

@@ -44,7 +44,7 @@ def torch_worker_exit(text: str) -> tuple[list[int], str | None]:
         if j < 0:
             break
         inner = text[i + len(head):j]
-        if text.startswith(killed, j + 1) and inner.isdigit():
+        if text.startswith(killed, j + 1) and inner.isascii() and inner.isdigit():
             rest = text[j + 1 + len(killed):j + 1 + len(killed) + 40]
             name = rest.split(".", 1)[0].split("\n", 1)[0].strip()
             return [int(inner)], TORCH_SIGNALS.get(name, name or None)
@@ -54,7 +54,7 @@ def torch_worker_exit(text: str) -> tuple[list[int], str | None]:
     if i >= 0:
         j = text.find(")", i + len(head_s))
         if j > 0 and text.startswith(" exited unexpectedly", j + 1):
-            pids = [int(x) for x in text[i + len(head_s):j].replace(",", " ").split() if x.isdigit()]
+            pids = [int(x) for x in text[i + len(head_s):j].replace(",", " ").split() if x.isascii() and x.isdigit()]
             return pids, None
     return [], None
 

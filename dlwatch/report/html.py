@@ -731,15 +731,16 @@ def spawn_render(target_dir: str, timeline_dir: str | None = None) -> subprocess
         return None
     fds: list[int] = []
     try:
-        from dlwatch._spawn import python_argv
+        from dlwatch._spawn import python_argv, sigint_blocked
 
         fds = _open_timeline(timeline_dir) if timeline_dir else []
         args = [os.path.abspath(target_dir)]
         for fd in fds:
             args += ["--timeline-fd", str(fd)]
-        proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=args),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True, pass_fds=fds)
+        with sigint_blocked():  # the page is finished even when the user's Ctrl-C reaches the whole group
+            proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=args, ignore_sigint=True),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, close_fds=True, pass_fds=fds)
     except Exception:
         return None
     finally:
@@ -768,7 +769,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 2
     target, rest, fds = args[0], args[1:], []
     while rest:
-        if rest[0] != "--timeline-fd" or len(rest) < 2 or not rest[1].isdigit():
+        if rest[0] != "--timeline-fd" or len(rest) < 2 or not (rest[1].isascii() and rest[1].isdigit()):
             print(usage, file=sys.stderr)
             return 2
         fds.append(int(rest[1]))

@@ -43,7 +43,7 @@ def skeleton(*, run_id: str, pid: int, now: float, started_at: float | None = No
         "host": socket.gethostname(),
         "pid": pid,
         "rank": rank_info(),
-        "ended": "clean",  # clean, exception, vanished
+        "ended": "clean",  # clean, exception, interrupted, vanished
         "loader": None,
         "cpus": None,
         "accelerator": None,
