@@ -191,6 +191,13 @@ def program_stderr(err: str) -> str:
     return normalised("\n".join(out))
 
 
+def printed(stdout: str) -> list[str]:
+    """The program's stdout line by line, each trace line reduced to its shape's name (the traces
+    themselves are compared field by field, with the known divergences hidden)."""
+    return [f"TRACE {json.loads(line[6:])['shape']}" if line.startswith("TRACE ") else normalised(line)
+            for line in stdout.splitlines()]
+
+
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
     """Where two traces differ, as 'path: bare -> other' lines (short, for the failure message)."""
     if isinstance(a, dict) and isinstance(b, dict):

@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from tracefmt import normalised
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler,
-                              SequentialSampler, default_collate, get_worker_info)
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate,
+                              get_worker_info)
 
 MODE = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else "bare"
 CALLS: Counter[str] = Counter()  # calls into user code made in this (the main) process, per shape

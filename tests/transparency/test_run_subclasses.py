@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from transparency.harness import comparable, differences, run_program
+from transparency.harness import comparable, differences, printed, run_program
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -48,6 +48,6 @@ def test_super_iter_subclass_runs_once_under_run(tmp_path):
     assert logged == ["LoggingLoader.__iter__ call 1", "LoggingLoader.__iter__ call 2"], logged
     got = run.traces["super-iter-subclass"]
     assert got["calls"]["LoggingLoader.__iter__"] == 2 and got["calls"]["LoggingLoader.step"] == 10, got["calls"]
-    assert run.stdout == bare.stdout
+    assert printed(run.stdout) == printed(bare.stdout)
     diff = differences(comparable(bare.traces["super-iter-subclass"]), comparable(got))
     assert not diff, "\n".join(diff)

@@ -15,13 +15,12 @@ these comparisons, and each checked on its own so that the list cannot go stale.
 from __future__ import annotations
 
 import difflib
-import json
 from typing import Any, Iterator
 
 import pytest
 
-from transparency.harness import GROUPS, KNOWN, MODES, comparable, differences, missing, program_stderr, results
-from transparency.tracefmt import normalised
+from transparency.harness import (GROUPS, KNOWN, MODES, comparable, differences, missing, printed, program_stderr,
+                                  results)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a group's first test runs its programs
 
@@ -60,13 +59,6 @@ def _program_cases() -> Iterator[Any]:
         for mode in group.modes:
             if mode != "bare":
                 yield pytest.param(name, mode, id=f"{name}-{mode}")
-
-
-def printed(stdout: str) -> list[str]:
-    """The program's stdout line by line, each trace line reduced to its shape's name (the traces
-    themselves are compared field by field above, with the known divergences hidden)."""
-    return [f"TRACE {json.loads(line[6:])['shape']}" if line.startswith("TRACE ") else normalised(line)
-            for line in stdout.splitlines()]
 
 
 @pytest.mark.parametrize("group, mode", list(_program_cases()))
@@ -108,3 +100,28 @@ def test_known_divergence_still_there(known, mode, tmp_path_factory):
     if diff:
         pytest.xfail(f"{known.id}: {known.reason}; e.g. " + "; ".join(diff[:3]))
     pytest.fail(f"the known divergence {known.id!r} no longer shows under {mode}: remove it from harness.KNOWN")
+
+
+def test_only_dlwatchs_own_lines_leave_stderr():
+    """The stderr comparison hides dlwatch's notices and warnings, and nothing the program wrote."""
+    err = ("dlwatch: exception incident (no playbook matched): /r/x\n"
+           "/p/train.py:12: DlwatchWarning: dlwatch: pin-memory-without-cuda: pin_memory=True without a CUDA device\n"
+           "  for b in loader:\n"
+           "/p/train.py:13: UserWarning: the program's own warning about dlwatch: kept\n"
+           "  warnings.warn(msg)\n"
+           "the program says dlwatch: kept too\n"
+           "DataLoader worker (pid 4242) exited unexpectedly\n")
+    assert program_stderr(err).splitlines() == [
+        "/p/train.py:13: UserWarning: the program's own warning about dlwatch: kept", "  warnings.warn(msg)",
+        "the program says dlwatch: kept too", "DataLoader worker (pid N) exited unexpectedly"]
+
+
+def test_known_divergences_hide_only_their_own_field():
+    trace = {"calls": {"Dataset.__len__": 3, "collate_fn": 2}, "escaped": None,
+             "notes": [["caught", {"message": 'x\n  File "/a/dlwatch/worker_hook.py", line 60, in __call__\n'
+                                              '    self.user_fn(worker_id)\n  File "/p/train.py", line 9, in init\n'}]]}
+    hidden = comparable(trace)
+    assert hidden["calls"] == {"collate_fn": 2}
+    assert hidden["notes"] == [["caught", {"message": 'x\n  File "/p/train.py", line 9, in init\n'}]]
+    assert comparable(trace, keep="dataset-len")["calls"] == trace["calls"]
+    assert differences(hidden, comparable({**trace, "calls": {"collate_fn": 3}})) != []
