@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from typing import Any, Iterable, Iterator
 
 from dlwatch import config, events
@@ -32,7 +31,8 @@ from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make
 from dlwatch.job import rank_info
 from dlwatch._proxy import IteratorProxy
 from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
-from dlwatch.redact import redact_argv
+from dlwatch.redact import redact_argv, warn
+from dlwatch.runhook import strip_own_frames
 from dlwatch.report import store
 from dlwatch.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
 
@@ -61,7 +61,7 @@ class DlwatchWarning(RuntimeWarning):
 
 
 def _warn(message: str) -> None:
-    warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=_user_stacklevel())  # at the program's line
 
 
 def _user_stacklevel() -> int:
@@ -191,7 +191,11 @@ def _watched_class(cls: type) -> type:
         def __iter__(self: Any) -> Iterator[Any]:
             w = self.__dict__.get("_dlwatch_watch")
             if w is not None:
-                w._before_iter()
+                try:
+                    w._before_iter()
+                except BaseException as exc:  # torch's exception for a worker that died meanwhile
+                    _unhide(exc)
+                    raise
             it = cls.__iter__(self)
             return it if w is None else w._instrument(it)
 
@@ -201,21 +205,64 @@ def _watched_class(cls: type) -> type:
     return sub
 
 
-def _hold_sigchld() -> Any:
-    """Set a Python-level SIGCHLD handler (torch's) aside; return it, or None where there was none.
+class _HeldSigchld:
+    """torch's SIGCHLD handler, set aside while dlwatch's own code runs in the main thread.
 
-    SIG_DFL, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
+    torch's handler raises "DataLoader worker (pid N) is killed by signal" wherever the main thread
+    happens to be when a worker dies.  Inside dlwatch's code that exception would be swallowed by a
+    catch-all that guards the training loop from dlwatch's own failures, or surface with dlwatch's
+    frames.  While held, a SIGCHLD is only noted; on release torch's handler is put back and, if one
+    was noted, run once: it raises its own exception as it would have, and the caller takes dlwatch's
+    frames off it, so it surfaces in the program's loop as bare.
+    """
+
+    __slots__ = ("handler", "seen")
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+        self.seen = False
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.seen = True
+
+
+def _hold_sigchld() -> _HeldSigchld | None:
+    """Set a Python-level SIGCHLD handler (torch's) aside; None where there is none or not in the main thread.
+
+    A noting handler, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
+    Python runs signal handlers in the main thread only, so elsewhere nothing can interrupt dlwatch.
     """
     try:
         if threading.current_thread() is not threading.main_thread():
-            return None  # handlers can be set, and run, in the main thread only
+            return None
         current = signal.getsignal(signal.SIGCHLD)
         if not callable(current):
             return None
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        return current
+        held = _HeldSigchld(current)
+        signal.signal(signal.SIGCHLD, held._note)
+        return held
     except (AttributeError, OSError, ValueError):
         return None
+
+
+def _release_sigchld(held: _HeldSigchld | None) -> None:
+    """Put torch's handler back; if a SIGCHLD came meanwhile, run it now (it may raise torch's exception)."""
+    if held is None:
+        return
+    try:
+        signal.signal(signal.SIGCHLD, held.handler)
+    except (OSError, ValueError, TypeError):
+        return
+    if held.seen:
+        held.handler(signal.SIGCHLD, None)
+
+
+def _unhide(exc: BaseException) -> None:
+    """Take dlwatch's frames off an exception that leaves dlwatch's code for the program's."""
+    try:
+        exc.__traceback__ = strip_own_frames(exc.__traceback__)
+    except Exception:
+        pass
 
 
 class Watch:
@@ -294,13 +341,25 @@ class Watch:
     def __enter__(self) -> "Watch":
         if not self.options.enabled:
             return self
+        held = _hold_sigchld()
+        try:
+            self._enter()
+        finally:
+            try:
+                _release_sigchld(held)
+            except BaseException as err:
+                _unhide(err)
+                raise
+        return self
+
+    def _enter(self) -> None:
         outer = self._loader.__dict__.get("_dlwatch_watch") if hasattr(self._loader, "__dict__") else None
         if isinstance(outer, Watch) and outer._active:
             # the same loader watched twice (a library's watch inside the user's): the outer one
             # keeps watching; this one does nothing, so nothing is instrumented twice
             _warn("this loader is already watched by an enclosing dlwatch.watch block; "
                   "the inner watch does nothing and the outer one keeps watching")
-            return self
+            return
         try:
             self._start()
         except Exception as exc:  # dlwatch failing must not stop training
@@ -311,7 +370,7 @@ class Watch:
             except Exception:
                 pass
             self._loader = loader  # the `as` form still iterates it, unwatched, until the block ends
-            return self
+            return
         if self._in_place_warning:
             try:
                 binds = _with_binds_target(sys._getframe(1))
@@ -326,7 +385,7 @@ class Watch:
                 events.emit(w._events_path, "nested_watch", run_dir=self.run_dir,
                             monitor_pid=self.monitor_pid)
         _ACTIVE.append(self)
-        return self
+        return
 
     def _make_run_dir(self) -> str:
         run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -533,13 +592,16 @@ class Watch:
         # short and replace the user's exception. Its handler is set aside while leaving, then restored.
         held = _hold_sigchld()
         try:
-            return self._exit(exc)
-        finally:
-            if held is not None:
-                try:
-                    signal.signal(signal.SIGCHLD, held)
-                except (OSError, ValueError, TypeError):
-                    pass
+            result = self._exit(exc)
+        except BaseException:
+            _release_sigchld(held)
+            raise
+        try:
+            _release_sigchld(held)  # a worker that died meanwhile: torch's exception, from the with statement
+        except BaseException as err:
+            _unhide(err)
+            raise
+        return result
 
     def _exit(self, exc: BaseException | None) -> bool:
         if self in _ACTIVE:
@@ -676,11 +738,22 @@ class Watch:
         if loader is None:
             raise RuntimeError("dlwatch.watch: iterate the watched object inside its `with` block")
         self._iterated = True
-        if not self._active or self._swapped:
-            return iter(loader)  # the loader's own (instrumented) __iter__
-        return self._instrument(iter(loader))
+        try:
+            if not self._active or self._swapped:
+                return iter(loader)  # the loader's own (instrumented) __iter__
+            return self._instrument(iter(loader))
+        except BaseException as exc:  # raised by the loader's __iter__: as bare, without this frame
+            _unhide(exc)
+            raise
 
     def _before_iter(self) -> None:
+        held = _hold_sigchld()
+        try:
+            self._before_iter_checks()
+        finally:
+            _release_sigchld(held)
+
+    def _before_iter_checks(self) -> None:
         if self._hook is not None:
             if self._generations >= FINGERPRINT_GENERATIONS:
                 self._hook.fingerprint = False
@@ -748,8 +821,8 @@ class Watch:
             if self._events_path:
                 events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
             pb = self._advice_pbs.get(pid)
-            warnings.warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
-                          stacklevel=_user_stacklevel())
+            warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
+                 stacklevel=_user_stacklevel())
 
     def _fallback_summary(self, pending: dict[str, Any] | None) -> None:
         """The monitor is gone: a summary from the heartbeat and the preflight findings, written here."""
@@ -903,14 +976,22 @@ class _TimedIterator(IteratorProxy):
             hb.first_batch(t0, t1)
             n = hb.batches
         if n == s.check_at:
-            self._shape_check(batch, n)
+            try:
+                self._shape_check(batch, n)
+            except BaseException as exc:  # torch's exception for a worker that died meanwhile
+                _unhide(exc)
+                raise
         return batch
 
     def _shape_check(self, batch: Any, n: int) -> None:
         s = self._s
         index = n - 1 - s.base
-        s.watch._check_shape(batch, index)
-        s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
+        held = _hold_sigchld()
+        try:
+            s.watch._check_shape(batch, index)
+            s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
+        finally:
+            _release_sigchld(held)
 
     def _end(self) -> None:
         s = self._s

@@ -10,12 +10,13 @@ would read as a sign of life).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from dlwatch.collect import faultdump, procfs, stacks
+from dlwatch.collect import bounds, faultdump, procfs, stacks
 from dlwatch.detect.classify import ProcessObservation, classify_stall
-from dlwatch.model import ProcSample, StackDump
+from dlwatch.model import ProcSample
 
 # The window over which a process must show a sign of life (state R in any read, run
 # delay, CPU time, a wake-up, bytes moved) not to count as stuck.  1 s: sixteen
@@ -26,6 +27,14 @@ from dlwatch.model import ProcSample, StackDump
 SECOND_READ_AFTER_S = 1.0
 WINDOW_READS = 5  # reads across the window, evenly spaced (state R is an instant's fact)
 DUMP_TIMEOUT_S = 5.0
+
+
+def _raw_copy(text: bytes) -> bytes:
+    """The faulthandler text kept in the incident, cut at bounds.MAX_RAW_DUMP_BYTES with a line saying so."""
+    if len(text) <= bounds.MAX_RAW_DUMP_BYTES:
+        return text
+    return text[:bounds.MAX_RAW_DUMP_BYTES] + (f"\n[dlwatch: cut here: {len(text)} bytes read, the first "
+                                               f"{bounds.MAX_RAW_DUMP_BYTES} kept]\n").encode()
 
 
 class TrackedProcess(Protocol):
@@ -90,10 +99,9 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
             for pid, dump in got.items():
                 if dump.threads:
                     why = failed[pid].error
-                    dumps[pid] = StackDump(pid=pid, source=dump.source, threads=dump.threads,
-                                           error=why, duration_s=dump.duration_s)
+                    dumps[pid] = dataclasses.replace(dump, error=why)
                     if pid in raw:  # the text that was parsed, not a second open of the file
-                        extra[f"stacks/{pid}.txt"] = raw[pid]
+                        extra[f"stacks/{pid}.txt"] = _raw_copy(raw[pid])
         reasons = sorted({d.error for d in failed.values() if d.error})
         for reason in reasons[:3]:
             report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")

@@ -169,6 +169,10 @@ class ThreadStack(_ToDict):
     active: bool | None = None
     owns_gil: bool | None = None
     frames: tuple[Frame, ...] = ()  # innermost first, as py-spy prints them
+    # frames left out of the middle to keep to collect.bounds (0: all are here); they were
+    # between frames[frames_omitted_after - 1] and frames[frames_omitted_after]
+    frames_omitted: int = 0
+    frames_omitted_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,8 @@ class StackDump(_ToDict):
     threads: tuple[ThreadStack, ...] = ()
     error: str | None = None  # why this (or a better) source failed; with the fix where known
     duration_s: float | None = None
+    threads_omitted: int = 0  # threads left out to keep to collect.bounds
+    cut_at_bytes: int | None = None  # the dump's input (py-spy's JSON, the dump file) was cut after this many bytes
 
 
 # --------------------------------------------------------------------------- events and findings

@@ -687,7 +687,7 @@ class Monitor:
             pass
         line = sm.pointer_line(s, path)
         if line and os.environ.get("DLWATCH_QUIET", "").strip().lower() not in ("1", "true", "yes", "on"):
-            print(line, file=sys.stderr, flush=True)
+            print(outbound(line), file=sys.stderr, flush=True)
         return path
 
     def _close(self, *, clean: bool = True) -> None:

@@ -16,6 +16,9 @@ Public API
 ``redact_obj(obj)``
     Recursively redact ``str`` values inside dicts / lists / tuples / sets;
     a dict value whose *key* looks secret becomes ``***`` whatever its type.
+``warn(message, category, stacklevel)``
+    ``warnings.warn`` through the one redaction point: what Python prints on
+    the program's stderr is redacted (a thread name, a path in a warning).
 ``outbound(obj)``
     The one redaction point: everything dlwatch writes to a file or prints
     passes through it (``dlwatch._fs`` writers, events, timeline, logs, CLI
@@ -27,7 +30,9 @@ The rules (exactly what is implemented)
 A *secret name* is any key / option name that contains, case-insensitively,
 one of: ``token``, ``secret``, ``password``, ``passwd``, ``api_key``,
 ``apikey``, ``api-key``, ``credential``, ``passphrase``, ``signature``
-(``X-Amz-Signature``, ``X-Goog-Signature``), or that is exactly (leading
+(``X-Amz-Signature``, ``X-Goog-Signature``), ``cookie``, ``authorization``, or
+that ends in one of :data:`SECRET_SUFFIXES` (``_pass``; ``-`` and ``.`` read as
+``_``: ``db_pass``, ``redis.pass``), or that is exactly (leading
 dashes dropped, ``-`` read as ``_``) one of ``pass``, ``pw``, ``pwd``, ``sig``
 (SAS tokens), or, as an option only, ``--key`` / ``--auth`` (``key=`` and
 ``key:`` are S3 object keys, partitions and dict keys far more often).  Name characters are letters, digits,
@@ -57,15 +62,29 @@ The value of a secret name is redacted in these forms:
    option preceded by whitespace, a quote, ``( [ , =`` or start of text);
    VALUE may start with ``-`` (``--password -x9``) unless it is a long option
    (``--epochs``).
+   An unquoted VALUE ends at a blank, or at a quote followed by a blank, one of
+   ``, ; ) ] }`` or the end; closing ``, ; ) ] }`` glued to it stay
+   (``"--password x",`` -> ``"--password ***",``).
 5. ``name = VALUE`` / ``name: VALUE`` with any blanks, when VALUE is exactly 40
    base64 characters (the shape of an AWS secret access key).
+6. ``-pVALUE`` / ``-p VALUE`` in the command of a client of :data:`PASSWORD_P_CLIENTS`
+   (``mysql``, ``mysqldump``, ``mariadb`` ...; the command runs from the client word
+   to ``;``, ``|``, ``&`` or a newline).  A bare ``-p`` (a prompt) stays.
+
+Names containing ``authorization`` keep a scheme word of :data:`AUTH_SCHEMES` in
+front of the masked credentials (``Authorization: Basic ***``, ``token ***``),
+whatever the credentials look like.  In the ``name: VALUE`` form, names
+containing ``cookie`` (``Cookie:``, ``Set-Cookie:``) mask the rest of the line, every
+``;``-separated pair of it.
 
 In all of these, values that are empty or exactly ``true``/``false``/
 ``none``/``null`` (any case) are left alone (``use_auth_token=True`` stays), in
 line with ``redact_obj`` keeping ``None``/``bool``.
 
 Independently of any name, the values of :data:`TOKEN_PATTERNS` (a table:
-name, regex) are replaced by ``***`` wherever they appear: AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
+name, regex) are replaced by ``***`` wherever they appear, also glued to a
+word in front (``shard_ghp_...``, ``load_hf_...``; OpenAI's ``sk-`` glued to a
+word only as a whole key, so ``mask-rcnn_r50_fpn_coco`` stays): AWS access key ids (``AKIA``/``ASIA`` + 16 upper-case alnum), GCP API
 keys (``AIza`` + 35 chars), Google OAuth tokens (``ya29.`` + 8 or more
 chars), Hugging Face tokens (``hf_`` + 30 or more alnum), GitHub tokens
 (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_`` + 20 or more alnum,
@@ -81,7 +100,8 @@ is at least 20 chars long), the body of private key blocks
 unterminated block is redacted to the end of the text), and the password in
 URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``; the
 password may hold raw ``/`` and ``@``: it ends at the first ``@`` followed by a
-host and the end of the authority).
+host and the end of the authority; at most 5 digits followed by ``/``, ``?`` or
+``#`` are a port, not a password: ``http://host:8080/x@y.z`` stays).
 
 Nothing else is changed: text without any of the above is returned
 byte-identical.  A key form only looks at (and consumes) the value after a
@@ -93,10 +113,12 @@ until the text is stable, so ``redact(redact(x)) == redact(x)``.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
-__all__ = ["MASK", "OPTION_ONLY_NAMES", "SECRET_NAMES", "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact",
-           "redact_argv", "redact_obj"]
+__all__ = ["AUTH_SCHEMES", "MASK", "OPTION_ONLY_NAMES", "PASSWORD_P_CLIENTS", "SECRET_NAMES", "SECRET_SUFFIXES",
+           "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact", "redact_argv",
+           "redact_obj", "warn"]
 
 MASK = "***"
 
@@ -111,12 +133,27 @@ SECRET_WORDS: tuple[str, ...] = (
     "credential",
     "passphrase",
     "signature",  # X-Amz-Signature, X-Goog-Signature
+    "cookie",  # Cookie, Set-Cookie, --cookie
+    "authorization",  # Authorization, Proxy-Authorization (the scheme word stays visible)
 )
 # Names that are secret only on their own (as substrings they are everywhere: "compass", "keyboard", "author").
 SECRET_NAMES = frozenset({"pass", "pw", "pwd", "key", "auth", "sig"})
 # ... and of those, names that are secret only as options (--key, --auth): "key=" and "key:" are
 # S3 object keys, Hive partitions and dict keys far more often than credentials.
 OPTION_ONLY_NAMES = frozenset({"key", "auth"})
+# Name endings that are secret after a separator: db_pass, MYSQL_ROOT_PASS, redis.pass ("bypass" is not).
+SECRET_SUFFIXES: tuple[str, ...] = ("_pass",)
+# Command-line clients whose "-p" option carries the password itself ("mysql -uroot -pS3cret",
+# "mysqldump -p S3cret db"); the command word may carry a path ("/usr/bin/mysql").
+PASSWORD_P_CLIENTS: tuple[str, ...] = (
+    "mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlcheck", "mysqlshow", "mysqlpump", "mysqlslap",
+    "mysqlbinlog", "mysqlsh", "mariadb", "mariadb-dump", "mariadb-admin", "mariadb-import", "mariadb-check",
+    "mariadb-show", "mariadb-slap", "mariadb-binlog", "mariadb-backup", "mariabackup",
+)
+# Authorization schemes kept visible in front of the masked credentials ("Authorization: Basic ***").
+AUTH_SCHEMES: tuple[str, ...] = ("basic", "bearer", "token", "digest", "negotiate", "ntlm", "hoba", "mutual",
+                                 "vapid", "scram-sha-1", "scram-sha-256", "aws4-hmac-sha256", "apikey", "key",
+                                 "oauth", "dpop", "gnap", "privatetoken", "sso")
 
 _EXEMPT_VALUES = frozenset({"", "true", "false", "none", "null"})
 
@@ -139,8 +176,10 @@ _PRIVATE_KEY_RE = re.compile(
 )
 # The password may hold raw "/" and "@" (they should be percent-encoded, people paste them as
 # they are): it ends at the first "@" followed by a host and the end of the authority.
+# A "password" of at most 5 digits followed by "/", "?" or "#" is a port and a path
+# ("http://host:8080/x@y.z"), not credentials.
 _URL_CRED_RE = re.compile(
-    r"(://[^\s/:@]*:)((?:(?!://)[^\s]){1,256}?)(@)(?=[A-Za-z0-9.\[\]_-]+(?::[0-9]*)?(?:[/?#\s'\")\]},;]|\Z))"
+    r"(://[^\s/:@]*:)(?![0-9]{0,5}[/?#])((?:(?!://)[^\s]){1,256}?)(@)(?=[A-Za-z0-9.\[\]_-]+(?::[0-9]*)?(?:[/?#\s'\")\]},;]|\Z))"
 )
 # Each key form is a cheap "head" (name + separator) and a value pattern that is
 # only tried, and only consumed, when the name is a secret name.  A non-secret
@@ -149,7 +188,21 @@ _URL_CRED_RE = re.compile(
 _VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE)
 _LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + "|" + _BARE_LINE)
 # An option's value may start with "-" ("--password -x9"); only a long option ("--epochs") is the next option.
-_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|(?!--[A-Za-z])(?!-[ \t\n]|-\Z)[^\s'"]\S*""")
+# An unquoted one runs to the next blank; a quote inside it is part of it unless a blank, a
+# separator or the end follows ('"--password x",' in source: the value is x).
+_ARG_BARE = r"""[^\s'"](?:[^\s'"]|['"](?![\s,;)\]}]|\Z))*"""
+_ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"|(?!--[A-Za-z])(?!-[ \t\n]|-\Z)" + _ARG_BARE)
+# Authorization: an optional scheme word (kept) and the credentials.
+_AUTH_SCHEME_RE = re.compile(r"(?i:" + "|".join(re.escape(s) for s in AUTH_SCHEMES) + r")[ \t]+(?=\S)")
+_AUTH_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"|(?:" + _AUTH_SCHEME_RE.pattern + ")?" + _BARE)
+# Cookie: / Set-Cookie: as a header line: every pair of the list, to the end of the line (or quote).
+_COOKIE_LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|[^\s'"<](?:[^\n'"]*[^\s'"])?""")
+# "mysql ... -pS3cret" / "mysql ... -p S3cret": a client word, then its command up to ; | & or a newline.
+_P_CLIENT_RE = re.compile(r"(?<![\w.-])(?:" + "|".join(re.escape(c) for c in sorted(PASSWORD_P_CLIENTS, key=len, reverse=True))
+                          + r")(?![\w.-])")
+_COMMAND_END_RE = re.compile(r"[;|&\n]")
+_P_OPTION_RE = re.compile(r"""(?<![^\s'"])-p(?:(?P<glued>""" + _DQ + "|" + _SQ + "|" + _ARG_BARE
+                          + r""")|[ \t]+(?P<spaced>""" + _DQ + "|" + _SQ + r"|(?!-)" + _ARG_BARE + "))")
 _AWS_SECRET_VALUE_RE = re.compile(r"""["']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])""")
 
 _QUOTED_KEY_HEAD_RE = re.compile(r"""(?<![\w*"'])(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)\s*:\s*""")
@@ -166,19 +219,26 @@ _EXCEPTION_NAME_RE = re.compile(r"(?:Error|Exception|Warning)\Z")
 # Shapes follow the issuers' documented formats (and detect-secrets' plugins, which the tests use
 # as an independent check).
 TOKEN_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("aws-access-key-id", r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
-    ("gcp-api-key", r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
-    ("google-oauth", r"(?<![A-Za-z0-9_-])ya29\.[0-9A-Za-z_.-]{8,}"),
-    ("huggingface", r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"),
-    ("github", r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    ("gitlab", r"(?<![A-Za-z0-9_-])gl(?:pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
-    ("slack", r"(?<![A-Za-z0-9_-])xox[abprs]-[A-Za-z0-9-]{10,}"),
+    # No word boundary is required in front: a token glued to an identifier ("shard_ghp_...",
+    # "load_hf_...", "DS_ghp_...") is still a token.  The prefixes are distinctive and the bodies
+    # long, so ordinary identifiers do not match.
+    ("aws-access-key-id", r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    ("gcp-api-key", r"AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
+    ("google-oauth", r"ya29\.[0-9A-Za-z_.-]{8,}"),
+    ("huggingface", r"hf_[A-Za-z0-9]{30,}"),
+    ("github", r"(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ("gitlab", r"gl(?:pat|dt|rt|ptt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
+    ("slack", r"xox[abprs]-[A-Za-z0-9-]{10,}"),
     ("openai", r"(?<![A-Za-z0-9_-])sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}"),
-    ("stripe", r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}"),
-    ("sendgrid", r"(?<![A-Za-z0-9_-])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
-    ("npm", r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}"),
-    ("pypi", r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}"),
-    ("jwt", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
+    # "sk-" glued to a word ("task-", "mask-rcnn_r50_fpn_coco_2017"): only the documented key
+    # shapes, whole (project/service/admin keys; or 20+ alphanumerics up to the end of the word).
+    ("openai-glued", r"(?<=[A-Za-z0-9_])sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,}"
+                     r"|[A-Za-z0-9]{20,}(?![A-Za-z0-9_-]))"),
+    ("stripe", r"(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}"),
+    ("sendgrid", r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
+    ("npm", r"npm_[A-Za-z0-9]{36,}"),
+    ("pypi", r"pypi-AgE[A-Za-z0-9_-]{50,}"),
+    ("jwt", r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),
 )
 _TOKEN_RES: tuple[re.Pattern[str], ...] = tuple(re.compile(rx) for _name, rx in TOKEN_PATTERNS)
 _BEARER_RE = re.compile(
@@ -201,6 +261,8 @@ def is_secret_name(name: object) -> bool:
         return True
     bare = low.lstrip("-")
     norm = bare.replace("-", "_")
+    if norm.replace(".", "_").endswith(SECRET_SUFFIXES):
+        return True
     return norm in SECRET_NAMES and (bare != low or norm not in OPTION_ONLY_NAMES)
 
 
@@ -222,10 +284,6 @@ def _mask_value(value: str) -> str:
     return MASK
 
 
-def _is_key_name(name: str) -> bool:
-    return is_secret_name(name)
-
-
 def _is_yaml_key_name(name: str) -> bool:
     # "tokenize.TokenError: ..." in a traceback is an exception, not a key.
     return is_secret_name(name) and not _EXCEPTION_NAME_RE.search(name)
@@ -235,8 +293,54 @@ def _mask_aws(v: re.Match[str]) -> str:
     return v.group(0)[: v.start("v") - v.start(0)] + MASK
 
 
-def _scan(text: str, head_rx: re.Pattern[str], value_rx: re.Pattern[str], name_ok: Any, masker: Any) -> str:
-    """Mask the value after every head whose name passes ``name_ok``.
+def _mask_arg(v: re.Match[str]) -> str:
+    return _mask_arg_text(v.group(0))
+
+
+def _mask_arg_text(value: str) -> str:
+    """An option's value; closing punctuation glued to an unquoted one stays ("--password x)," -> "***),")."""
+    if value[:1] in ("'", '"'):
+        return _mask_value(value)
+    core = value.rstrip(",;)]}")
+    return MASK + value[len(core):] if core else value
+
+
+def _mask_auth(v: re.Match[str]) -> str:
+    """Authorization credentials; the scheme word stays visible ("Basic ***", '"Bearer ***"')."""
+    value = v.group(0)
+    q = value[:1] if value[:1] in ("'", '"') else ""
+    inner = value[1:] if q else value
+    m = _AUTH_SCHEME_RE.match(inner)
+    if m is None:
+        return value if inner.lower() in AUTH_SCHEMES else _mask_value(value)
+    rest = inner[m.end():]
+    if rest[:1] == "<":  # "Bearer <token>": a placeholder
+        return value
+    closed = bool(q) and (_DQ_CLOSED_RE if q == '"' else _SQ_CLOSED_RE).fullmatch(value) is not None
+    return q + inner[:m.end()] + MASK + (q if closed else "")
+
+
+_Pick = Callable[[str], "tuple[re.Pattern[str], Callable[[re.Match[str]], str]] | None"]
+
+
+def _form(value_rx: re.Pattern[str], masker: Callable[[re.Match[str]], str], name_ok: Callable[[str], bool] = is_secret_name,
+          cookie_rx: re.Pattern[str] | None = None) -> _Pick:
+    """What a key form masks after a name: None for a name that is not secret; Authorization
+    names get their scheme-aware value, Cookie names ``cookie_rx`` where given (the header line)."""
+    def pick(name: str) -> tuple[re.Pattern[str], Callable[[re.Match[str]], str]] | None:
+        if not name_ok(name):
+            return None
+        low = name.lower()
+        if "authorization" in low:
+            return _AUTH_VALUE_RE, _mask_auth
+        if cookie_rx is not None and "cookie" in low:
+            return cookie_rx, masker
+        return value_rx, masker
+    return pick
+
+
+def _scan(text: str, head_rx: re.Pattern[str], pick: _Pick) -> str:
+    """Mask the value after every head whose name ``pick`` gives a value form for.
 
     Linear: heads are found left to right; a value is scanned only after a
     secret name and is then either consumed (masked) or a short exempt literal.
@@ -250,8 +354,10 @@ def _scan(text: str, head_rx: re.Pattern[str], value_rx: re.Pattern[str], name_o
             break
         end = m.end()
         pos = end if end > m.start() else end + 1
-        if not name_ok(m.group("name")):
+        form = pick(m.group("name"))
+        if form is None:
             continue
+        value_rx, masker = form
         v = value_rx.match(text, end)
         if v is None or _is_exempt(v.group(0)):
             continue
@@ -266,6 +372,43 @@ def _scan(text: str, head_rx: re.Pattern[str], value_rx: re.Pattern[str], name_o
 
 def _mask_match(v: re.Match[str]) -> str:
     return _mask_value(v.group(0))
+
+
+_QUOTED_FORM = _form(_VALUE_RE, _mask_match)
+_COLON_FORM = _form(_LINE_VALUE_RE, _mask_match, _is_yaml_key_name, cookie_rx=_COOKIE_LINE_VALUE_RE)
+_EQ_FORM = _form(_VALUE_RE, _mask_match)
+_OPTION_FORM = _form(_ARG_VALUE_RE, _mask_arg)
+_AWS_FORM = _form(_AWS_SECRET_VALUE_RE, _mask_aws)
+
+
+def _mask_p_options(text: str) -> str:
+    """The password of ``-pS3cret`` / ``-p S3cret`` in the command of a client of PASSWORD_P_CLIENTS.
+
+    Linear: each command (a client word up to ; | & or a newline) is scanned once."""
+    out: list[str] = []
+    last = pos = 0
+    while True:
+        c = _P_CLIENT_RE.search(text, pos)
+        if c is None:
+            break
+        e = _COMMAND_END_RE.search(text, c.end())
+        stop = e.start() if e is not None else len(text)
+        for m in _P_OPTION_RE.finditer(text, c.end(), stop):
+            group = "glued" if m.group("glued") is not None else "spaced"
+            value = m.group(group)
+            if _is_exempt(value):
+                continue
+            start, end = m.span(group)
+            out.append(text[last:start])
+            out.append(_mask_arg_text(value))
+            last = end
+        pos = stop + 1 if e is not None else len(text) + 1
+        if pos > len(text):
+            break
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _sub_bearer(m: re.Match[str]) -> str:
@@ -285,14 +428,15 @@ def _redact(text: str) -> str:
     if "://" in text:
         text = _URL_CRED_RE.sub(_sub_url, text)
     if ":" in text:
-        text = _scan(text, _QUOTED_KEY_HEAD_RE, _VALUE_RE, _is_key_name, _mask_match)
-        text = _scan(text, _COLON_KEY_HEAD_RE, _LINE_VALUE_RE, _is_yaml_key_name, _mask_match)
+        text = _scan(text, _QUOTED_KEY_HEAD_RE, _QUOTED_FORM)
+        text = _scan(text, _COLON_KEY_HEAD_RE, _COLON_FORM)
     if "=" in text:
-        text = _scan(text, _EQ_KEY_HEAD_RE, _VALUE_RE, _is_key_name, _mask_match)
+        text = _scan(text, _EQ_KEY_HEAD_RE, _EQ_FORM)
     if "-" in text:
-        text = _scan(text, _SPACED_OPT_HEAD_RE, _ARG_VALUE_RE, _is_key_name, _mask_match)
+        text = _scan(text, _SPACED_OPT_HEAD_RE, _OPTION_FORM)
+        text = _mask_p_options(text)
     if "=" in text or ":" in text:
-        text = _scan(text, _AWS_SECRET_HEAD_RE, _AWS_SECRET_VALUE_RE, _is_key_name, _mask_aws)
+        text = _scan(text, _AWS_SECRET_HEAD_RE, _AWS_FORM)
     for rx in _TOKEN_RES:
         text = rx.sub(MASK, text)
     text = _BEARER_RE.sub(_sub_bearer, text)
@@ -312,7 +456,7 @@ _MAX_PASSES = 4
 _GATE_RE = re.compile(
     "|".join(re.escape(w) for w in (*SECRET_WORDS, *SECRET_NAMES))
     + r"|://|private key|akia|asia|aiza|ya29\.|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,4}-|xox[abprs]-"
-    + r"|sk-|[sr]k_|sg\.|npm_|pypi-|eyj|bearer|basic"
+    + r"|sk-|[sr]k_|sg\.|npm_|pypi-|eyj|bearer|basic|mysql|maria"
 )
 
 
@@ -562,3 +706,13 @@ def outbound_bytes(data: bytes | str) -> bytes:
     """Text bound for a file, redacted; bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
     text = _to_text(data) if not isinstance(data, str) else data
     return redact(text).encode("utf-8", "surrogateescape")
+
+
+def warn(message: object, category: type[Warning], stacklevel: int = 1) -> None:
+    """``warnings.warn(message, category, stacklevel)`` with ``message`` redacted first.
+
+    Every warning dlwatch gives goes through here: its text can hold a thread name, a path or an
+    exception message of the program, and Python prints it on the program's stderr.  ``stacklevel``
+    counts as for ``warnings.warn`` called where this is called.
+    """
+    warnings.warn(outbound(_to_text(message)), category, stacklevel=stacklevel + 1)

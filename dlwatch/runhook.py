@@ -128,11 +128,10 @@ class _ExceptHook:
 
 
 def _warn(message: str) -> None:
-    import warnings
-
     from dlwatch.agent import DlwatchWarning
+    from dlwatch.redact import warn
 
-    warnings.warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
 
 
 def patch(cls: type) -> None:
@@ -170,16 +169,30 @@ def _in_worker() -> bool:
 
 def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
     try:
-        from dlwatch.agent import Watch
-
-        w = Watch(loader)  # options from the environment that `dlwatch run` set
+        from dlwatch import agent
+    except Exception as exc:
+        _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
+        return original(loader)
+    # torch's SIGCHLD handler waits while the watch starts (see agent._HeldSigchld): a worker of another
+    # live iterator dying now raises torch's own exception after, never "could not watch" here
+    held = agent._hold_sigchld()
+    w = None
+    try:
+        w = agent.Watch(loader)  # options from the environment that `dlwatch run` set
         w.stop_in_background = True  # the next iteration need not wait for this one's monitor to exit
         w.iteration_only = True  # the loader's class is left alone: its own __iter__ is not re-entered
         w.__enter__()
     except Exception as exc:
         _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
-        return original(loader)
-    if not w._active:
+        w = None
+    finally:
+        try:
+            agent._release_sigchld(held)
+        except BaseException as exc:
+            if w is not None:
+                w.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+    if w is None or not w._active:
         return original(loader)
     try:
         it = w.iterate_with(original)  # the loader's own __iter__, once, instrumented

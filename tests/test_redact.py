@@ -316,6 +316,13 @@ MB = 1 << 20
         "Bearer ",
         "hf_",
         "A" * 39 + "=",  # almost an AWS secret, over and over
+        "mysql -p",  # issue 18: client words and -p options
+        "mysql ",
+        "Cookie: a=b; ",
+        "Authorization: Basic ",
+        "x\"",  # quotes inside an option value
+        "xghp_",  # glued token prefixes
+        "ask-",
     ],
 )
 def test_pathological_input_finishes(unit: str) -> None:
@@ -427,4 +434,78 @@ def test_fast_gate_never_skips_a_redaction(text: str) -> None:
     ],
 )
 def test_issue9_look_alikes_are_untouched(text: str) -> None:
+    assert redact(text) == text
+
+
+# --------------------------------------------------------------------------
+# issue 18: tokens glued to a word, shapes that were missed, over-redaction of the last round
+
+GLUED_TOKENS = [AWS_ID, GCP_KEY, GOOGLE_OAUTH, HF, GH, GHO, GHS, GH_PAT, SLACK, JWT,
+                "glpat-" + "Z9y8X7w6V5u4T3s2R1q0", "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2", "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0_-x",
+                "sk_live_" + "0123456789abcdefXYZ", "SG." + "abcdefghijklmnop.qrstuvwxyz012345", "npm_" + "a1" * 18,
+                "pypi-AgE" + "b2" * 25]
+
+
+@pytest.mark.parametrize("secret", GLUED_TOKENS)
+@pytest.mark.parametrize("glue", ["shard_", "load_", "DS_", "x", "9", "é"])
+def test_token_glued_to_a_word_is_redacted(glue: str, secret: str) -> None:
+    for text in (f"{glue}{secret}", f"/data/{glue}{secret}/part-0.parquet", f"ValueError: bad {glue}{secret}: retry"):
+        out = redact(text)
+        assert secret not in out and secret[-12:] not in out, out
+        assert glue in out  # the identifier in front stays
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("mysql -uroot -pS3cretPw db", "mysql -uroot -p*** db"),
+        ("mysqldump -h db -p S3cretPw --all-databases > x.sql", "mysqldump -h db -p *** --all-databases > x.sql"),
+        ("/usr/bin/mariadb -p'my pass' -e 'select 1'", "/usr/bin/mariadb -p'***' -e 'select 1'"),
+        ("mysql -p -h host db", "mysql -p -h host db"),  # -p alone prompts: nothing to hide
+        ("mysql -u x -pA1; ls -p docs", "mysql -u x -p***; ls -p docs"),  # only the client's own command
+        ("Authorization: Basic dXNlcjpwYXNz", "Authorization: Basic ***"),
+        ("Authorization: token ghx1234", "Authorization: token ***"),
+        ("curl -H 'Proxy-Authorization: Basic Zm9v' https://h/x", "curl -H 'Proxy-Authorization: Basic ***' https://h/x"),
+        ("{'Authorization': 'Basic dXNlcjpwYXNz', 'n': 1}", "{'Authorization': 'Basic ***', 'n': 1}"),
+        ("Authorization: Bearer <token>", "Authorization: Bearer <token>"),
+        ("Cookie: sid=abc123; theme=dark", "Cookie: ***"),
+        ("Set-Cookie: sid=abc123; Path=/; HttpOnly", "Set-Cookie: ***"),
+        ('curl -H "Cookie: sid=1; t=2" https://h/x', 'curl -H "Cookie: ***" https://h/x'),
+        ("curl --cookie sid=abc123 https://h/x", "curl --cookie *** https://h/x"),
+        ('{"Cookie": "sid=abc123"}', '{"Cookie": "***"}'),
+        ("db_pass=hunter2 db_user=bob", "db_pass=*** db_user=bob"),
+        ("MYSQL_ROOT_PASS: hunter2", "MYSQL_ROOT_PASS: ***"),
+        ("--redis.pass hunter2", "--redis.pass ***"),
+        # over-redaction of the last round
+        ('cmd = ["sh", "-c", "train --password x", "--epochs"]', 'cmd = ["sh", "-c", "train --password ***", "--epochs"]'),
+        ('run("--password x", check=True)', 'run("--password ***", check=True)'),
+        ("f(--password x), g", "f(--password ***), g"),
+        ("http://host:8080/x@y.z", "http://host:8080/x@y.z"),
+        ("see https://host:443/a/b@c.d?q=1#frag", "see https://host:443/a/b@c.d?q=1#frag"),
+        ("https://user:secretpw@host:8080/x", "https://user:***@host:8080/x"),
+    ],
+)
+def test_issue18_shapes(text: str, expected: str) -> None:
+    assert redact(text) == expected
+    assert redact(expected) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # look-alikes of the glued shapes: ordinary identifiers and paths stay byte-identical
+        "/data/mask-rcnn_r50_fpn_coco_2017_train_val/images",
+        "task-runner-pool_worker_thread_count=4",
+        "pip install scikit-learn; sk-learn is not a token",
+        "graph_hf_dataset_loader_cache_dir",
+        "highs_and_lows weighs_total sighs_",
+        "bypass=1 compass=north",
+        "import mysql.connector; pymysql -p is not mysql's option",
+        "ls -p docs; grep -p x",
+        "the Authorization header is missing",
+        "cookiecutter is a project template tool",
+        "ASIA_PACIFIC region, MALAYSIA office",
+    ],
+)
+def test_issue18_look_alikes_are_untouched(text: str) -> None:
     assert redact(text) == text

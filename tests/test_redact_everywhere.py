@@ -28,6 +28,7 @@ from conftest import kill_tree
 from dlwatch import events
 from dlwatch.cli import attach_cmd
 from dlwatch.monitor import Timeline
+from dlwatch._fs import write_json
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
@@ -238,3 +239,171 @@ def test_attach_json_and_summary_are_redacted(tmp_path, capsys):
     finally:
         kill_tree(proc.pid)
         proc.stdout.close()
+
+
+# --------------------------------------------------------------------------- issue 18: glued tokens, warnings
+
+UPPER16 = st.text(string.ascii_uppercase + string.digits, min_size=16, max_size=16)
+GCP35 = st.text(string.ascii_letters + string.digits + "_-", min_size=35, max_size=35)
+# Every shape of redact.TOKEN_PATTERNS (by its name), as (template, body): "{s}" is the random body.
+TOKEN_SHAPES = {
+    "aws-access-key-id": [("AKIA{s}", UPPER16), ("ASIA{s}", UPPER16)],
+    "gcp-api-key": [("AIza{s}", GCP35)],
+    "google-oauth": [("ya29.{s}", BODY)],
+    "huggingface": [("hf_{s}{s}", BODY)],
+    "github": [(p + "{s}", BODY) for p in ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")],
+    "gitlab": [("glpat-{s}", BODY), ("gldt-{s}", BODY)],
+    "slack": [("xoxb-{s}", BODY), ("xoxp-{s}", BODY)],
+    "openai": [("sk-{s}", BODY), ("sk-proj-{s}", BODY)],
+    "openai-glued": [("sk-svcacct-{s}", BODY)],
+    "stripe": [("sk_live_{s}", BODY), ("rk_test_{s}", BODY)],
+    "sendgrid": [("SG.{s}.{s}", BODY)],
+    "npm": [("npm_{s}{s}", BODY)],
+    "pypi": [("pypi-AgE{s}{s}{s}", BODY)],
+    "jwt": [("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.{s}", BODY)],
+}
+SHAPES = [(name, template, body) for name, forms in TOKEN_SHAPES.items() for template, body in forms]
+GLUE = st.text(string.ascii_letters + string.digits + "_", min_size=1, max_size=8)  # a word character in front
+
+
+def test_every_token_shape_is_planted():
+    from dlwatch.redact import TOKEN_PATTERNS
+
+    assert sorted(TOKEN_SHAPES) == sorted(name for name, _rx in TOKEN_PATTERNS)
+
+
+@st.composite
+def glued_token(draw):
+    name, template, body = draw(st.sampled_from(SHAPES))
+    s = draw(body)
+    return name, draw(GLUE) + template.format(s=s), s
+
+
+def warned(text: str) -> str:
+    """What reaches stderr when dlwatch warns with ``text``: the watch's, the run hook's and a preflight warning,
+    printed by Python's own warning machinery (the way a training program shows them)."""
+    import warnings
+
+    from dlwatch import agent, runhook
+
+    class _Watch:  # the one attribute-holding part of Watch._send_preflight: its bookkeeping
+        _ignored: set = set()
+        _events_path = None
+        _advice_pbs: dict = {}
+
+        def __init__(self):
+            self._preflight_sent, self._preflight_signals = set(), []
+
+    thread = {"name": text, "daemon": False, "runs": f"{text}.run"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        agent._warn(f"could not read {text}")
+        runhook._warn(f"could not patch {text}")
+        agent.Watch._send_preflight(_Watch(), [{"event": "preflight", "playbook": "fork-with-threads",
+                                                "confidence": 0.6, "threads": [thread]}])
+    # the lines Python's default showwarning writes to stderr
+    return "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
+
+
+@settings(max_examples=250, deadline=None)
+@given(token=glued_token(), field=st.sampled_from(sorted(FIELDS)))
+def test_glued_token_in_every_field_and_warning_is_redacted(token, field):
+    """Issue 18, item 7 and 8: a token shape right after a word character, in every field (report.json/.md,
+    timeline, stacks/<pid>.txt, events, config.json, a run summary, attach's --json and summary) and in warning text."""
+    _name, text, body = token
+    d = tempfile.mkdtemp()
+    try:
+        report = store.skeleton(trigger="threshold", pid=1234, now=time.time())
+        FIELDS[field](report, text)
+        path = build.write(report, os.path.join(d, "r"),
+                           extra_files={"stacks/1234.txt": f'  File "/data/{text}.py", line 1 in f\n'.encode()})
+        run = os.path.join(d, "run")
+        os.mkdir(run, 0o700)
+        events.emit(os.path.join(run, "events.jsonl"), "exception", text=text)
+        write_json(os.path.join(run, "config.json"), {"loader": {"dataset": text}, "argv": ["train.py", text]})
+        from dlwatch.report import summary as sm
+
+        s = sm.skeleton(run_id="20260101T000000-1-abcdef", pid=1, now=time.time())
+        s["notes"].append(text)
+        s["loader"] = {"dataset": text}
+        store.write_summary(d, s, render_markdown=sm.render_markdown)
+        out = everything_written(d) + printed_by_attach(report, path)
+        printed = warned(text)
+        assert "dlwatch: could not read" in printed and "fork-with-threads" in printed  # the warnings were shown
+        assert body not in out, (field, text)
+        assert body not in printed, printed
+        assert detect_secrets_findings(out + printed) == [], (field, text)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+THREAD_TOKEN = "shard_ghp_" + "Q1w2E3r4T5y6U7i8O9p0AbCdEfGh"
+FORK_WITH_THREADS = f"""
+import sys, threading
+import torch
+from torch.utils.data import DataLoader
+import dlwatch
+
+stop = threading.Event()
+t = threading.Thread(target=stop.wait, name="{THREAD_TOKEN}", daemon=True)
+t.start()
+loader = DataLoader(list(range(8)), batch_size=4, num_workers=1, multiprocessing_context="fork")
+with dlwatch.watch(loader, report_dir=sys.argv[1], poll_interval=0.2) as batches:
+    n = sum(1 for _ in batches)
+stop.set()
+print("batches", n, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_thread_name_token_in_a_real_warning_is_redacted(tmp_path):
+    """Item 8 end to end: fork with a live thread whose name holds a token; the warning on stderr has none."""
+    from conftest import REPO, run_bounded
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    rc, out, err = run_bounded([sys.executable, "-c", FORK_WITH_THREADS, str(tmp_path)], env=env, cwd=str(tmp_path),
+                               timeout=90)
+    assert rc == 0 and "batches 2" in out, err[-2000:]
+    assert "fork-with-threads" in err and "shard_***" in err, err[-2000:]  # the warning was printed, redacted
+    shown = out + err + everything_written(str(tmp_path))
+    assert THREAD_TOKEN[len("shard_ghp_"):] not in shown
+
+
+def test_warnings_still_point_at_the_callers_line():
+    """Routing warnings through redact.warn keeps their stacklevel: the line shown is the caller's, not dlwatch's."""
+    import warnings
+
+    from dlwatch import agent
+
+    def caller():
+        agent._warn(f"could not read {THREAD_TOKEN}")  # stacklevel=3: the line that called caller()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        caller()  # <- the line the warning points at
+    assert caught[0].filename == __file__ and "caller()  # <- the line" in open(__file__).read().splitlines()[
+        caught[0].lineno - 1]
+    assert "shard_***" in str(caught[0].message)
+
+
+BOOT_FAILS = '''
+import os, sys
+real = os.path.join(sys.argv[1], "dlwatch")
+__path__.append(real)  # dlwatch.redact and the rest come from the real package
+'''
+
+
+def test_bootstrap_warning_line_is_redacted(tmp_path):
+    """Item 8: `dlwatch run`'s bootstrap line when the run hook cannot be installed: its message is redacted."""
+    from conftest import REPO, run_bounded
+
+    fake = tmp_path / "shadow" / "dlwatch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(BOOT_FAILS.replace("sys.argv[1]", repr(REPO)))
+    (fake / "runhook.py").write_text(f"def install():\n    raise OSError('cannot open /data/{THREAD_TOKEN}/x')\n")
+    boot = os.path.join(REPO, "dlwatch", "_boot")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, str(tmp_path / "shadow")]))
+    rc, out, err = run_bounded([sys.executable, "-c", "print('ran')"], env=env, cwd=str(tmp_path), timeout=60)
+    assert rc == 0 and out.strip() == "ran"  # the program runs unwatched
+    assert "could not install the run hook (OSError: cannot open /data/shard_***/x)" in err, err
+    assert THREAD_TOKEN[len("shard_ghp_"):] not in err

@@ -21,8 +21,16 @@ def _boot() -> None:
 
         runhook.install()
     except Exception as exc:  # never stop the program: it runs unwatched
-        sys.stderr.write(f"dlwatch: warning: could not install the run hook ({type(exc).__name__}: {exc}); "
-                         "the program runs unwatched\n")
+        line = f"dlwatch: warning: could not install the run hook ({type(exc).__name__}: {exc}); " \
+               "the program runs unwatched\n"
+        try:  # the one redaction point: the message can hold a path or a value of the program
+            from dlwatch.redact import outbound
+
+            line = outbound(line)
+        except Exception:  # dlwatch itself cannot be imported: say so without the message
+            line = f"dlwatch: warning: could not install the run hook ({type(exc).__name__}); " \
+                   "the program runs unwatched\n"
+        sys.stderr.write(line)
     # the sitecustomize this one shadows (a distribution's or a site's) still runs
     import importlib.machinery
     import importlib.util

@@ -25,7 +25,7 @@ from typing import Any
 
 from dlwatch import events as events_mod
 from dlwatch import forensics, heartbeat
-from dlwatch.collect import procfs, rundir
+from dlwatch.collect import bounds, procfs, rundir
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import read_system
 from dlwatch.config import DEFAULT_REPORT_DIR
@@ -126,7 +126,7 @@ def find_run_dir(pid: int) -> str | None:
 # What attach reads from a run directory, and at most how much of each.
 _CAPS = {"config.json": 1 << 20, "events.jsonl": 16 << 20, "heartbeat": heartbeat.SIZE,
          "timeline.jsonl": 8 << 20, "timeline.1.jsonl": 8 << 20}
-_DUMP_CAP = 8 << 20
+_DUMP_CAP = bounds.MAX_DUMP_READ_BYTES  # a faulthandler dump file, per read (see collect/bounds.py)
 _DUMP_NAME = re.compile(r"^[0-9]{1,10}\.txt$")
 
 

@@ -231,7 +231,7 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
         for line in proc.stdout:
             out.output.append(line.rstrip("\n"))
             if echo is not None:
-                print(f"  | {line.rstrip()}", file=echo, flush=True)
+                print(outbound(f"  | {line.rstrip()}"), file=echo, flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -367,7 +367,7 @@ def run(args: argparse.Namespace) -> int:
             if o.matched is False:
                 print(f"  {name} did not give what it should; its last output:", file=sys.stderr)
                 for line in _tail(o.output):
-                    print(f"  | {line}", file=sys.stderr)
+                    print(outbound(f"  | {line}"), file=sys.stderr)
             outcomes.append(o)
         print()
         for line in table_lines(outcomes):

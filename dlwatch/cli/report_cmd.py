@@ -105,20 +105,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     summaries, warnings = store.list_incidents(path)
     for w in warnings:
-        print(render.terminal_safe(f"dlwatch: warning: {w}"), file=sys.stderr)
+        print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
     if args.json:
-        json.dump([s.to_dict() for s in summaries], sys.stdout, indent=2)
+        json.dump(outbound([s.to_dict() for s in summaries]), sys.stdout, indent=2)  # older reports too
         print()
     else:
         for line in render.list_lines(summaries):
-            print(line)
+            print(outbound(line))
     return 0
 
 
 def _list_runs(report_dir: str, as_json: bool) -> int:
     runs, warnings = store.list_runs(report_dir)
     for w in warnings:
-        print(render.terminal_safe(f"dlwatch: warning: {w}"), file=sys.stderr)
+        print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
     if as_json:
         json.dump(outbound([r.to_dict() for r in runs]), sys.stdout, indent=2)
         print()
@@ -137,7 +137,7 @@ def _job(report_dir: str, job_id: str | None, as_json: bool) -> int:
                             help="pass the directory the ranks wrote to (DLWATCH_DIR or watch(report_dir=...))")
     view = outbound(job_view(report_dir, job_id))
     for w in view.get("warnings") or ():
-        print(render.terminal_safe(f"dlwatch: warning: {w}"), file=sys.stderr)
+        print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
     if as_json:
         json.dump(view, sys.stdout, indent=2)
         print()

@@ -27,6 +27,7 @@ import signal
 import time
 from typing import Callable, Mapping
 
+from dlwatch.collect import bounds
 from dlwatch.model import Frame, StackDump, ThreadStack
 
 __all__ = ["DUMP_SIGNAL", "crash_path", "install", "install_crash", "is_handler_installed", "read_crash",
@@ -135,6 +136,9 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\?\?\?|-?\d+) in (?
 def parse_faulthandler(text: str | bytes) -> tuple[ThreadStack, ...]:
     """faulthandler's dump text -> threads, innermost frame first.  Never raises.
 
+    Each thread is trimmed to collect.bounds (``frames_omitted`` says how many frames went);
+    the number of threads is left to ``bounds.trim_dump``, which records it.
+
     Lines that are neither a thread header nor a frame are skipped ("<no Python
     frame>", "...", a second dump appended to the first, garbage); a frame
     before any header is put in a thread of unknown id.
@@ -153,8 +157,8 @@ def parse_faulthandler(text: str | bytes) -> tuple[ThreadStack, ...]:
             if started:
                 # faulthandler's "Current thread" is the one that ran the signal
                 # handler: not necessarily the GIL holder, so owns_gil stays None.
-                threads.append(ThreadStack(thread_id=tid, name=name, frames=tuple(frames),
-                                           active=None))
+                threads.append(bounds.trim_thread(ThreadStack(thread_id=tid, name=name, frames=tuple(frames),
+                                                              active=None)))
 
         for line in text.splitlines():
             m = _HEADER.match(line)
@@ -193,7 +197,7 @@ def _size(path: str) -> int:
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as fh:
-            return fh.read(4 << 20)  # a dump of hundreds of threads is well under this
+            return fh.read(bounds.MAX_DUMP_READ_BYTES)  # faulthandler's own limits keep an honest dump well under this
     except OSError:
         return b""
 
@@ -225,10 +229,34 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         results[pid] = StackDump(pid=pid, source="none", error=error,
                                  duration_s=round(time.monotonic() - start, 6))
 
+    # Bytes read per pid, every poll included: a dump that keeps growing (a fake worker answering
+    # the signal with megabytes) is read at most bounds.MAX_DUMP_BYTES_PER_PROCESS in all.
+    spent: dict[int, int] = {}
+    last_read: dict[int, bytes] = {}  # attach: what size() read in this round, parsed without a second read
+
     def contents(pid: int, path: str) -> bytes:
         if read is None:
             return _read(path)
-        return (read(path) or b"")[base.get(pid, 0):base.get(pid, 0) + (4 << 20)]
+        data = last_read.get(pid)
+        if data is None:
+            data = read(path) or b""
+            spent[pid] = spent.get(pid, 0) + len(data)
+        return data[base.get(pid, 0):base.get(pid, 0) + bounds.MAX_DUMP_READ_BYTES]
+
+    def is_full(pid: int, grown: int) -> bool:
+        """No more of it will be read: the read cap is reached, or this pid's read budget is spent."""
+        return base.get(pid, 0) + grown >= bounds.MAX_DUMP_READ_BYTES or \
+            spent.get(pid, 0) >= bounds.MAX_DUMP_BYTES_PER_PROCESS
+
+    def parsed(pid: int, text: bytes, now: float, error: str | None = None) -> StackDump | None:
+        threads = parse_faulthandler(text)
+        if not threads:
+            return None
+        if raw is not None:
+            raw[pid] = text
+        cut = len(text) if is_full(pid, len(text)) else None
+        return bounds.trim_dump(StackDump(pid=pid, source="faulthandler", threads=threads, error=error,
+                                          duration_s=round(now - start, 6)), cut_at_bytes=cut)
 
     for pid, path in pids_to_paths.items():
         pid = int(pid)
@@ -269,6 +297,9 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         if read is None:
             return _size(pending[pid])
         data = read(pending[pid])
+        spent[pid] = spent.get(pid, 0) + len(data or b"")
+        if data is not None:
+            last_read[pid] = data
         return -1 if data is None else max(0, len(data) - base[pid])
 
     last_size = {pid: 0 for pid in pending}
@@ -280,30 +311,21 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             grown = size(pid)
             if grown != last_size[pid]:
                 last_size[pid], last_change[pid] = grown, now
-            elif grown > 0 and now - last_change[pid] >= settle_s:
+            if grown > 0 and (now - last_change[pid] >= settle_s or is_full(pid, grown)):
                 path = pending.pop(pid)
-                text = contents(pid, path)
-                threads = parse_faulthandler(text)
-                if threads:
-                    if raw is not None:
-                        raw[pid] = text
-                    results[pid] = StackDump(pid=pid, source="faulthandler", threads=threads,
-                                             duration_s=round(now - start, 6))
+                dump = parsed(pid, contents(pid, path), now)
+                if dump is not None:
+                    results[pid] = dump
                 else:
                     fail(pid, f"faulthandler dump of process {pid} held no stack")
         if not pending:
             break
         if now >= deadline:
             for pid, path in pending.items():
-                text = contents(pid, path)
-                threads = parse_faulthandler(text)
-                if threads:  # partial but useful: say so
-                    if raw is not None:
-                        raw[pid] = text
-                    results[pid] = StackDump(
-                        pid=pid, source="faulthandler", threads=threads,
-                        error=f"dump still growing after {timeout_s:g} s; may be incomplete",
-                        duration_s=round(now - start, 6))
+                dump = parsed(pid, contents(pid, path), now,
+                              error=f"dump still growing after {timeout_s:g} s; may be incomplete")
+                if dump is not None:  # partial but useful: say so
+                    results[pid] = dump
                 else:
                     state = "gone" if not os.path.exists(f"/proc/{pid}") else "alive"
                     fail(pid, f"no faulthandler dump from process {pid} within {timeout_s:g} s "
@@ -394,7 +416,8 @@ def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
     threads = parse_faulthandler(text)
     if what is None and not threads:
         return None
-    dump = StackDump(pid=_pid_of(path), source="faulthandler-crash", threads=threads)
+    dump = bounds.trim_dump(StackDump(pid=_pid_of(path), source="faulthandler-crash", threads=threads),
+                            cut_at_bytes=len(data) if len(data) >= limit else None)
     return {"signal": CRASH_SIGNALS.get(what or ""), "fatal_error": what, "stack": dump.to_dict()}
 
 

@@ -26,8 +26,10 @@ Measured here (py-spy 0.4.3, Linux 2 cores):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -36,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Sequence
 
+from dlwatch.collect import bounds
 from dlwatch.errors import PTRACE_HELP
 from dlwatch.model import Frame, StackDump, ThreadStack
 
@@ -60,6 +63,8 @@ _NONBLOCKING = ("py-spy-nonblocking", ("--nonblocking",), "--nonblocking dump")
 
 _MAX_PARALLEL = 32  # one py-spy per pid; beyond this, more threads only contend for 2-16 cores
 _MAX_ERROR_CHARS = 300
+_MAX_STDERR_BYTES = 64 << 10  # py-spy's error text; more is a backtrace we drop anyway
+_OVER = "output"  # _run_once's reason for a py-spy whose output passed bounds.MAX_PY_SPY_OUTPUT_BYTES
 
 
 class _Fatal(Exception):
@@ -172,14 +177,14 @@ def _thread(raw: Any) -> ThreadStack | None:
             f = _frame(rf)
             if f is not None:
                 frames.append(f)
-    return ThreadStack(
+    return bounds.trim_thread(ThreadStack(
         thread_id=_as_int(raw.get("thread_id")),
         name=_as_str(raw.get("thread_name")),
         native_tid=_as_int(raw.get("os_thread_id")),
         active=_as_bool(raw.get("active")),
         owns_gil=_as_bool(raw.get("owns_gil")),
         frames=cut_at_worker_loop(frames),
-    )
+    ))
 
 
 def parse_py_spy_json(pid: int, text: str | bytes, *, source: str = "py-spy",
@@ -201,11 +206,12 @@ def parse_py_spy_json(pid: int, text: str | bytes, *, source: str = "py-spy",
     if not isinstance(data, list):
         return StackDump(pid=pid, source="none", duration_s=duration_s,
                          error=f"py-spy output is not a list of threads (got {type(data).__name__})")
-    threads = tuple(t for t in (_thread(raw) for raw in data) if t is not None)
+    # (the output itself is bounded: bounds.MAX_PY_SPY_OUTPUT_BYTES, see _run_once)
+    threads, omitted = bounds.trim_threads(t for t in (_thread(raw) for raw in data) if t is not None)
     if not threads:
         return StackDump(pid=pid, source="none", duration_s=duration_s,
                          error="py-spy output holds no threads")
-    return StackDump(pid=pid, source=source, threads=threads, duration_s=duration_s)
+    return StackDump(pid=pid, source=source, threads=threads, duration_s=duration_s, threads_omitted=omitted)
 
 
 # --------------------------------------------------------------------------- py-spy's errors
@@ -318,9 +324,46 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bytes, str | None]:
+    """(stdout, stderr, why it stopped early: None, "timeout" or _OVER) of a running py-spy.
+
+    stdout is kept up to bounds.MAX_PY_SPY_OUTPUT_BYTES (one byte more means too much: stop
+    there), stderr up to _MAX_STDERR_BYTES; memory never grows with what the target holds.
+    """
+    caps = {proc.stdout: bounds.MAX_PY_SPY_OUTPUT_BYTES, proc.stderr: _MAX_STDERR_BYTES}
+    chunks: dict[Any, list[bytes]] = {f: [] for f in caps}
+    sizes = {f: 0 for f in caps}
+    deadline = time.monotonic() + max(timeout_s, 0.01)
+    with selectors.DefaultSelector() as sel:
+        for f in caps:
+            sel.register(f, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr]), "timeout"
+            for key, _events in sel.select(left):
+                f = key.fileobj
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(f)
+                    continue
+                room = caps[f] - sizes[f]
+                if room > 0:
+                    chunks[f].append(chunk[:room])
+                sizes[f] += len(chunk)
+                if f is proc.stdout and sizes[f] > caps[f]:
+                    return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr]), _OVER
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+    except subprocess.TimeoutExpired:  # both pipes closed, yet it runs on
+        return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr]), "timeout"
+    return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr]), None
+
+
 def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
-              was_stopped: bool) -> tuple[int | None, bytes, bytes]:
-    """One py-spy run; rc None = timed out (then killed, and the target resumed if we stopped it)."""
+              was_stopped: bool) -> tuple[int | str | None, bytes, bytes]:
+    """One py-spy run; rc None = timed out, _OVER = its output passed the cap (either way killed,
+    and the target resumed if we stopped it)."""
     proc = subprocess.Popen(
         [exe, "dump", "--json", *extra, "--pid", str(pid)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -329,15 +372,10 @@ def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(timeout=max(timeout_s, 0.01))
-        return proc.returncode, out, err
-    except subprocess.TimeoutExpired:
+        out, err, stopped = _read_bounded(proc, timeout_s)
+        if stopped is None:
+            return proc.returncode, out, err
         _kill_group(proc)
-        try:
-            # a grandchild outside the group could hold the pipes open: bound this too
-            out, err = proc.communicate(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            out, err = b"", b""
         proc.wait()
         # The kernel detaches a dead tracer's tracees.  With PTRACE_SEIZE (py-spy
         # 0.4) nothing is left stopped; with PTRACE_ATTACH the attach SIGSTOP can
@@ -348,7 +386,11 @@ def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
                 os.kill(pid, signal.SIGCONT)
             except OSError:
                 pass
-        return None, out, err
+        return (None if stopped == "timeout" else _OVER), out, err
+    finally:
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
 
 
 def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0,
@@ -389,6 +431,11 @@ def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0,
             if rc is None:
                 failures.append(f"{label} timed out after {budget:.2f} s (killed)")
                 continue
+            if rc == _OVER:  # another mode would read the same stacks: no retry
+                over = done("none", f"py-spy's output for process {pid} passed "
+                                    f"{bounds.MAX_PY_SPY_OUTPUT_BYTES >> 20} MiB (very deep stacks or very many "
+                                    "threads): not read")
+                return dataclasses.replace(over, cut_at_bytes=bounds.MAX_PY_SPY_OUTPUT_BYTES)
             if rc != 0:
                 stderr = err.decode("utf-8", errors="replace")
                 summary = summarize_py_spy_error(stderr)

@@ -79,6 +79,9 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
     """Write the incident, falling back to a private temporary directory if report_dir fails."""
     if not report.get("summary") or report["trigger"] in ("exception", "stall", "attach"):
         report["summary"] = summary_line(report)
+    from dlwatch.report.trim import bound_report
+
+    bound_report(report)  # report.json under its cap, saying what was left out (sets "truncated")
     try:
         path = store.write_incident(report_dir, report, render_markdown=render.render_markdown,
                                     extra_files=extra_files)

@@ -777,7 +777,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         write_any(target, fds)
     except Exception as exc:
-        print(f"dlwatch: could not write {HTML_NAME}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from dlwatch.redact import outbound
+
+        print(outbound(f"dlwatch: could not write {HTML_NAME}: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
     return 0
 

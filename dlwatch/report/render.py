@@ -89,8 +89,12 @@ def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12, pytho
         frames = [f for f in t.get("frames") or () if not (python_only and f.get("native"))]
         for f in frames[:max_frames]:
             yield f"      {_frame_line(f)}"
-        if len(frames) > max_frames:
-            yield f"      ... {len(frames) - max_frames} more frames"
+        omitted = t.get("frames_omitted") if isinstance(t.get("frames_omitted"), int) else 0
+        if len(frames) > max_frames or omitted:
+            yield f"      ... {len(frames) - min(max_frames, len(frames)) + omitted} more frames" + \
+                (f" ({omitted} left out of the report)" if omitted else "")
+    if isinstance(stack.get("threads_omitted"), int) and stack["threads_omitted"]:
+        yield f"    ... {stack['threads_omitted']} more threads left out of the report"
 
 
 def _md_text(v: Any) -> str:
