@@ -321,8 +321,9 @@ class LenLoader(DataLoader):
 def len_override(t: Trace) -> None:
     dl = LenLoader(Samples(18), batch_size=4, num_workers=2, collate_fn=collate, worker_init_fn=worker_init)
     with watch(dl) as batches:
-        for i, b in enumerate(pick(dl, batches)):
-            t.note("progress", f"{i + 1}/{len(dl)}")
+        source = pick(dl, batches)
+        for i, b in enumerate(source):
+            t.note("progress", f"{i + 1}/{len(source)}")  # what a progress bar (tqdm) asks of what it wraps
             t.batch(b)
 
 
