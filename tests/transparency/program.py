@@ -673,15 +673,19 @@ def lightning_fit(t: Trace) -> None:
             t.batch(batch)
             return self.lin(batch["x"]).pow(2).mean()
 
+        def validation_step(self, batch: Any, index: int) -> None:
+            t.note("val", digest(batch))
+
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     model = Tiny()
-    dl = loader(Samples(16))
+    dl = loader(Samples(16), persistent_workers=True)  # Lightning shuts these down itself at the end
+    val = loader(Samples(6), batch_size=3)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     with watch(dl):
-        trainer.fit(model, dl)
+        trainer.fit(model, dl, val)
     t.note("global_step", trainer.global_step)
     t.note("weights", digest(model.state_dict()))
 
