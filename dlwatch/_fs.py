@@ -105,6 +105,30 @@ def check_report_dir(path: str) -> str:
     return path
 
 
+def check_shared_dir(path: str) -> str:
+    """``path`` (an existing directory, not a link) if dlwatch may put files there that a service of the
+    machine reads (node_exporter's textfile directory); raises UnsafeDirError otherwise.
+
+    The report-directory rules, with root as a trusted owner too: owned by the effective uid or root;
+    not writable by group or others unless sticky (``/tmp``: nobody can rename another's entries);
+    not a symbolic link itself, links above it ours or root's, every directory above it safe.
+    """
+    if stat.S_ISLNK(os.lstat(path).st_mode):
+        raise UnsafeDirError(f"{path} is a symbolic link: give the directory itself")
+    check_links(path)
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
+    _check_ancestors(real)
+    if not _trusted_owner(st):
+        raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you or root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirError(f"{path} is writable by group or others without the sticky bit "
+                             f"(mode {stat.S_IMODE(st.st_mode):o})")
+    return path
+
+
 def sticky_parent(path: str) -> bool:
     """True for an existing sticky world-writable directory such as /tmp."""
     try:
@@ -174,9 +198,11 @@ def _check_file(fd: int, path: str) -> None:
         os.fchmod(fd, FILE_MODE)  # an error here is an error, not ignored
 
 
-def create_private(path: str, flags: int = os.O_WRONLY) -> int:
-    """A new file, 0600: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file or link is an error)."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+def create_private(path: str, flags: int = os.O_WRONLY, *, dir_fd: int | None = None) -> int:
+    """A new file, 0600: O_CREAT|O_EXCL|O_NOFOLLOW (an existing file or link is an error).
+
+    ``dir_fd``: ``path`` is a name in that open directory (never re-resolved through a path)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
     try:
         _check_file(fd, path)
     except BaseException:
@@ -208,9 +234,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_private(path: str, data: bytes | str) -> None:
+def write_private(path: str, data: bytes | str, *, dir_fd: int | None = None) -> None:
     """A new private file holding ``data`` (text, redacted on the way out)."""
-    fd = create_private(path)
+    fd = create_private(path, dir_fd=dir_fd)
     try:
         _write_all(fd, outbound_bytes(data))
         os.fsync(fd)
@@ -233,8 +259,8 @@ def json_line(record: Any) -> bytes:
     return (json.dumps(outbound(record)) + "\n").encode("utf-8", "surrogateescape")
 
 
-def write_jsonl(path: str, records: Iterable[Any]) -> None:
-    fd = create_private(path)
+def write_jsonl(path: str, records: Iterable[Any], *, dir_fd: int | None = None) -> None:
+    fd = create_private(path, dir_fd=dir_fd)
     try:
         _write_all(fd, b"".join(json_line(r) for r in records))
         os.fsync(fd)

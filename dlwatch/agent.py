@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -388,7 +387,7 @@ class Watch:
         return
 
     def _make_run_dir(self) -> str:
-        run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+        run_id = store.new_run_id()
         refused: str | None = None  # why the report directory was not used (said once the fallback works)
         for base in (self.options.report_dir, None):
             path = None
@@ -490,7 +489,7 @@ class Watch:
                                 rng_depth=int(self.thresholds.get("attribute_depth", 2)))
         self._hook.fingerprint = "rng-duplication" not in self._ignored
         try:
-            from dlwatch.shapes import BatchShapeProbe
+            from dlwatch.shapes import BatchShapeProbe, marks_time_major
 
             try:  # batches per epoch follow the sampler, which may subsample the dataset
                 samples = len(loader.sampler)
@@ -502,7 +501,7 @@ class Watch:
                     check_first=int(self.thresholds.get("check_first", 8)),
                     sample_every=int(self.thresholds.get("sample_every", 64)),
                     confirm_batches=int(self.thresholds.get("confirm_batches", 8)),
-                    ignore_keys=self.options.ignored_batch_keys)
+                    ignore_keys=self.options.ignored_batch_keys, time_major=marks_time_major(loader.collate_fn))
         except Exception:
             self._shape_probe = None
         if self._hook.fingerprint and loader.num_workers > 0:

@@ -49,14 +49,15 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
                 main_waiting_for_data: bool | None, expected_workers: int | None,
                 native: bool = True, interval_s: float = SECOND_READ_AFTER_S,
                 read_dump: Callable[[str], bytes | None] | None = None,
-                allow: Callable[[int], bool] | None = None) -> dict[str, bytes]:
+                allow: Callable[[int], bool] | None = None, uid: int | None = None) -> dict[str, bytes]:
     """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
     /proc is read ``WINDOW_READS`` times across ``interval_s``, each process's
     threads and sockets (``procfs.read_io``) at both ends, then the stacks.
     Returns extra files for the incident directory (raw fallback dumps).  ``read_dump``
     and ``allow`` are for attach (see faultdump.request_dumps): dump files are then read
-    through ``read_dump`` only, never emptied, and a pid is dumped only if ``allow(pid)``.
+    through ``read_dump`` only, never emptied, and a pid is dumped only if ``allow(pid)``;
+    ``uid`` is the target's: no process of another uid is signalled (default: our own).
     """
     live = {pid: t for pid, t in procs.items() if not t.gone and (allow is None or allow(pid))}
     started = time.monotonic()
@@ -95,13 +96,16 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
         fallback = {pid: live[pid].dump_path for pid in failed if live[pid].dump_path}
         if fallback:
             raw: dict[int, bytes] = {}
-            got = faultdump.request_dumps(fallback, read=read_dump, allow=allow, raw=raw)  # type: ignore[arg-type]
+            got = faultdump.request_dumps(fallback, read=read_dump, allow=allow, raw=raw, uid=uid)  # type: ignore[arg-type]
             for pid, dump in got.items():
                 if dump.threads:
                     why = failed[pid].error
                     dumps[pid] = dataclasses.replace(dump, error=why)
                     if pid in raw:  # the text that was parsed, not a second open of the file
                         extra[f"stacks/{pid}.txt"] = _raw_copy(raw[pid])
+            refused = [f"pid {pid}: {d.error}" for pid, d in sorted(got.items()) if not d.threads and d.error]
+            for why in refused[:3]:  # why a process got no signal (gone, another uid, a recycled pid) is evidence
+                report["notes"].append(f"faulthandler stacks missing for {why}")
         reasons = sorted({d.error for d in failed.values() if d.error})
         for reason in reasons[:3]:
             report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import types
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from dlwatch.errors import NotFoundError, PlaybookError
 __all__ = [
     "ENV_VAR",
     "Hint",
+    "MAX_PLAYBOOK_BYTES",
+    "MAX_PLAYBOOK_FILES",
     "Playbook",
     "Signal",
     "builtin_dir",
@@ -161,34 +164,91 @@ def _env_dirs() -> list[str]:
     return [d for d in raw.split(os.pathsep) if d.strip()]
 
 
+# A user's playbook directory is read in the training process itself when the monitor is gone:
+# what it costs is bounded.  The shipped files are a few KiB each; a pattern-only playbook is
+# far below 1 MiB.  About 4 ms a file to parse and compile: 256 files stay near one second.
+MAX_PLAYBOOK_BYTES = 1 << 20
+MAX_PLAYBOOK_FILES = 256  # user playbook files in all the directories of one load
+
+
 def load_playbooks(extra_dirs: Sequence[str] = ()) -> tuple[Playbook, ...]:
-    """Shipped playbooks, then ``$DLWATCH_PLAYBOOKS``, then ``extra_dirs``; a later id overrides."""
+    """Shipped playbooks, then ``$DLWATCH_PLAYBOOKS``, then ``extra_dirs``; a later id overrides.
+
+    At most MAX_PLAYBOOK_FILES user files in all, each at most MAX_PLAYBOOK_BYTES: more is a
+    PlaybookError before anything is parsed."""
     by_id: dict[str, Playbook] = {}
     for pb in load_dir(builtin_dir(), builtin=True):
         by_id[pb.id] = pb
+    left = MAX_PLAYBOOK_FILES
     for directory in [*_env_dirs(), *extra_dirs]:
         path = Path(os.path.expanduser(str(directory)))
         if not path.is_dir():
             where = f" (from ${ENV_VAR})" if str(directory) in _env_dirs() else ""
             raise NotFoundError(f"playbook directory {str(directory)!r} does not exist{where}",
                                 help="create it or remove it from the playbook search path")
-        for pb in load_dir(path):
+        loaded = load_dir(path, max_files=left)
+        left -= len(loaded)
+        for pb in loaded:
             by_id[pb.id] = pb  # dict keeps the first position of an overridden id
     return tuple(by_id.values())
 
 
-def load_dir(directory: Any, builtin: bool = False) -> list[Playbook]:
-    """Every ``*.toml`` in one directory (not recursive), by file name; duplicate ids are an error."""
+def _read_capped(path: str) -> bytes:
+    """One user playbook file, at most MAX_PLAYBOOK_BYTES, through one fd: a link to a file is followed
+    as the loader always has (the directory is the user's own), but only a regular file is read
+    (O_NONBLOCK, then fstat: a FIFO or device cannot block or feed it), and its size is checked
+    before the first byte is read (a 3 GB sparse file fails at once)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PlaybookError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PlaybookError(path, "(file)", "not a regular file (a FIFO, device or directory)")
+        too_big = (f"larger than the {MAX_PLAYBOOK_BYTES // 1024} KiB a playbook file may be; "
+                   "split it or remove it from the directory")
+        if st.st_size > MAX_PLAYBOOK_BYTES:
+            raise PlaybookError(path, "(file)", f"{st.st_size} bytes, {too_big}")
+        chunks, total = [], 0
+        while total <= MAX_PLAYBOOK_BYTES:
+            chunk = os.read(fd, MAX_PLAYBOOK_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_PLAYBOOK_BYTES:
+            raise PlaybookError(path, "(file)", f"grew while read: {too_big}")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise PlaybookError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def load_dir(directory: Any, builtin: bool = False, *, max_files: int = MAX_PLAYBOOK_FILES) -> list[Playbook]:
+    """Every ``*.toml`` in one directory (not recursive), by file name; duplicate ids are an error.
+
+    A user directory (not ``builtin``) may hold at most ``max_files`` of them, each read with
+    :func:`_read_capped`; more files is a PlaybookError before any is parsed."""
     entries = sorted((e for e in directory.iterdir() if e.name.endswith(".toml") and e.is_file()),
                      key=lambda e: e.name)
+    if not builtin and len(entries) > max_files:
+        raise PlaybookError(str(directory), "(directory)",
+                            f"{len(entries)} playbook files; dlwatch reads at most {MAX_PLAYBOOK_FILES} user playbook "
+                            f"files in all its playbook directories ({max_files} left for this one): merge or "
+                            "remove some")
     seen: dict[str, str] = {}
     out = []
     for entry in entries:
         path = str(entry)
-        try:
-            data = entry.read_bytes()
-        except OSError as exc:
-            raise PlaybookError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+        if builtin:
+            try:
+                data = entry.read_bytes()
+            except OSError as exc:
+                raise PlaybookError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+        else:
+            data = _read_capped(path)
         pb = parse_playbook(data, path, builtin=builtin)
         if pb.id in seen:
             raise PlaybookError(path, "id", f"{pb.id!r} is also defined in {seen[pb.id]}")
@@ -199,13 +259,9 @@ def load_dir(directory: Any, builtin: bool = False) -> list[Playbook]:
 
 def load_file(path: str | os.PathLike[str]) -> Playbook:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise NotFoundError(f"playbook file {str(p)!r} does not exist") from None
-    except OSError as exc:
-        raise PlaybookError(str(p), "(file)", f"cannot read: {exc.strerror or exc}") from None
-    return parse_playbook(data, str(p))
+    if not p.exists():
+        raise NotFoundError(f"playbook file {str(p)!r} does not exist")
+    return parse_playbook(_read_capped(str(p)), str(p))
 
 
 # --------------------------------------------------------------------------- validation

@@ -36,6 +36,18 @@ leaf for the run: its leading dimension varies with the data, so it is joined on
 purpose.  Detection targets with varying counts per image, graph node counts and
 packed token counts clear within a few batches, or never become suspects.
 
+Time-major batches (``(T, B, ...)``: ``pad_sequence`` without ``batch_first``) have
+the batch in dim 1, so their leading dimension says nothing about concatenation.  A
+tensor is taken as time-major, and left out, only when something marks it: the
+loader's collate says ``batch_first=False`` (an attribute of a collator object, or a
+keyword bound with ``functools.partial``; :func:`marks_time_major`), or the batch
+holds a lengths vector for it: a 1-D integer leaf of length B whose largest value is
+T (padding to the longest), or whose dict key names lengths (``lengths``,
+``seq_len``, ...) with every value in ``[0, T]``.  The shape alone marks nothing: a
+``(12, 4, 4)`` leaf next to 4 labels (three 4x4 images per sample, concatenated) has
+B in dim 1 too.  A fixed-length time-major batch with neither mark (``(512, 8)``
+tokens next to 8 labels) looks like the bug; leave its key out (below).
+
 What the rule cannot tell apart, and why: a leaf that is a constant multiple of B
 by design (two augmented views concatenated, ``(2B, C, H, W)`` next to B labels;
 exactly the same number of boxes in every image) has the very shapes of the bug.
@@ -61,7 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-__all__ = ["BatchShapeProbe", "IgnoreKeys", "batch_nbytes", "leaves"]
+__all__ = ["BatchShapeProbe", "IgnoreKeys", "batch_nbytes", "leaves", "marks_time_major"]
 
 CHECK_FIRST = 8
 SAMPLE_EVERY = 64
@@ -122,19 +134,24 @@ _NO_IGNORE = IgnoreKeys()
 
 
 def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPTH,
-           max_leaves: int = MAX_LEAVES, ignore: IgnoreKeys = _NO_IGNORE) -> list[tuple[str, tuple[int, ...]]]:
+           max_leaves: int = MAX_LEAVES, ignore: IgnoreKeys = _NO_IGNORE,
+           time_major: bool = False) -> list[tuple[str, tuple[int, ...]]]:
     """(path, shape) of the tensors in ``batch`` whose leading dimension is the batch dimension.
 
     Skipped, because their leading dimension is not the batch's: 0-d tensors,
-    time-major tensors (dim 1 is the batch, e.g. ``pad_sequence`` without
-    ``batch_first``), per-sample sequences (a list of one tensor per sample,
-    as detection-style ``collate_fn=lambda b: tuple(zip(*b))`` returns), and
-    whatever ``ignore`` names.
+    time-major tensors (dim 1 is the batch) when something marks them (``time_major``:
+    the collate says so; or a lengths vector for them in the batch; see the module
+    docstring), per-sample sequences (a list of one tensor per sample, as
+    detection-style ``collate_fn=lambda b: tuple(zip(*b))`` returns), and whatever
+    ``ignore`` names.
     """
     out: list[tuple[str, tuple[int, ...]]] = []
     sizes = {expected, batch_size}
+    # (index in out, T) of leaves shaped like time-major ones: dropped below only if marked
+    candidates: list[tuple[int, int]] = []
+    vectors: list[tuple[Any, Any]] = []  # (dict key or None, tensor) of 1-D leaves of a batch size
 
-    def visit(obj: Any, path: str, depth: int) -> None:
+    def visit(obj: Any, path: str, depth: int, key: Any = None) -> None:
         if len(out) >= max_leaves:
             return
         shape = _shape(obj)
@@ -142,7 +159,11 @@ def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPT
             if len(shape) == 0:
                 return
             if len(shape) >= 2 and shape[0] not in sizes and shape[1] in sizes:
-                return  # time-major
+                if time_major:
+                    return  # the collate says dim 1 is the batch
+                candidates.append((len(out), shape[0]))
+            elif len(shape) == 1 and shape[0] in sizes:
+                vectors.append((key, obj))
             out.append((path, shape))
             return
         if depth >= max_depth:
@@ -154,7 +175,7 @@ def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPT
                 sub = f"{path}[{k!r}]"
                 if ignore and ignore.skips_key(k, sub):
                     continue
-                visit(v, sub, depth + 1)
+                visit(v, sub, depth + 1, k)
         elif isinstance(obj, (list, tuple)):
             if _is_per_sample(obj, depth, sizes):
                 return
@@ -166,7 +187,50 @@ def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPT
         # anything else (str, int, None, custom objects) carries no batch dimension we can read
 
     visit(batch, "batch", 0)
+    if candidates and vectors:
+        spans = [span for span in (_lengths_span(key, obj) for key, obj in vectors) if span is not None]
+        marked = {i for i, t in candidates if any(high == t or named and high <= t for high, named in spans)}
+        if marked:
+            out = [leaf for i, leaf in enumerate(out) if i not in marked]
     return out
+
+
+_LENGTHS_WORD = "len"  # lengths, lens, seq_len, src_lengths, ...
+
+
+def _lengths_span(key: Any, obj: Any) -> tuple[int, bool] | None:
+    """(largest value, whether its dict key says lengths) of a 1-D integer tensor with no negative
+    value, which could be sequence lengths; else None.  Reads two values of a small (B,) tensor,
+    only in a batch that holds a time-major look-alike."""
+    try:
+        if "int" not in str(getattr(obj, "dtype", "")):
+            return None
+        low, high = int(obj.min()), int(obj.max())
+    except Exception:  # an odd or unreadable tensor: no lengths we can tell
+        return None
+    if low < 0:
+        return None
+    return high, isinstance(key, str) and _LENGTHS_WORD in key.lower()
+
+
+def marks_time_major(collate_fn: Any) -> bool:
+    """Whether a collate says its batches are time-major: ``batch_first=False`` as an attribute
+    (a collator object) or as a keyword bound with ``functools.partial``, on it or on what it
+    wraps (``func``, ``user_fn``).  Never raises."""
+    fn = collate_fn
+    try:
+        for _ in range(4):
+            if fn is None:
+                return False
+            if getattr(fn, "batch_first", None) is False:
+                return True
+            keywords = getattr(fn, "keywords", None)
+            if isinstance(keywords, Mapping) and keywords.get("batch_first") is False:
+                return True
+            fn = getattr(fn, "func", None) or getattr(fn, "user_fn", None)
+    except Exception:  # a collate object whose attributes raise: no mark
+        return False
+    return False
 
 
 def _is_per_sample(seq: Any, depth: int, sizes: set[int]) -> bool:
@@ -233,14 +297,15 @@ class BatchShapeProbe:
     as the sampler yields them: pass ``len(loader.sampler)`` when it has one (a
     DistributedSampler gives each rank only its share).  It predicts the size of
     the last batch.  ``ignore_keys`` leaves keys of the batch out of the check
-    (see the module docstring for how a key names a leaf).  The rule, and what it
+    (see the module docstring for how a key names a leaf).  ``time_major``: the
+    collate says its batches are time-major (:func:`marks_time_major`).  The rule, and what it
     stays quiet on, is in the module docstring.
     """
 
     def __init__(self, batch_size: int | None, drop_last: bool, dataset_len: int | None = None,
                  collate_fn_name: str = "", *, check_first: int = CHECK_FIRST,
                  sample_every: int = SAMPLE_EVERY, confirm_batches: int = CONFIRM_BATCHES,
-                 ignore_keys: tuple[str, ...] = ()) -> None:
+                 ignore_keys: tuple[str, ...] = (), time_major: bool = False) -> None:
         self.batch_size = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
         self.drop_last = bool(drop_last)
         self.dataset_len = dataset_len if isinstance(dataset_len, int) and dataset_len >= 0 else None
@@ -250,6 +315,7 @@ class BatchShapeProbe:
         self.confirm_batches = max(1, int(confirm_batches))
         self.ignore_keys = tuple(str(k) for k in ignore_keys)
         self._ignore = IgnoreKeys.parse(self.ignore_keys)
+        self.time_major = bool(time_major)
         self.found = False  # one finding per run is enough: stop checking after it
         self._suspects: dict[str, _Suspect] = {}
         self._cleared: set[str] = set()  # leaves whose leading dimension varies with the data
@@ -324,7 +390,8 @@ class BatchShapeProbe:
             if same_epoch and index > at:  # it was not the last batch: its sizes were real
                 self._clear(paths)
         expected = self.expected(index)
-        found = leaves(batch, expected or self.batch_size, self.batch_size, ignore=self._ignore)
+        found = leaves(batch, expected or self.batch_size, self.batch_size, ignore=self._ignore,
+                       time_major=self.time_major)
         if not found:
             return None
         dims = {path: shape[0] for path, shape in found}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, kill_tree
+from conftest import REPO, kill_tree, run_bounded
 from dlwatch.cli import demo_cmd, main
 from dlwatch.cli.demo_cmd import ADVICE, EXAMPLES, Outcome, examples_dir, table_lines
 from dlwatch.errors import NotFoundError
@@ -141,3 +141,42 @@ def test_demo_bounds_an_example_in_time(tmp_path, monkeypatch):
     o = demo_cmd.run_example("healthy_fast", str(fake), str(tmp_path / "reports"), timeout=1.0)
     assert o.error == "still running after 1 s; killed"
     assert o.output == ["started"] and o.matched is False and o.seconds < 10
+
+
+def _venv_without_numpy(root) -> str:
+    """A fresh venv (no pip, built in a second) seeing this venv's packages, numpy left out, and this
+    dlwatch: what `pip install torch==2.13.0 && pip install .` gives a newcomer who has no numpy."""
+    import torch
+
+    packages = os.path.dirname(os.path.dirname(torch.__file__))
+    farm = root / "packages"
+    farm.mkdir()
+    for name in os.listdir(packages):
+        if not name.lower().startswith("numpy") and not name.endswith(".pth") and name != "__pycache__":
+            os.symlink(os.path.join(packages, name), farm / name)
+    env_dir = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=60)
+    python = str(env_dir / "bin" / "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    with open(os.path.join(purelib, "dlwatch-test.pth"), "w") as f:
+        f.write(f"{REPO}\n{farm}\n")  # read by site at start-up, as an install's would be
+    return python
+
+
+@pytest.mark.slow
+def test_the_demo_shows_no_torch_warning_without_numpy(tmp_path):
+    """The README's demo in a venv without numpy: torch's 'Failed to initialize NumPy' warnings (two of
+    them before the report, before the fix) do not reach the newcomer's screen."""
+    python = _venv_without_numpy(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONWARNINGS", "DLWATCH_DIR")}
+    # the precondition: in this venv, importing torch does warn
+    rc, out, err = run_bounded([python, "-c", "import torch, dlwatch; print(dlwatch.__file__)"], env=env,
+                               cwd=str(tmp_path), timeout=120)
+    assert rc == 0 and "Failed to initialize NumPy" in err, err
+    assert out.strip() == os.path.join(REPO, "dlwatch", "__init__.py")  # this dlwatch
+    rc, out, err = run_bounded([python, "-m", "dlwatch", "demo", "--report-dir", str(tmp_path / "reports")],
+                               env=env, cwd=str(tmp_path), timeout=180)
+    assert rc == 0, (out[-2000:], err[-2000:])
+    assert "STALL (deadlock)" in out  # the demo ran and showed its report
+    assert "Failed to initialize NumPy" not in out + err and "UserWarning" not in out + err, out[:3000]

@@ -136,3 +136,117 @@ def test_any_field_of_any_type_renders_or_is_called_damaged(tmp_path):
     target = tmp_path / "one"
     target.mkdir()
     fuzz_fields(base, paths, target, "report.json", store.load_report, html.render_html)
+
+
+# --------------------------------------------------------------------------- the fd and /dev/shm charts' scale
+
+
+def few_fds_report(n: int = 60) -> dict:
+    """A healthy-looking run: 12 to 40 fds per process against a limit of 20,000, and 50 to 400 MiB of
+    a 64 GiB /dev/shm: drawn on one scale with their limits, both would be flat lines at zero."""
+    r = sampled_report(n)
+    for i, rec in enumerate(r["timeline"]):
+        main, worker = rec["procs"]
+        main.update(num_fds=12 + (28 * i) // (n - 1), fd_limit=20000)
+        worker.update(num_fds=20 + i // 6, fd_limit=20000)
+        rec["system"].update(shm_total=64 << 30, shm_free=(64 << 30) - (50 << 20) - i * (6 << 20))
+    return r
+
+
+def few_fds_summary(n: int = 60) -> tuple[dict, list]:
+    """The same samples as a run summary's page draws them (no incident: no red marker)."""
+    from dlwatch.report import summary as sm
+
+    r = few_fds_report(n)
+    first = r["timeline"][0]["ts"]
+    s = sm.skeleton(run_id="20260101T000000Z-100-abcdef", pid=100, now=first + n, started_at=first)
+    s["workers"] = [{"pid": 101, "worker_id": 0}]
+    return s, r["timeline"]
+
+
+# The share of the plot area's height that a chart's lines span, read from the pixels drawn in its
+# canvas: the rows holding a pixel of one of the chart's series colours, over the plot area's height
+# (uPlot's .u-over, in CSS pixels, times the device pixel ratio).  Only the figures' own lines count:
+# not a dashed reference (a limit), nor a series coloured like a marker (the incident's red, an
+# epoch's grey: full-height vertical lines).
+LINE_SPAN_JS = """() => {
+    const D = JSON.parse(document.getElementById('dlwatch-data').textContent);
+    const marks = new Set(D.markers.map(m => m.color.toLowerCase()));
+    return D.charts.map(c => {
+        const chart = document.getElementById('chart-' + c.id);
+        const canvas = chart.querySelector('canvas'), over = chart.querySelector('.u-over');
+        const colors = c.series.filter(s => !s.dash).map(s => s.color.toLowerCase()).filter(x => !marks.has(x));
+        const rgb = colors.map(h => [1, 3, 5].map(i => parseInt(h.slice(i, i + 2), 16)));
+        const d = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+        let top = null, bottom = null;
+        for (let y = 0; y < canvas.height; y++) {
+            for (let x = 0; x < canvas.width; x++) {
+                const i = 4 * (y * canvas.width + x);
+                if (d[i + 3] > 200 && rgb.some(k => Math.abs(k[0] - d[i]) + Math.abs(k[1] - d[i + 1]) + Math.abs(k[2] - d[i + 2]) < 40)) {
+                    if (top === null) top = y;
+                    bottom = y;
+                    break;
+                }
+            }
+        }
+        return {id: c.id, title: chart.querySelector('.u-title').textContent, measured: colors.length,
+                span: top === null ? 0 : (bottom - top) / (over.clientHeight * devicePixelRatio)};
+    });
+}"""
+
+
+def test_few_fds_under_a_high_limit_get_their_own_scale():
+    data = html.chart_data(few_fds_report())
+    fds, shm = data["charts"][0], next(c for c in data["charts"] if c["id"] == "shm")
+    assert [s["label"] for s in fds["series"]] == ["main (100)", "worker 0 (101)"]  # no limit series
+    assert fds["title"] == "Open file descriptors per process (limit 20,000, not drawn: peak under 1%)"
+    assert [s["label"] for s in shm["series"]] == ["/dev/shm used"]
+    assert shm["title"] == "/dev/shm used (size 64.0 GiB, not drawn: peak under 1%)"
+    # within reach (a quarter of the limit or more), the limit is drawn as before
+    near = sampled_report()  # worker 0 climbs to 974 of 1024 fds; /dev/shm fills to about 46%
+    titles = {c["id"]: (c["title"], [s["label"] for s in c["series"]]) for c in html.chart_data(near)["charts"]}
+    assert titles["fds"] == ("Open file descriptors against the limit, per process",
+                             ["main (100)", "worker 0 (101)", "fd limit"])
+    assert titles["shm"] == ("/dev/shm used against its size", ["/dev/shm used", "/dev/shm size"])
+    # a share of a few percent is said as such
+    assert html._share_text(0.034) == "3%" and html._peak_share([(None, 5.0), (3.0, 0.0), (2.0, 8.0)]) == (0.25, 8.0)
+
+
+@pytest.mark.slow
+def test_fd_chart_in_chromium_shows_the_fds_not_the_limit(tmp_path):
+    """Both pages in headless Chromium: the fd lines (and /dev/shm's) span most of their plot's height."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    browser_path = chromium_path()
+    if browser_path is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run installs it)")
+    pages = {"incident": tmp_path / "incident.html", "summary": tmp_path / "summary.html"}
+    pages["incident"].write_text(html.render_html(few_fds_report()))
+    pages["summary"].write_text(html.render_summary_html(*few_fds_summary()))
+    errors: list[str] = []
+    spans: dict[str, dict] = {}
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+        try:
+            tab = browser.new_page(viewport={"width": 1100, "height": 1000})
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            for name, page in pages.items():
+                tab.goto(f"file://{page}")
+                tab.wait_for_function("document.body.getAttribute('data-charts-drawn') !== null", timeout=30_000)
+                spans.update({f"{name}-{c['id']}": c for c in tab.evaluate(LINE_SPAN_JS)})
+                for chart in ("fds", "shm"):
+                    tab.locator(f"#chart-{chart}").screenshot(path=str(tmp_path / f"{name}-{chart}.png"))
+        finally:
+            browser.close()
+    artifacts = os.environ.get("DLWATCH_ARTIFACT_DIR")
+    if artifacts:  # kept for people to look at
+        os.makedirs(artifacts, exist_ok=True)
+        for name in pages:
+            for chart in ("fds", "shm"):
+                shutil.copy(tmp_path / f"{name}-{chart}.png", os.path.join(artifacts, f"{name}-{chart}.png"))
+    assert errors == []
+    for key in ("incident-fds", "summary-fds", "summary-shm"):
+        s = spans[key]
+        assert s["measured"] >= 1, s  # a series to measure (the incident page's red is its marker's)
+        assert s["span"] >= 0.5, spans  # 12 to 40 fds, 50 to 400 MiB fill their chart: no flat line at zero
+    assert spans["incident-fds"]["title"].startswith("Open file descriptors per process (limit 20,000,")
+    assert spans["summary-shm"]["title"].startswith("/dev/shm used (size 64.0 GiB,")

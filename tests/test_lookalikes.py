@@ -9,6 +9,7 @@ samples concatenated into ``(B*C, H, W)``) must give exactly one
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -279,6 +280,66 @@ def test_seed_case_is_caught(collate, path, others, tmp_path, no_leftovers):
     assert top["playbook"] == "batch-dim-mismatch"
     assert top["evidence"]["shapes"] == {path: [12, 8, 8], **others}
     assert top["evidence"]["batch_index"] == 0 and top["evidence"]["multiple"] == 3
+
+
+# --------------------------------------------------------------------------- time-major, only when marked
+
+
+class SmallImages(Dataset):
+    """Three 4x4 images per sample (views, frames) and a class label."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        return torch.full((3, 4, 4), float(i)), i % 10
+
+
+def test_images_whose_dim_1_equals_the_batch_size_are_caught(tmp_path, no_leftovers):
+    """(12, 4, 4) next to 4 labels: dim 1 is the batch size by chance, nothing marks it time-major."""
+    loader = DataLoader(SmallImages(), batch_size=4, num_workers=2, collate_fn=cat_tuple)
+    n, events, probe = watched_run(loader, tmp_path, epochs=1)
+    assert n == 10
+    (found,) = incidents(str(tmp_path))
+    top = load(found)["findings"][0]
+    assert top["playbook"] == "batch-dim-mismatch"
+    assert top["evidence"]["shapes"] == {"batch[0]": [12, 4, 4], "batch[1]": [4]}
+    assert top["evidence"]["leaf"] == "batch[0]" and top["evidence"]["multiple"] == 3
+
+
+class FixedLongest(Dataset):
+    """Token ids, 2 to 12 of them; every batch of 4 holds one of 12, so T is always 12 = 3 x 4."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        return torch.arange(12 if i % 4 == 0 else 2 + i % 9)
+
+
+def time_major_with_lengths(samples):
+    """An RNN batch: (T, B) from pad_sequence without batch_first, and lengths (B,)."""
+    return torch.nn.utils.rnn.pad_sequence(samples), torch.tensor([len(s) for s in samples])
+
+
+def time_major_with_labels(samples, batch_first=True):
+    """(T, B) tokens padded to 12 (or (B, T)), next to (B,) labels: no lengths in the batch."""
+    padded = torch.nn.utils.rnn.pad_sequence([torch.nn.functional.pad(s, (0, 12 - len(s))) for s in samples],
+                                             batch_first=batch_first)
+    return padded, torch.tensor([len(s) % 2 for s in samples])
+
+
+@pytest.mark.parametrize("collate", [time_major_with_lengths,
+                                     functools.partial(time_major_with_labels, batch_first=False)],
+                         ids=["lengths-vector", "batch_first-False-collate"])
+def test_real_time_major_batches_stay_quiet(collate, tmp_path, no_leftovers):
+    """A healthy look-alike: (12, 4) every batch, marked time-major by its lengths or by its collate."""
+    loader = DataLoader(FixedLongest(), batch_size=4, num_workers=2, collate_fn=collate)
+    first = next(iter(DataLoader(FixedLongest(), batch_size=4, collate_fn=collate)))
+    assert tuple(first[0].shape) == (12, 4)  # the precondition: shaped exactly like the caught case
+    n, events, probe = watched_run(loader, tmp_path)
+    assert n == EPOCHS * 10
+    assert_quiet(tmp_path, events, probe)
 
 
 # --------------------------------------------------------------------------- the ignore option

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from conftest import REPO, TARGETS, kill_session, run_bounded
+from conftest import REPO, TARGETS, in_private_mount_namespace, kill_session, run_bounded
 from dlwatch import config
 from dlwatch.cli import main
 from dlwatch.report import store
@@ -31,9 +31,12 @@ from dlwatch.report import summary as sm
 PID = 4242
 
 
-def run_id(second: int, tag: str | None = None, pid: int = PID) -> str:
-    """A run id as Watch._make_run_dir makes it, at a chosen second of 2026-01-01."""
-    return f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}-{pid}-{tag or secrets.token_hex(3)}"
+def run_id(second: int, tag: str | None = None, pid: int = PID, utc: bool = True) -> str:
+    """A run id as store.new_run_id makes it (``utc=False``: as older dlwatch did, local time
+    without Z), at a chosen second of 2026-01-01."""
+    z = "Z" if utc else ""
+    return (f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}{z}-{pid}-"
+            f"{tag or secrets.token_hex(3)}")
 
 
 def write(report_dir, rid: str) -> str:
@@ -97,6 +100,91 @@ def test_no_runs_dir_or_no_report_dir_is_nothing_to_do(tmp_path):
     assert store.prune_runs(str(tmp_path / "missing"), 1) == []  # logged, never raised
 
 
+# --------------------------------------------------------------------------- UTC ids, DST and time zones
+
+
+@pytest.fixture
+def set_tz():
+    """Set this process's time zone (TZ + tzset, as a rank started in another zone has it); restored after."""
+    before = os.environ.get("TZ")
+
+    def set_to(zone: str) -> None:
+        assert os.path.exists(os.path.join("/usr/share/zoneinfo", zone)), f"no tzdata for {zone}"
+        os.environ["TZ"] = zone
+        time.tzset()
+
+    try:
+        yield set_to
+    finally:
+        if before is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+
+
+# 2026-11-01, America/New_York: at 06:00 UTC the clocks go back from 02:00 EDT to 01:00 EST
+BEFORE_FALL_BACK = 1793512800 - 30 * 60  # 05:30 UTC, 01:30 EDT
+AFTER_FALL_BACK = 1793512800 + 10 * 60  # 06:10 UTC, 01:10 EST: later, yet earlier on the local clock
+
+
+def test_ids_across_a_dst_change_sort_and_prune_by_real_time(tmp_path, set_tz):
+    set_tz("America/New_York")
+    # the precondition that makes this a test: on the local clock the later block looks earlier
+    assert time.strftime("%H%M", time.localtime(BEFORE_FALL_BACK)) == "0130"
+    assert time.strftime("%H%M", time.localtime(AFTER_FALL_BACK)) == "0110"
+    first = store.new_run_id(pid=PID, now=BEFORE_FALL_BACK)
+    second = store.new_run_id(pid=PID, now=AFTER_FALL_BACK)
+    third = store.new_run_id(pid=PID, now=AFTER_FALL_BACK + 60)
+    assert first.startswith("20261101T053000Z-4242-") and second.startswith("20261101T061000Z-4242-")
+    assert store.run_id_time(first) == BEFORE_FALL_BACK and store.run_id_time(second) == AFTER_FALL_BACK
+    for rid in (second, first, third):  # written out of order: the order is the ids'
+        write(tmp_path, rid)
+    assert store.prune_runs(str(tmp_path), 2) == [first]
+    assert summaries(tmp_path) == sorted([second, third])
+
+
+def test_an_id_is_the_same_in_every_time_zone(set_tz):
+    ids = set()
+    for zone in ("UTC", "America/New_York", "Asia/Kolkata", "Etc/GMT-14", "Etc/GMT+12"):
+        set_tz(zone)
+        ids.add(store.new_run_id(pid=7, now=AFTER_FALL_BACK).rsplit("-", 1)[0])
+        assert store.run_id_time(store.new_run_id(now=AFTER_FALL_BACK)) == AFTER_FALL_BACK
+    assert ids == {"20261101T061000Z-7"}
+
+
+def test_old_local_time_ids_are_still_read_listed_ordered_and_pruned(tmp_path, set_tz):
+    """Ids without Z were local time: read in this process's zone, they order among the UTC ones."""
+    set_tz("Asia/Kolkata")  # UTC+05:30, no DST
+    old_early = run_id(3600 * 9, "aaaaaa", utc=False)  # 09:00 IST = 03:30 UTC
+    new_middle = run_id(3600 * 4, "bbbbbb")  # 04:00 UTC
+    old_late = run_id(3600 * 10, "cccccc", utc=False)  # 10:00 IST = 04:30 UTC
+    new_last = run_id(3600 * 5, "dddddd")  # 05:00 UTC
+    assert store.run_id_time(old_early) == store.run_id_time(run_id(3600 * 3 + 1800, "eeeeee"))
+    for rid in (new_last, old_late, new_middle, old_early):
+        write(tmp_path, rid)
+    assert summaries(tmp_path) == sorted([old_early, new_middle, old_late, new_last])  # all listed
+    assert store.prune_runs(str(tmp_path), 2) == [old_early, new_middle]
+    assert summaries(tmp_path) == sorted([old_late, new_last])
+
+
+def test_real_blocks_in_different_time_zones_prune_the_one_that_started_first(tmp_path, set_tz, no_leftovers):
+    """Three real watched blocks, the first in UTC+14, the next two in UTC-12 (ranks in other zones
+    share a report directory).  On local clocks the first looks 26 hours newer than the others; in
+    UTC it is the oldest, and keep_runs=2 removes it."""
+    dl = DataLoader(Squares(), batch_size=4, num_workers=2)
+    ids = []
+    for zone in ("Etc/GMT-14", "Etc/GMT+12", "Etc/GMT+12"):
+        set_tz(zone)
+        with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
+            assert [y.tolist() for _, y in w] == [[0, 1, 4, 9], [16, 25, 36, 49]]
+        ids.append(w.summary["id"])
+    assert all(store.RUN_ID.fullmatch(i) and i.split("-")[0].endswith("Z") for i in ids), ids
+    times = [store.run_id_time(i) for i in ids]
+    assert times == sorted(times)  # ids say UTC: the order they were made in
+    assert summaries(tmp_path) == sorted(ids[1:])
+
+
 # --------------------------------------------------------------------------- hostile look-alikes
 
 
@@ -126,7 +214,7 @@ def test_hostile_look_alikes_are_left_alone_and_not_counted(tmp_path, caplog):
     (runs / plain_file).write_text("not a directory")
     # names that are not exactly a run id, each a directory with a summary.json
     odd = ["notes", run_id(5, "ABCDEF"), run_id(6, "eeeeee") + ".bak", "x" + run_id(7, "eeeeee"),
-           "20260101T000008-12-abcdef0"]
+           "20260101T000008-12-abcdef0", "20260101T000009z-12-abcdef", "20261399T000000Z-12-abcdef"]
     # a summary being written right now
     odd.append(store.TMP_PREFIX + run_id(8, "ffffff") + "-k2j3h4")
     for name in odd:
@@ -208,14 +296,13 @@ def test_a_concurrent_pruner_that_was_first_is_not_an_error(tmp_path, monkeypatc
     ids = [run_id(i) for i in range(4)]
     for rid in ids:
         write(tmp_path, rid)
-    real_rmtree = shutil.rmtree
+    real_remove = store._remove_tree
 
-    def other_pruner_first(path, *args, **kw):
-        real_rmtree(os.path.join(tmp_path, "runs", path))  # the other process, a moment earlier
-        return real_rmtree(path, *args, **kw)
+    def other_pruner_first(dir_fd, name, *args):
+        shutil.rmtree(os.path.join(tmp_path, "runs", name))  # the other process, a moment earlier
+        return real_remove(dir_fd, name, *args)
 
-    other_pruner_first.avoids_symlink_attacks = True
-    monkeypatch.setattr(store.shutil, "rmtree", other_pruner_first)
+    monkeypatch.setattr(store, "_remove_tree", other_pruner_first)
     with caplog.at_level("WARNING", logger="dlwatch"):
         assert store.prune_runs(str(tmp_path), 2) == ids[:2]
     assert summaries(tmp_path) == ids[2:] and "prune_runs" not in caplog.text
@@ -226,17 +313,16 @@ def test_a_late_file_in_a_summary_being_pruned_is_removed_on_a_second_pass(tmp_p
     ids = [run_id(i) for i in range(3)]
     for rid in ids:
         write(tmp_path, rid)
-    real_rmtree = shutil.rmtree
+    real_remove = store._remove_tree
     calls = []
 
-    def late_file_once(path, *args, onerror, **kw):
-        calls.append(path)
+    def late_file_once(dir_fd, name, fs, errors):
+        calls.append(name)
         if len(calls) == 1:  # as if a file arrived between the listing and the final rmdir
-            return onerror(os.rmdir, path, (OSError, OSError(errno.ENOTEMPTY, "Directory not empty"), None))
-        return real_rmtree(path, *args, onerror=onerror, **kw)
+            return errors.append(OSError(errno.ENOTEMPTY, "Directory not empty"))
+        return real_remove(dir_fd, name, fs, errors)
 
-    late_file_once.avoids_symlink_attacks = True
-    monkeypatch.setattr(store.shutil, "rmtree", late_file_once)
+    monkeypatch.setattr(store, "_remove_tree", late_file_once)
     with caplog.at_level("WARNING", logger="dlwatch"):
         assert store.prune_runs(str(tmp_path), 2) == ids[:1]
     assert calls == [ids[0], ids[0]] and summaries(tmp_path) == ids[1:] and "prune_runs" not in caplog.text
@@ -247,11 +333,10 @@ def test_a_removal_that_keeps_failing_is_one_log_line_never_raised(tmp_path, mon
     for rid in ids:
         write(tmp_path, rid)
 
-    def denied(path, *args, onerror, **kw):
-        return onerror(os.rmdir, path, (OSError, PermissionError(errno.EACCES, "Permission denied"), None))
+    def denied(dir_fd, name, fs, errors):
+        errors.append(PermissionError(errno.EACCES, "Permission denied"))
 
-    denied.avoids_symlink_attacks = True
-    monkeypatch.setattr(store.shutil, "rmtree", denied)
+    monkeypatch.setattr(store, "_remove_tree", denied)
     with caplog.at_level("WARNING", logger="dlwatch"):
         assert store.prune_runs(str(tmp_path), 1) == []
     assert summaries(tmp_path) == ids
@@ -381,7 +466,7 @@ def test_dlwatch_run_keep_runs_2_lists_two(tmp_path):
 # --------------------------------------------------------------------------- two pruners at once
 
 WRITER = r"""
-import os, secrets, sys, time
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
 from dlwatch._log import configure_own_process
 from dlwatch.report import store, summary as sm
@@ -390,7 +475,7 @@ report_dir, go, n, keep = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.ar
 while not os.path.exists(go):
     time.sleep(0.005)
 for i in range(n):
-    rid = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+    rid = store.new_run_id()
     path = store.write_summary(report_dir, sm.skeleton(run_id=rid, pid=os.getpid(), now=time.time()),
                                render_markdown=sm.render_markdown)
     # never its own just-written summary; the other process may prune it, if its id is older than keep others
@@ -416,3 +501,178 @@ def test_two_processes_writing_and_pruning_at_once(tmp_path):
         for p in procs:
             kill_session(p.pid, set())
             p.wait()
+
+
+# --------------------------------------------------------------------------- .jobs (multi-rank figures)
+
+NOBODY = 65534
+
+
+def write_job(report_dir, job_id: str, *, rank: int = 0, pid: int = PID, age_s: float | None = None) -> str:
+    """A job's rank figures file as the monitor's real sink writes it; its directory's path.
+    ``age_s``: as if the job's last write was that long ago."""
+    from dlwatch.report.rankfigures import RankFiguresSink
+    from dlwatch.report.sinks import PollState
+
+    store.prepare_report_dir(str(report_dir))
+    sink = RankFiguresSink(str(report_dir), {"job_id": job_id, "rank": rank, "world_size": 2}, pid=pid)
+    now = time.time()
+    sink.close(PollState(now=now, monotonic=time.monotonic(), pid=pid, started_at=now - 5, rank=sink.rank,
+                         heartbeat=None, procs=(), system=None, stalls=0, incidents=0, stalled=False), clean=True)
+    if age_s is not None:
+        os.utime(sink.path, (now - age_s, now - age_s))
+    return os.path.dirname(sink.path)
+
+
+def jobs(report_dir) -> list[str]:
+    return sorted(os.listdir(os.path.join(report_dir, store.JOBS_DIR)))
+
+
+def test_jobs_beyond_keep_go_oldest_last_write_first_and_the_current_job_stays(tmp_path):
+    for i, job in enumerate(["j-a", "j-b", "j-c", "j-d"]):
+        write_job(tmp_path, job, age_s=4000 - 1000 * i)  # j-a written longest ago
+        write_job(tmp_path, job, rank=1, pid=PID + 1, age_s=4000 - 1000 * i)
+    write_job(tmp_path, "j-b", rank=1, pid=PID + 1, age_s=10)  # j-b's rank 1 wrote just now: j-b is recent
+    # the pruning run belongs to j-a (a long job, its last write long ago): it stays
+    assert store.prune_jobs(str(tmp_path), 3, spare="j-a") == ["j-c"]
+    assert jobs(tmp_path) == ["j-a", "j-b", "j-d"]
+    assert store.prune_jobs(str(tmp_path), 2) == ["j-a"]
+    assert store.prune_jobs(str(tmp_path), 2) == []  # at the cap
+    assert store.prune_jobs(str(tmp_path), 0) == [] and jobs(tmp_path) == ["j-b", "j-d"]  # 0 keeps all
+    assert store.prune_jobs(str(tmp_path / "missing"), 1) == []
+
+
+def test_job_look_alikes_links_and_foreign_entries_are_left_alone(tmp_path, caplog):
+    reports = tmp_path / "reports"
+    real = [write_job(reports, f"job{i}", age_s=100 - i) for i in range(3)]
+    root = reports / store.JOBS_DIR
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "rank0-host-1.json").write_text("{}")
+    (victim / "precious.txt").write_text("keep me")
+    os.symlink(victim, root / "linked-job")  # a link named like a job, to a directory holding figures
+    (root / "empty-job").mkdir()  # no figures file: not ours to count
+    (root / "nested-job").mkdir()
+    (root / "nested-job" / "rank0-host-1.json").write_text("{}")
+    (root / "nested-job" / "sub").mkdir()  # rank figures are flat files: a directory means not ours
+    (root / "file-job").write_text("a file named like a job")
+    (root / ".hidden-job").mkdir()
+    (root / ".hidden-job" / "rank0-host-1.json").write_text("{}")
+    # a link planted inside a job of ours: the job goes, the link is unlinked, its target stays
+    os.symlink(victim / "precious.txt", os.path.join(real[0], "rank9-host-9.json"))
+    for d in ("empty-job", "nested-job", ".hidden-job"):
+        os.utime(root / d, (1, 1))  # as old as can be: still not pruned
+    before = set(jobs(reports))
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_jobs(str(reports), 3) == []  # only the three real jobs count
+        assert store.prune_jobs(str(reports), 1) == ["job0", "job1"]
+    assert set(jobs(reports)) == before - {"job0", "job1"}
+    assert (victim / "precious.txt").read_text() == "keep me" and (victim / "rank0-host-1.json").exists()
+    assert os.path.islink(root / "linked-job")
+    assert "prune_jobs" not in caplog.text
+
+
+def test_a_linked_or_shared_jobs_directory_is_not_pruned(tmp_path, caplog):
+    reports = tmp_path / "reports"
+    for i in range(3):
+        write_job(reports, f"job{i}", age_s=100 - i)
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(reports / store.JOBS_DIR, elsewhere)
+    os.symlink(elsewhere, reports / store.JOBS_DIR)
+    with caplog.at_level("WARNING", logger="dlwatch"):
+        assert store.prune_jobs(str(reports), 1) == []
+    assert len(os.listdir(elsewhere)) == 3 and "prune_jobs_failed" in caplog.text
+    os.unlink(reports / store.JOBS_DIR)
+    os.rename(elsewhere, reports / store.JOBS_DIR)
+    os.chmod(reports / store.JOBS_DIR, 0o770)  # writable by the group: someone else could have put things there
+    assert store.prune_jobs(str(reports), 1) == []
+    assert len(jobs(reports)) == 3
+
+
+def test_a_job_made_by_another_user_is_never_removed(tmp_path):
+    """A second uid (nobody, through setpriv) really makes a job directory with a figures file in our
+    .jobs/ while we let it; ours go by the cap, its directory stays and does not count."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv: a second uid makes the directory")
+    import tempfile
+
+    reports = tempfile.mkdtemp(prefix="dlwatch-jobs-", dir="/tmp")  # nobody can reach it once we let it
+    try:
+        mine = [write_job(reports, f"mine{i}", age_s=100 - i) for i in range(3)]
+        root = os.path.join(reports, store.JOBS_DIR)
+        os.chmod(reports, 0o711)
+        os.chmod(root, 0o777)
+        try:
+            out = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c",
+                                  'mkdir -m 700 "$1/theirs" && echo {} > "$1/theirs/rank0-host-1.json" && '
+                                  'touch -d @1 "$1/theirs/rank0-host-1.json"', "sh", root],
+                                 capture_output=True, text=True, timeout=30)
+        finally:
+            os.chmod(root, 0o700)
+            os.chmod(reports, 0o700)
+        assert out.returncode == 0, out.stderr
+        st = os.stat(os.path.join(root, "theirs"))
+        assert st.st_uid == NOBODY and os.path.getmtime(os.path.join(root, "theirs", "rank0-host-1.json")) == 1
+        assert store.prune_jobs(reports, 1) == ["mine0", "mine1"]
+        assert jobs(reports) == ["mine2", "theirs"]
+        assert os.listdir(os.path.join(root, "theirs")) == ["rank0-host-1.json"]
+        assert not os.path.exists(mine[0])
+    finally:
+        shutil.rmtree(reports, ignore_errors=True)
+
+
+MOUNTED = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from dlwatch._log import configure_own_process
+from dlwatch.report import store
+configure_own_process()  # a refusal is a line on stderr
+print(store.prune_jobs(sys.argv[2], 1))
+"""
+
+
+def test_jobs_on_another_filesystem_are_not_pruned(tmp_path):
+    """A job directory that is a mount point, and a .jobs/ that is one: never crossed (st_dev)."""
+    reports = tmp_path / "reports"
+    first = [write_job(reports, f"job{i}", age_s=100 - i) for i in range(3)][0]
+    own_files = os.listdir(first)
+    root = reports / store.JOBS_DIR
+    env = dict(os.environ, PYTHONPATH=REPO)
+    # job0, the oldest, is a tmpfs with a figures file on it; job1 goes, job0 stays and does not count
+    cmd = (f'mount -t tmpfs -o size=1m none "{root}/job0" && echo x > "{root}/job0/rank0-h-1.json" && '
+           f'"{sys.executable}" -c \'{MOUNTED}\' "{REPO}" "{reports}" && ls "{root}/job0"')
+    rc, out, err = in_private_mount_namespace(cmd, env=env, timeout=60)
+    assert rc == 0, err
+    assert out.split("\n")[:2] == ["['job1']", "rank0-h-1.json"], out
+    assert jobs(reports) == ["job0", "job2"]
+    assert os.listdir(first) == own_files  # under the mount, job0's own files were never touched
+    # .jobs/ itself a mount point (another filesystem than the report directory): nothing is pruned
+    write_job(reports, "job3")
+    cmd = (f'mkdir -p "{tmp_path}/other" && mount -t tmpfs -o size=1m none "{tmp_path}/other" && '
+           f'cp -a "{root}/." "{tmp_path}/other/" && mount --bind "{tmp_path}/other" "{root}" && '
+           f'"{sys.executable}" -c \'{MOUNTED}\' "{REPO}" "{reports}" && ls "{root}"')
+    rc, out, err = in_private_mount_namespace(cmd, env=env, timeout=60)
+    assert rc == 0, err
+    assert out.split("\n")[0] == "[]" and sorted(out.split("\n")[1:4]) == ["job0", "job2", "job3"], (out, err)
+    assert "prune_jobs_failed" in err and "another filesystem" in err
+
+
+class _Job(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), torch.tensor(i)
+
+
+def test_a_real_watched_block_in_a_job_prunes_old_jobs_and_keeps_its_own(tmp_path, monkeypatch, no_leftovers):
+    for i, job in enumerate(["old-a", "old-b", "old-c"]):
+        write_job(tmp_path, job, age_s=3000 - 1000 * i)
+    monkeypatch.setenv("DLWATCH_JOB_ID", "current:job")
+    dl = DataLoader(_Job(), batch_size=4, num_workers=2)
+    with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
+        assert [y.tolist() for _, y in w] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert w.summary["rank"]["job_id"] == "current:job"
+    assert jobs(tmp_path) == ["current_job", "old-c"]
+    (figures,) = os.listdir(os.path.join(tmp_path, store.JOBS_DIR, "current_job"))
+    assert figures.startswith("rank-unknown-") and figures.endswith(f"-{os.getpid()}.json")

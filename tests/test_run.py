@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import TARGETS, descendants_of, incidents, kill_session, load, run_bounded, wait_for
+from dlwatch.report.store import RUN_ID
 
 SCRIPT = os.path.join(TARGETS, "plain_train.py")
 
@@ -102,7 +103,8 @@ def test_loader_exception_same_traceback_and_an_incident(tmp_path):
     report = load(found[0])
     assert report["trigger"] == "exception"
     assert "KeyError" in report["exception"]["type"]
-    assert report["config"]["program_run"]
+    run = report["config"]["program_run"]  # shaped like a run id, in UTC
+    assert RUN_ID.fullmatch(run) and run.split("-")[0].endswith("Z"), run
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlwatch.shapes import CONFIRM_BATCHES, BatchShapeProbe, IgnoreKeys, batch_nbytes, leaves
+from dlwatch.shapes import CONFIRM_BATCHES, BatchShapeProbe, IgnoreKeys, batch_nbytes, leaves, marks_time_major
 
 
 def stacked(n: int, c: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +169,8 @@ def test_not_flagged_layouts() -> None:
     # detection-style collate: tuples of per-sample tensors of varying size
     det = (tuple(torch.zeros(3, 10 + i, 12) for i in range(4)),
            tuple({"boxes": torch.zeros(i + 1, 4)} for i in range(4)))
-    # time-major padded sequences (pad_sequence without batch_first) next to labels
-    seq = (torch.zeros(37, 4, 16), torch.zeros(4))
+    # time-major padded sequences (pad_sequence without batch_first) next to their lengths
+    seq = (torch.zeros(36, 4, 16), torch.tensor([36, 20, 9, 31]))
     # scalars and strings ride along
     misc = {"x": torch.zeros(4, 2), "epoch": torch.tensor(3), "name": "run", "n": 7}
     # collate_fn=lambda b: b (a list of samples)
@@ -178,6 +178,69 @@ def test_not_flagged_layouts() -> None:
     probe = BatchShapeProbe(4, False)
     for i, b in enumerate([det, seq, misc, raw]):
         assert probe.check(b, i) is None, i
+
+
+# --------------------------------------------------------------------------- time-major: only when marked
+
+
+def images_in_dim0(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three 4x4 images per sample, concatenated: (3n, 4, 4), dim 1 equal to the batch size by chance."""
+    return torch.zeros(3 * n, 4, 4), torch.tensor([1, 0, 3, 2][:n])
+
+
+def test_dim1_equal_to_the_batch_size_is_no_excuse_without_a_mark() -> None:
+    """(12, 4, 4) next to 4 labels: dim 1 is the batch size, yet nothing says time-major."""
+    assert leaves(images_in_dim0(), 4, 4) == [("batch[0]", (12, 4, 4)), ("batch[1]", (4,))]
+    ev = run(BatchShapeProbe(4, False), [images_in_dim0()] * CONFIRM_BATCHES)
+    assert ev is not None and ev["leaf"] == "batch[0]" and ev["multiple"] == 3
+    # a labels vector is no lengths vector: float, negative, or largest value not T (and not named so)
+    for labels in (torch.tensor([12.0, 1.0, 2.0, 3.0]), torch.tensor([12, -1, 2, 3]), torch.tensor([11, 1, 2, 3])):
+        assert [p for p, _ in leaves((torch.zeros(12, 4, 4), labels), 4, 4)] == ["batch[0]", "batch[1]"], labels
+
+
+def test_a_lengths_vector_marks_time_major() -> None:
+    # pad_sequence pads to the longest: the largest length is T
+    batch = (torch.zeros(12, 4, dtype=torch.long), torch.tensor([12, 3, 7, 5]))
+    assert leaves(batch, 4, 4) == [("batch[1]", (4,))]
+    assert run(BatchShapeProbe(4, False), [batch] * 20) is None
+    # padded to a fixed length: a key that says lengths, every value within T
+    fixed = {"src": torch.zeros(16, 4, 8), "src_lengths": torch.tensor([3, 9, 16, 2], dtype=torch.int32),
+             "label": torch.tensor([0, 1, 1, 0])}
+    assert [p for p, _ in leaves(fixed, 4, 4)] == ["batch['src_lengths']", "batch['label']"]
+    assert run(BatchShapeProbe(4, False), [fixed] * 20) is None
+    # a named lengths vector longer than T is not this tensor's
+    fixed["src_lengths"] = torch.tensor([3, 9, 17, 2])
+    assert "batch['src']" in [p for p, _ in leaves(fixed, 4, 4)]
+    # numpy works the same (anything with .shape, .dtype, .min(), .max())
+    assert leaves((np.zeros((12, 4)), np.array([12, 3, 7, 5])), 4, 4) == [("batch[1]", (4,))]
+
+
+def test_a_batch_first_false_collate_marks_time_major() -> None:
+    import functools
+
+    def collate(samples, batch_first=True):
+        return samples
+
+    class Collator:
+        batch_first = False
+
+        def __call__(self, samples):
+            return samples
+
+    assert marks_time_major(functools.partial(collate, batch_first=False))
+    assert marks_time_major(Collator())
+    assert marks_time_major(functools.partial(functools.partial(collate, batch_first=False), 1))
+    for fn in (collate, functools.partial(collate, batch_first=True), None, len, object()):
+        assert not marks_time_major(fn), fn
+
+    class Hostile:
+        def __getattr__(self, name):
+            raise RuntimeError("no")
+
+    assert not marks_time_major(Hostile())
+    tokens = (torch.zeros(12, 4, dtype=torch.long), torch.tensor([1, 0, 3, 2]))  # fixed T, labels, no lengths
+    assert run(BatchShapeProbe(4, False, time_major=True), [tokens] * 20) is None
+    assert run(BatchShapeProbe(4, False), [tokens] * 20)["leaf"] == "batch[0]"  # the same batch, unmarked
 
 
 def _yolo(counts: list[int]) -> tuple:

@@ -159,7 +159,8 @@ def test_real_summary_pages_in_headless_chromium(real_runs, tmp_path):
         assert s["errors"] == [] and s["dialogs"] == []
         assert s["drawn"] >= 7 and len(s["inked"]) == s["drawn"]
         assert all(n > 2000 for n in s["inked"]), (name, s["inked"])  # lines, not just an empty frame
-        assert s["titles"][0] == "Open file descriptors against the limit, per process"
+        # a healthy run's few fds get their own scale; the limit (far above) is named, not drawn
+        assert s["titles"][0].startswith("Open file descriptors per process (limit "), s["titles"][0]
         assert "CPU per process (cores: CPU seconds per second)" in s["titles"]
         assert os.path.getsize(s["shot"]) > 20_000
     assert "ADVICE" in seen["input_bound"]["text"] and "No advice" in seen["balanced"]["text"]

@@ -6,7 +6,29 @@ an import hook that watches DataLoader iterations once torch's DataLoader is
 imported (dlwatch.runhook), then runs the sitecustomize this one shadows, if any.
 It does nothing when DLWATCH_DISABLE=1 or when the interpreter ignores the
 environment (``-I``/``-E``: dlwatch's own monitor and helpers run so, and are never hooked).
+
+PYTHONPATH reaches every child, also interpreters that are not the program's: the system
+Python the program starts, a tool's own virtualenv.  The bootstrap acts only in an
+interpreter it belongs to: one where ``import dlwatch`` finds the very package ``dlwatch run``
+recorded in ``DLWATCH_RUN_PACKAGE`` (this bootstrap's own package when unset).  Anywhere else
+it stays silent and does nothing (no import of a dlwatch found elsewhere, no warning); the
+sitecustomize it shadows still runs.
 """
+
+
+def _belongs(package: str) -> bool:
+    """Whether ``import dlwatch`` here would load the package ``dlwatch run`` recorded (found, not imported)."""
+    import importlib.util
+    import os
+
+    recorded = os.environ.get("DLWATCH_RUN_PACKAGE") or package  # the name run_cmd.PACKAGE_ENV sets
+    try:
+        spec = importlib.util.find_spec("dlwatch")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin:
+        return False
+    return os.path.realpath(os.path.dirname(spec.origin)) == os.path.realpath(recorded)
 
 
 def _boot() -> None:
@@ -17,9 +39,10 @@ def _boot() -> None:
     # this directory holds nothing else the program should import: take it off the path again
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     try:
-        from dlwatch import runhook
+        if _belongs(os.path.dirname(here)):
+            from dlwatch import runhook
 
-        runhook.install()
+            runhook.install()
     except Exception as exc:  # never stop the program: it runs unwatched
         line = f"dlwatch: warning: could not install the run hook ({type(exc).__name__}: {exc}); " \
                "the program runs unwatched\n"

@@ -258,6 +258,13 @@ def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
     return procs, run
 
 
+def _target_uid(watched: dict[str, Any]) -> int:
+    """The uid whose processes may be signalled: the target's; -1 (none) when it could not be read."""
+    allowed = watched.get("allowed")
+    uid = allowed.uid if isinstance(allowed, _Relation) else None
+    return -1 if uid is None else uid
+
+
 def _no_dump(_name: str) -> bytes | None:
     return None  # no run directory was read: no dump file either
 
@@ -325,7 +332,7 @@ def write_attach_incident(pid: int, out_dir: str, *, duration: float = forensics
                                   expected_workers=expected if isinstance(expected, int) and expected > 0 else (workers or None),
                                   native=native, interval_s=duration,
                                   read_dump=reader.read_one if reader is not None else _no_dump,
-                                  allow=watched.get("allowed"))
+                                  allow=watched.get("allowed"), uid=_target_uid(watched))
     if reader is not None:  # dump files refused while the stacks were taken
         report["notes"].extend(n for n in (f"run directory file refused: {r}" for r in reader.refusals)
                                if n not in report["notes"])

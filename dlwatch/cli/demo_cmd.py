@@ -187,9 +187,17 @@ class Outcome:
         return ", ".join(dict.fromkeys(t or "no playbook matched" for t in self.top_findings))
 
 
+# torch imported without numpy warns (twice, at import) that it could not initialise NumPy; the
+# examples never hand torch a numpy array, so on a newcomer's first screen that is noise before the
+# report.  Silenced for the examples only: -W for the isolated example (-I
+# ignores PYTHONWARNINGS), the variable for the Python processes it starts (torchrun's ranks).
+NUMPY_WARNING = "ignore:Failed to initialize NumPy:UserWarning"
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), NUMPY_WARNING) if w)
     return env
 
 
@@ -198,8 +206,9 @@ def _example_argv(script: str, report_dir: str) -> list[str]:
     this dlwatch is loaded by location and the examples folder (ours) comes first for ``_common``."""
     from dlwatch._spawn import MONITOR_DEPS, python_argv
 
-    return python_argv(script=script, args=["--report-dir", report_dir], first=[os.path.dirname(script)],
+    argv = python_argv(script=script, args=["--report-dir", report_dir], first=[os.path.dirname(script)],
                        deps=(*MONITOR_DEPS, "torch", "numpy"))
+    return [argv[0], "-W", NUMPY_WARNING, *argv[1:]]
 
 
 def _stop_group(proc: "subprocess.Popen[str]") -> None:

@@ -9,6 +9,7 @@
                               ranks only waited for it in a collective, stragglers, the time line
                               (--job-id ID: another job of DIR)
   dlwatch report ID --html    print the path of its report.html (charts over the timeline), writing it if missing
+                              (into a directory of another user, never: a private temporary file instead)
   dlwatch report RUN-ID --html  the same for a run summary (runs/RUN-ID/report.html: charts over the whole run)
 
 The default directory is $DLWATCH_DIR or ./dlwatch-reports, as for dlwatch.watch.
@@ -85,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
             except Exception as exc:  # load_report checked the types the page uses; this is the last line
                 raise ReportError(f"{path} cannot be drawn: {type(exc).__name__}: {exc}",
                                   help="it was not written by a complete dlwatch run; remove it") from None
+        here = os.path.abspath(path)
+        if os.path.commonpath([os.path.abspath(page), here]) != here:
+            print(render.terminal_safe(outbound(
+                f"dlwatch: warning: {path} is not yours (its owner could swap it for a link): nothing was written "
+                f"there; the page went to a private file instead")), file=sys.stderr)
         print(render.terminal_safe(outbound(page)))
         return 0
     if mode == "show":

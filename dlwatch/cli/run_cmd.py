@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
-import time
 
 from dlwatch import config
 from dlwatch.errors import NotFoundError, UsageError
 
+PACKAGE_ENV = "DLWATCH_RUN_PACKAGE"  # read by the bootstrap (dlwatch/_boot/sitecustomize.py)
 BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_boot")
 
 
@@ -81,9 +80,13 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
         env[config.ENV["report_dir"]] = os.path.abspath(config.DEFAULT_REPORT_DIR)
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != BOOT_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *path])
+    # the bootstrap acts only where `import dlwatch` finds this package (another Python is left alone)
+    env[PACKAGE_ENV] = os.path.dirname(BOOT_DIR)
     from dlwatch.runhook import PROGRAM_RUN_ENV
 
-    env.setdefault(PROGRAM_RUN_ENV, f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}")
+    from dlwatch.report.store import new_run_id
+
+    env.setdefault(PROGRAM_RUN_ENV, new_run_id())  # the shape (and UTC) of a run id
     return env
 
 

@@ -143,7 +143,7 @@ def _num(v: Any, unit: str = "") -> str:
 def frame_lines(pid: int, frame: Frame, *, width: int = 80, message: str = "", keys: bool = True) -> list[str]:
     """The screen: at most 24 lines of at most ``width`` characters."""
     rows = frame.rows
-    lines = [f"dlwatch top - pid {pid} - {time.strftime('%H:%M:%S')} - {len(rows)} processes"]
+    lines = [f"dlwatch top - pid {pid} - {time.strftime('%H:%M:%S', time.gmtime())} UTC - {len(rows)} processes"]
     if frame.watched:
         rate = "-" if frame.batch_rate is None else f"{frame.batch_rate:.1f}/s"
         share = "-" if frame.wait_share is None else f"{frame.wait_share:.0%}"

@@ -15,8 +15,10 @@ Python frames, and no thread names.
 
 The default action of a real-time signal is to terminate the process, so the
 monitor signals only pids that reported an installed handler, and it checks the
-pid's caught-signal mask (``SigCgt`` in /proc/<pid>/status) right before
-sending, so that a recycled pid or a process that never installed is not killed.
+pid's caught-signal mask (``SigCgt`` in /proc/<pid>/status) before sending, so
+that a process that never installed is not killed.  The signal goes through a
+handle taken before those checks (``pidhandle``: a pidfd), so that a pid recycled
+after them, while the dump file is read, is never signalled.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from typing import Callable, Mapping
 
 from dlwatch.collect import bounds
+from dlwatch.collect.pidhandle import ProcessHandle, RefusedSignal
 from dlwatch.model import Frame, StackDump, ThreadStack
 
 __all__ = ["DUMP_SIGNAL", "crash_path", "install", "install_crash", "is_handler_installed", "read_crash",
@@ -205,7 +208,7 @@ def _read(path: str) -> bytes:
 def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
                   settle_s: float = 0.05, read: Callable[[str], bytes | None] | None = None,
                   allow: Callable[[int], bool] | None = None,
-                  raw: dict[int, bytes] | None = None) -> dict[int, StackDump]:
+                  raw: dict[int, bytes] | None = None, uid: int | None = None) -> dict[int, StackDump]:
     """Ask each process for a faulthandler dump and parse it; never raises.
 
     Only pids that installed the handler (``install`` returned ``path``) may be
@@ -258,11 +261,18 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         return bounds.trim_dump(StackDump(pid=pid, source="faulthandler", threads=threads, error=error,
                                           duration_s=round(now - start, 6)), cut_at_bytes=cut)
 
+    want_uid = os.geteuid() if uid is None else uid
     for pid, path in pids_to_paths.items():
         pid = int(pid)
+        # taken before the checks: they, and the signal, are about this one process, whatever
+        # happens to its pid meanwhile (reading the dump file can take a while under attach)
+        handle = ProcessHandle.open(pid)
         try:
-            if not os.path.exists(f"/proc/{pid}"):
+            if handle is None:
                 fail(pid, f"process {pid} no longer exists")
+                continue
+            if handle.uid != want_uid:
+                fail(pid, f"process {pid} runs as uid {handle.uid}, not as the target's uid {want_uid} (not signalled)")
                 continue
             if allow is not None and not allow(pid):
                 fail(pid, f"process {pid} is not the target or one of its processes (not signalled)")
@@ -283,15 +293,20 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
                 with open(path, "r+b") as fh:
                     fh.truncate(0)
                 base[pid] = 0
-            os.kill(pid, DUMP_SIGNAL)
+            handle.send(DUMP_SIGNAL, uid=want_uid)
             pending[pid] = path
         except ProcessLookupError:
-            fail(pid, f"process {pid} no longer exists")
+            fail(pid, f"process {pid} no longer exists (not signalled: its pid may be another process's now)")
+        except RefusedSignal as exc:
+            fail(pid, str(exc))
         except PermissionError as exc:
             fail(pid, f"cannot signal process {pid} or write {path}: {exc.strerror}; "
                       "run dlwatch as the same user as the training process")
         except OSError as exc:
             fail(pid, f"faulthandler dump file {path} unusable: {exc.strerror or exc}")
+        finally:
+            if handle is not None:
+                handle.close()
 
     def size(pid: int) -> int:
         if read is None:

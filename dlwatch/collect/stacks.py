@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Sequence
 
 from dlwatch.collect import bounds
+from dlwatch.collect.pidhandle import ProcessHandle, RefusedSignal
 from dlwatch.errors import PTRACE_HELP
 from dlwatch.model import Frame, StackDump, ThreadStack
 
@@ -371,6 +372,8 @@ def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
         # own process group, so that a hung py-spy and anything it started die together
         start_new_session=True,
     )
+    # the process py-spy works on: the one to resume below, never a process that took its pid since
+    resume = ProcessHandle.open(pid)
     try:
         out, err, stopped = _read_bounded(proc, timeout_s)
         if stopped is None:
@@ -381,16 +384,18 @@ def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
         # 0.4) nothing is left stopped; with PTRACE_ATTACH the attach SIGSTOP can
         # still be pending and stop the target for good.  Resume only a target
         # that was running before we started, never one the user stopped.
-        if not was_stopped and _is_stopped(_task_states(pid)):
+        if resume is not None and not was_stopped and _is_stopped(_task_states(pid)):
             try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
+                resume.send(signal.SIGCONT)
+            except (OSError, RefusedSignal):
                 pass
         return (None if stopped == "timeout" else _OVER), out, err
     finally:
         for f in (proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
+        if resume is not None:
+            resume.close()
 
 
 def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0,

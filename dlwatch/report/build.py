@@ -119,7 +119,13 @@ def write_run_summary(summary: dict[str, Any], report_dir: str, *, keep_runs: in
             log.warning("summary_write_failed", report_dir=base, error=str(exc))
     if path is None:
         return None
-    store.prune_runs(os.path.dirname(os.path.dirname(path)), keep_runs, spare=os.path.basename(path))
+    base = os.path.dirname(os.path.dirname(path))
+    store.prune_runs(base, keep_runs, spare=os.path.basename(path))
+    from dlwatch.job import safe_name
+
+    rank = summary.get("rank") if isinstance(summary.get("rank"), dict) else {}
+    job = safe_name(str(rank["job_id"])) if rank.get("job_id") else None
+    store.prune_jobs(base, keep_runs, spare=job)  # multi-rank figures (.jobs/) by the same cap, never this job's
     try:  # nothing is rendered or read in this process: it may be the monitor, with its memory budget
         from dlwatch.report import html
 

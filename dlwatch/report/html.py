@@ -15,7 +15,10 @@ It is rendered outside the monitor: ``spawn_render`` starts a short-lived isolat
 child (``python -I -m dlwatch.report.html DIR``) after an incident is written, and
 ``dlwatch report ID --html`` renders it when it is missing (bench/html_cost.py
 measures both).  Every string from the report is escaped; the file is created
-privately and replaces nothing it did not make.
+privately and replaces nothing it did not make.  The directory is opened once
+(O_NOFOLLOW) and read, written and renamed in through that descriptor; a directory
+of another user (root on a user's incident) gets nothing: the page goes to a
+private temporary directory instead.
 
 A run summary (``runs/<id>/``) gets the same page over the whole run (``render_summary_html``):
 the same charts (``_charts``) with x from the block's start, one series per worker slot, epoch
@@ -28,6 +31,7 @@ child its timeline files open (``--timeline-fd``); the child thins them (``thin_
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import secrets
@@ -40,7 +44,9 @@ from dlwatch.report import display
 
 HTML_NAME = "report.html"
 RENDER_TIMEOUT_S = 60.0
-_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+# Scripts: only the page's own two (uPlot and the drawing code), allowed by their sha256, so that
+# markup that got past the escaping (a class name, a frame, a message) still could not run a script.
+_CSP = "default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data:"
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 
@@ -66,6 +72,25 @@ def _samples(records: Any) -> list[Mapping[str, Any]]:
     out = [r for r in records if isinstance(r, Mapping) and r.get("kind") == "sample" and _num(r.get("ts")) is not None]
     out.sort(key=lambda r: r["ts"])
     return out
+
+
+# A limit (the fd limit, /dev/shm's size) is drawn as a dashed reference only when the figure comes
+# within this share of it: below, one scale for both would press the figure into a flat line at zero
+# (20 fds under a limit of 20,000), so the figure gets its own scale and the title names the limit.
+LIMIT_IN_REACH = 0.25
+
+
+def _peak_share(pairs: Iterable[tuple[float | None, float | None]]) -> tuple[float, float] | None:
+    """(highest value / its limit, that limit) over (value, limit) pairs; None without any limit."""
+    best: tuple[float, float] | None = None
+    for value, limit in pairs:
+        if value is not None and limit is not None and limit > 0 and (best is None or value / limit > best[0]):
+            best = (value / limit, limit)
+    return best
+
+
+def _share_text(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.01 else "under 1%"
 
 
 def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str, Any]], Any],
@@ -115,10 +140,14 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
     if fds:
         limits = [max((v for v in (_num(p.get("fd_limit")) for p in row.values()) if v is not None), default=None)
                   for row in per]
-        if any(v is not None for v in limits):
+        title = "Open file descriptors against the limit, per process"
+        peak = _peak_share(((_num(p.get("num_fds")), _num(p.get("fd_limit"))) for row in per for p in row.values()))
+        if peak is not None and peak[0] >= LIMIT_IN_REACH:
             fds.append({"label": "fd limit", "y": limits, "color": "#000000", "dash": True})
-        charts.append({"id": "fds", "title": "Open file descriptors against the limit, per process",
-                       "unit": "count", "series": fds})
+        elif peak is not None:  # drawn, the limit would flatten the fds into a line at zero
+            title = (f"Open file descriptors per process (limit {peak[1]:,.0f}, not drawn: "
+                     f"peak {_share_text(peak[0])})")
+        charts.append({"id": "fds", "title": title, "unit": "count", "series": fds})
     mem = series(field("rss"), suffix=" RSS") + series(field("uss"), dash=True, suffix=" USS")
     if mem:
         charts.append({"id": "memory", "title": "Memory per process: RSS (solid) and USS (dashed)",
@@ -132,9 +161,14 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
     free = [_num(s.get("shm_free")) for s in systems]
     used = [t - f if t is not None and f is not None else None for t, f in zip(total, free)]
     if any(v is not None for v in used):
-        charts.append({"id": "shm", "title": "/dev/shm used against its size", "unit": "bytes", "series": [
-            {"label": "/dev/shm used", "y": used, "color": _COLORS[1], "dash": False},
-            {"label": "/dev/shm size", "y": total, "color": "#000000", "dash": True}]})
+        shm = [{"label": "/dev/shm used", "y": used, "color": _COLORS[1], "dash": False}]
+        title = "/dev/shm used against its size"
+        peak = _peak_share(zip(used, total))
+        if peak is not None and peak[0] >= LIMIT_IN_REACH:
+            shm.append({"label": "/dev/shm size", "y": total, "color": "#000000", "dash": True})
+        elif peak is not None:
+            title = f"/dev/shm used (size {display.human_bytes(peak[1])}, not drawn: peak {_share_text(peak[0])})"
+        charts.append({"id": "shm", "title": title, "unit": "bytes", "series": shm})
     locked = [_num(s.get("mlocked")) for s in systems]
     if any(v is not None for v in locked):
         charts.append({"id": "mlocked", "title": "Mlocked (pinned memory)", "unit": "bytes", "series": [
@@ -370,10 +404,28 @@ dt{font-weight:600;margin-top:6px} dd{margin:2px 0 6px 18px} pre{background:#f7f
 """
 
 
+def _script_hash(code: str) -> str:
+    import base64
+    import hashlib
+
+    return "'sha256-" + base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+@functools.lru_cache(maxsize=1)
+def _scripts() -> tuple[str, str]:
+    """The page's own scripts, in page order: what the policy allows by hash, nothing else."""
+    return _vendor("uPlot.iife.min.js"), _SCRIPT
+
+
+def csp() -> str:
+    """The page's Content-Security-Policy: nothing fetched, only its own scripts run."""
+    return _CSP.format(hashes=" ".join(_script_hash(code) for code in _scripts()))
+
+
 def _page_head(title: str) -> list[str]:
     """Doctype, the no-fetch policy, the styles and the heading; ``title`` already escaped."""
     return ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">",
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp()}\">",
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
             f"<title>{title}</title>",
             f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
@@ -385,8 +437,9 @@ def _page_end(parts: list[str], notes: Any, data: Any) -> str:
     if notes and isinstance(notes, list):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
-    parts.append(f"<script>{_vendor('uPlot.iife.min.js')}</script>")
-    parts.append(f"<script>{_SCRIPT}</script></body></html>")
+    uplot, draw = _scripts()  # exactly the text the policy hashed
+    parts.append(f"<script>{uplot}</script>")
+    parts.append(f"<script>{draw}</script></body></html>")
     return "".join(parts) + "\n"
 
 
@@ -550,27 +603,59 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
     return _page_end(parts, s.get("notes"), data)
 
 
-def _write_page(directory: str, page: str, name: str = HTML_NAME) -> str:
+def _open_dir(path: str) -> int:
+    """The incident's or run's directory, opened once: every read, write and rename below is relative to it,
+    so swapping the path for a link after the read changes nothing (O_NOFOLLOW refuses a link now)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def is_ours(dir_fd: int) -> bool:
+    """Whether the open directory belongs to the effective uid: only then is the page written into it."""
+    return os.fstat(dir_fd).st_uid == os.geteuid()
+
+
+def _write_elsewhere(page: str, name: str) -> str:
+    """Another user's directory is theirs to swap: the page goes to a fresh private directory instead."""
+    import tempfile
+
     from dlwatch._fs import write_private
 
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}")
-    write_private(tmp, page)  # O_EXCL|O_NOFOLLOW: a name we just made up, never someone's link
+    private = tempfile.mkdtemp(prefix="dlwatch-html-")  # 0700, a new name: nothing planted in advance
+    path = os.path.join(private, name)
+    write_private(path, page)
+    return path
+
+
+def _write_page(dir_fd: int, directory: str, page: str, name: str = HTML_NAME) -> str:
+    """Write ``page`` as ``name`` in the open directory (privately, atomically); return its path.
+
+    Into a directory of another user (root on a user's incident) nothing is written: the page goes
+    to a private temporary file, whose path is returned (the caller says so)."""
+    from dlwatch._fs import write_private
+
+    if not is_ours(dir_fd):
+        return _write_elsewhere(page, name)
+    tmp = f".{name}.{secrets.token_hex(4)}"
+    write_private(tmp, page, dir_fd=dir_fd)  # O_EXCL|O_NOFOLLOW: a name we just made up, never someone's link
     try:
-        os.rename(tmp, final)  # replaces the name, never follows it
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces the name, never follows it
     except BaseException:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dir_fd)
         raise
-    return final
+    return os.path.join(directory, name)
 
 
 def write_html(incident_dir: str) -> str:
-    """Render ``incident_dir``'s report.html (privately, atomically); return its path."""
+    """Render ``incident_dir``'s report.html (privately, atomically); return its path (see _write_page)."""
     from dlwatch.redact import outbound
     from dlwatch.report import store
 
-    report = outbound(store.load_report(incident_dir))
-    return _write_page(incident_dir, render_html(report))
+    fd = _open_dir(incident_dir)
+    try:
+        report = outbound(store.load_report(incident_dir, dir_fd=fd))
+        return _write_page(fd, incident_dir, render_html(report))
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- the run summary's page
@@ -629,12 +714,12 @@ def _read_fd_lines(fd: int) -> Iterable[bytes]:
         yield from f
 
 
-def _read_kept_timeline(run_dir: str) -> list[dict[str, Any]]:
+def _read_kept_timeline(run_dir: str, dir_fd: int) -> list[dict[str, Any]]:
     from dlwatch.errors import DlwatchError
     from dlwatch.report import store
 
     try:  # a regular file, no link, capped: anything else is no samples, never a lost page
-        raw = store.read_regular(os.path.join(run_dir, TIMELINE_NAME), MAX_TIMELINE_BYTES)
+        raw = store.read_regular(os.path.join(run_dir, TIMELINE_NAME), MAX_TIMELINE_BYTES, dir_fd=dir_fd)
     except (DlwatchError, OSError):
         return []
     return thin_samples(raw.splitlines())
@@ -670,24 +755,29 @@ def write_summary_html(run_dir: str, timeline_fds: Sequence[int] = ()) -> str:
     from dlwatch.redact import outbound
     from dlwatch.report import store
 
-    summary = outbound(store.load_summary(run_dir))
-    if timeline_fds:
-        def lines() -> Iterable[bytes]:
-            for fd in timeline_fds:
-                yield from _read_fd_lines(fd)
+    fd = _open_dir(run_dir)
+    try:
+        summary = outbound(store.load_summary(run_dir, dir_fd=fd))
+        if timeline_fds:
+            def lines() -> Iterable[bytes]:
+                for tfd in timeline_fds:
+                    yield from _read_fd_lines(tfd)
 
-        timeline = thin_samples(lines())
-        tmp = os.path.join(run_dir, f".{TIMELINE_NAME}.{secrets.token_hex(4)}")
-        write_jsonl(tmp, timeline)
-        try:
-            os.rename(tmp, os.path.join(run_dir, TIMELINE_NAME))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    else:
-        timeline = _read_kept_timeline(run_dir)
-    page = render_summary_html(summary, outbound(timeline), _incident_times(run_dir, summary))
-    return _write_page(run_dir, page)
+            timeline = thin_samples(lines())
+            if is_ours(fd):  # kept for later drawings only in a directory of ours
+                tmp = f".{TIMELINE_NAME}.{secrets.token_hex(4)}"
+                write_jsonl(tmp, timeline, dir_fd=fd)
+                try:
+                    os.rename(tmp, TIMELINE_NAME, src_dir_fd=fd, dst_dir_fd=fd)
+                except BaseException:
+                    os.unlink(tmp, dir_fd=fd)
+                    raise
+        else:
+            timeline = _read_kept_timeline(run_dir, fd)
+        page = render_summary_html(summary, outbound(timeline), _incident_times(run_dir, summary))
+        return _write_page(fd, run_dir, page)
+    finally:
+        os.close(fd)
 
 
 def is_summary_dir(path: str) -> bool:

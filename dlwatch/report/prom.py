@@ -7,7 +7,9 @@ Two ways, either or both, chosen by environment variables of the training proces
   overwrite each other: each training process writes its own file next to the path,
   ``dlwatch.rank<RANK>.<pid>.prom`` (``dlwatch.<pid>.prom`` outside a job), and removes
   it when its run ends.  The file is private (0600), like every file dlwatch makes:
-  node_exporter must run as the same user or root to read it.
+  node_exporter must run as the same user or root to read it.  The directory must pass
+  the report-directory rules (``_fs.check_shared_dir``: yours or root's, not writable by
+  group or others unless sticky, not a link); otherwise one warning and no textfile.
 - ``DLWATCH_PROM_PORT=9400``: an HTTP endpoint on 127.0.0.1 only, at that port plus
   ``LOCAL_RANK`` (so the ranks of one host do not collide).
 
@@ -21,11 +23,10 @@ per-process ones.  See docs/prometheus.md for the metric list and a Grafana quer
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from typing import Any, Iterator, Mapping
 
-from dlwatch._fs import check_links
+from dlwatch._fs import check_shared_dir
 from dlwatch.report.rankfigures import figures, replace_private
 from dlwatch.report.sinks import PollState, Sink
 
@@ -162,13 +163,8 @@ class PromSink(Sink):
         self._lock = threading.Lock()
         if options.get("file"):
             path = textfile_path(str(options["file"]), rank, pid)
-            directory = os.path.dirname(path)
-            check_links(directory)
-            st = os.stat(directory)
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(f"{directory} is not a directory")
-            if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-                raise PermissionError(f"{directory} is writable by every user: not writing metrics there")
+            # the report-directory rules: a directory another user can change could be swapped for a link
+            check_shared_dir(os.path.dirname(path))
             self.path = path
         port = options.get("port")
         if port is not None:

@@ -27,6 +27,10 @@ The figures (from the heartbeat, which the training loop writes):
   one rank, a hair behind, always waits for data while the others wait in the
   collective, and nobody's workers idle).
 
+Job directories are retained like run summaries: after a run summary is written, the
+oldest beyond ``keep_runs`` go (``store.prune_jobs``: only this user's real directories,
+never across a link or onto another filesystem, never the writer's own job).
+
 (When the per-run summary of issue 10 lands, these figures can come from it; this
 file stays the job view's input.)
 """
@@ -47,10 +51,10 @@ from dlwatch.detect.classify import syscall_category
 from dlwatch.job import safe_name
 from dlwatch.redact import outbound
 from dlwatch.report.sinks import PollState, Sink
+from dlwatch.report.store import JOBS_DIR  # pruned there, by keep_runs (store.prune_jobs)
 
 __all__ = ["JOBS_DIR", "RankFiguresSink", "figures", "read_job_figures", "replace_private"]
 
-JOBS_DIR = ".jobs"
 WRITE_EVERY_S = 5.0
 MAX_FILE_BYTES = 64 << 10
 MAX_FILES = 4096  # ranks of one job read by the job view

@@ -14,6 +14,7 @@ link, never an incident).
 
 from __future__ import annotations
 
+import calendar
 import datetime as _dt
 import errno
 import json
@@ -24,6 +25,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -182,14 +184,17 @@ MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far be
 MAX_DEPTH = 64  # nesting of report.json; schema 1 uses about 10
 
 
-def read_regular(path: str, cap: int) -> bytes:
+def read_regular(path: str, cap: int, *, dir_fd: int | None = None) -> bytes:
     """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, else ReportError.
 
     Never follows a symbolic link at the last component, never blocks on a FIFO or a
     device (O_NONBLOCK, then fstat before the first read), never reads more than ``cap``.
+    With ``dir_fd`` the file is ``path``'s last component in that open directory (``path``
+    names it in messages).
     """
+    name = os.path.basename(path) if dir_fd is not None else path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         raise NotFoundError(f"no report at {path}", help="run `dlwatch report` to list the incidents") from None
     except PermissionError:
@@ -316,16 +321,17 @@ def _load_json_document(path: str, raw: bytes, noun: str, what: str, has_keys: C
     return data
 
 
-def load_report(path: str) -> dict[str, Any]:
+def load_report(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Load and check one report.json (or the directory holding it); ReportError if damaged.
 
     The file may have been written by anyone who can write the report directory: it is
     read only if it is a regular file (no FIFO, no link) within MAX_REPORT_BYTES, nested
-    at most MAX_DEPTH deep, and with the types the renderers rely on.
+    at most MAX_DEPTH deep, and with the types the renderers rely on.  ``dir_fd``: the
+    incident directory ``path`` names, already open; report.json is read in it.
     """
-    if os.path.isdir(path):
+    if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "report.json")
-    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES), "report", "a dlwatch report",
+    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES, dir_fd=dir_fd), "report", "a dlwatch report",
                                lambda d: all(k in d for k in REQUIRED_KEYS), SCHEMA_VERSION)
     problem = _type_problem(data)
     if problem:
@@ -454,14 +460,45 @@ def write_summary(report_dir: str, summary: dict[str, Any], *,
     return final
 
 
-# The run id, as Watch._make_run_dir makes it: <local yyyymmddTHHMMSS>-<pid>-<6 hex>
-RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+# A run id, as new_run_id makes it: <UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>.  Older ids said local
+# time and had no Z: they are still read, listed and pruned (as local time, see run_id_time).
+RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})(?P<utc>Z?)-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
+
+
+def new_run_id(pid: int | None = None, now: float | None = None) -> str:
+    """``<UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>``: the id of a watched block (and of a ``dlwatch run``).
+
+    UTC, so that ids order by time across a DST change and across ranks in other time zones.
+    """
+    when = _dt.datetime.fromtimestamp(time.time() if now is None else now, _dt.timezone.utc)
+    return f"{when:%Y%m%dT%H%M%SZ}-{os.getpid() if pid is None else pid}-{secrets.token_hex(3)}"
+
+
+def run_id_time(run_id: str) -> float | None:
+    """When the block of ``run_id`` started, in seconds since the epoch; None if it is no run id.
+
+    An old id without ``Z`` said local time: it is read in this process's time zone, the best
+    guess there is (right unless the zone changed since, or within a repeated DST hour).
+    """
+    m = RUN_ID.fullmatch(run_id)
+    if m is None:
+        return None
+    try:
+        parsed = _dt.datetime.strptime(m.group("when"), "%Y%m%dT%H%M%S")
+    except ValueError:  # 20261399T... matches the pattern but is no date
+        return None
+    if m.group("utc"):
+        return calendar.timegm(parsed.timetuple())
+    try:
+        return time.mktime(parsed.timetuple()[:8] + (-1,))  # -1: let the zone say whether DST applied
+    except (OverflowError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
 class _Kept:
     name: str
-    key: tuple[str, int, str]
+    key: tuple[float, int, str]
 
 
 def prune_runs(report_dir: str, keep: int, *, spare: str | None = None) -> list[str]:
@@ -476,8 +513,9 @@ def prune_runs(report_dir: str, keep: int, *, spare: str | None = None) -> list[
 
     Oldest first: by the run id's timestamp (when the block started, whole seconds), then by
     when summary.json was written (its mtime, in ns), then by name.  Removal is by directory
-    file descriptor (``shutil.rmtree(..., dir_fd=)``, which never follows a link); where the
-    platform's rmtree cannot do that, nothing is pruned.  Another process pruning the same
+    file descriptor (``_remove_tree``: never follows a link, never enters another mount, so a
+    bind mount inside an old summary keeps its files); where the platform cannot remove by file
+    descriptor (shutil's ``avoids_symlink_attacks`` says so), nothing is pruned.  Another process pruning the same
     directory at the same time is fine: what it removed first is skipped.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
@@ -495,14 +533,17 @@ def _log() -> Any:
     return get_logger("dlwatch.store")
 
 
-def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
+def _prune_runs(report_dir: str, keep: int, spare: str | None, subdir: str = SUMMARIES_DIR,
+                entry: Callable[[int, str, int], _Kept | None] | None = None, event: str = "prune_runs") -> list[str]:
+    """The remover behind prune_runs (and prune_jobs: ``subdir`` ".jobs", its own ``entry`` test)."""
+    entry = entry or _summary_entry
     if not getattr(shutil.rmtree, "avoids_symlink_attacks", False):
-        _log().warning("prune_runs_skipped", report_dir=report_dir,
+        _log().warning(f"{event}_skipped", report_dir=report_dir,
                        reason="shutil.rmtree cannot avoid symlink attacks on this platform")
         return []
     check_report_dir(report_dir)  # ours and private, as when the summary was written
     try:
-        fd = os.open(os.path.join(report_dir, SUMMARIES_DIR),
+        fd = os.open(os.path.join(report_dir, subdir),
                      os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
@@ -510,9 +551,9 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
         st = os.fstat(fd)
         euid = os.geteuid()
         if st.st_uid != euid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise UnsafeDirError(f"{SUMMARIES_DIR}/ is not ours or is writable by others "
+            raise UnsafeDirError(f"{subdir}/ is not ours or is writable by others "
                                  f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
-        runs = [k for k in (_summary_entry(fd, name, euid) for name in os.listdir(fd)) if k is not None]
+        runs = [k for k in (entry(fd, name, euid) for name in os.listdir(fd)) if k is not None]
         excess = len(runs) - keep
         if excess <= 0:
             return []
@@ -523,12 +564,7 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
         for name in victims:
             for attempt in range(3):
                 errors: list[OSError] = []
-
-                def onerror(func: Any, path: str, info: Any, errors: list[OSError] = errors) -> None:
-                    if not isinstance(info[1], FileNotFoundError):  # gone already: another pruner was first
-                        errors.append(info[1])
-
-                shutil.rmtree(name, dir_fd=fd, onerror=onerror)
+                _remove_tree(fd, name, _Fs(st.st_dev, _mount_id(fd)), errors)
                 # a late file (that summary's report.html child still writing) makes rmdir fail: again
                 if not any(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors) or attempt == 2:
                     break
@@ -537,17 +573,80 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None) -> list[str]:
             else:
                 removed.append(name)
         if failures:
-            _log().warning("prune_runs_incomplete", report_dir=report_dir, errors=failures[:3],
+            _log().warning(f"{event}_incomplete", report_dir=report_dir, errors=failures[:3],
                            num_errors=len(failures))
         return removed
     finally:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class _Fs:
+    """The mount ``runs/`` is on: removal never leaves it."""
+    dev: int
+    mount_id: int | None  # None where /proc/self/fdinfo does not say (then st_dev alone decides)
+
+
+def _mount_id(fd: int) -> int | None:
+    """The mount an open file is on (``mnt_id`` in /proc/self/fdinfo): tells a bind mount of the same
+    filesystem, which st_dev cannot."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            for line in f:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _remove_tree(dir_fd: int, name: str, fs: _Fs, errors: list[OSError]) -> None:
+    """Remove the directory ``name`` in ``dir_fd`` and what it holds, by file descriptor, never following
+    a link and never crossing into another mount (a bind mount inside an old summary keeps its files:
+    it is left, and the directories above it with it).  Errors go to ``errors``; an entry already gone
+    (another pruner was first) is not one."""
+    _remove_entry(dir_fd, name, fs, errors)
+
+
+def _remove_entry(dir_fd: int, name: str, fs: _Fs, errors: list[OSError]) -> None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)  # a link is removed, its target untouched
+            return
+        if st.st_dev != fs.dev:
+            raise OSError(errno.EXDEV, f"{name} is on another filesystem (a mount point): left alone")
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        errors.append(exc)
+        return
+    try:
+        mid = _mount_id(fd) if fs.mount_id is not None else None
+        if not os.path.samestat(st, os.fstat(fd)) or mid != fs.mount_id:
+            errors.append(OSError(errno.EXDEV, f"{name} is a mount point or was replaced: left alone"))
+            return
+        for entry in list(os.scandir(fd)):
+            _remove_entry(fd, entry.name, fs, errors)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append(exc)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append(exc)
+
+
 def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
     """The sort key of ``runs/<name>`` if it is a summary this user wrote, else None."""
-    m = RUN_ID.fullmatch(name)
-    if m is None:
+    started = run_id_time(name)
+    if started is None:
         return None
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -564,7 +663,76 @@ def _summary_entry(dir_fd: int, name: str, euid: int) -> _Kept | None:
         return None
     if not stat.S_ISREG(js.st_mode):
         return None
-    return _Kept(name=name, key=(m.group("when"), js.st_mtime_ns, name))
+    return _Kept(name=name, key=(started, js.st_mtime_ns, name))
+
+
+# --------------------------------------------------------------------------- .jobs retention
+
+JOBS_DIR = ".jobs"  # <report_dir>/.jobs/<job>/rank<R>-<host>-<pid>.json (dlwatch.report.rankfigures)
+_JOB_NAME = re.compile(r"[A-Za-z0-9_@-][A-Za-z0-9_.@-]{0,127}")  # what job.safe_name gives
+_FIGURES_NAME = re.compile(r"rank(?:[0-9]{1,10}|-unknown)-[A-Za-z0-9_.@:-]{0,64}-[0-9]{1,10}\.json")
+
+
+def prune_jobs(report_dir: str, keep: int, *, spare: str | None = None) -> list[str]:
+    """Remove the oldest job directories in ``<report_dir>/.jobs/`` beyond ``keep``; return the names removed.
+
+    The rank figures of multi-rank jobs, retained like run summaries (:func:`prune_runs`, whose
+    remover this is, with the same rules and the same cap, ``keep_runs``): never raises, ``keep``
+    <= 0 keeps all, ``spare`` (the job of the run that prunes) counts and is never removed.  A job counts,
+    and may go, only if its name is one ``job.safe_name`` gives, it is a real directory (not a
+    link) owned by the effective uid on the same filesystem as ``.jobs/`` (itself on the report
+    directory's), and it holds only regular files, at least one of them a rank figures file of
+    ours.  Oldest first by the newest figures file's mtime (the job's last write), then by name.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0:
+        return []
+    try:
+        try:
+            jobs_st = os.stat(os.path.join(report_dir, JOBS_DIR), follow_symlinks=False)
+        except FileNotFoundError:
+            return []
+        if jobs_st.st_dev != os.stat(report_dir).st_dev:
+            raise UnsafeDirError(f"{JOBS_DIR}/ is on another filesystem than the report directory")
+        return _prune_runs(report_dir, keep, spare, JOBS_DIR,
+                           lambda fd, name, euid: _job_entry(fd, name, euid, spare), "prune_jobs")
+    except Exception as exc:  # housekeeping: it never fails the run
+        _log().warning("prune_jobs_failed", report_dir=report_dir, error=f"{type(exc).__name__}: {exc}")
+        return []
+
+
+def _job_entry(dir_fd: int, name: str, euid: int, spare: str | None = None) -> _Kept | None:
+    """The sort key of ``.jobs/<name>`` if it is a job directory this user wrote, else None.
+
+    ``spare``, the pruning run's own job, counts even before its first figures file (the monitor
+    writes the summary, and so prunes, before its last figures)."""
+    if _JOB_NAME.fullmatch(name) is None:
+        return None
+    newest = None
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != euid or st.st_dev != os.fstat(dir_fd).st_dev:
+            return None  # a link, another user's, or a mount point: never ours to remove
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            if not os.path.samestat(st, os.fstat(sub)):
+                return None  # replaced between the two looks
+            for child in os.listdir(sub):
+                cst = os.stat(child, dir_fd=sub, follow_symlinks=False)
+                if stat.S_ISLNK(cst.st_mode):
+                    continue  # rmtree unlinks a link, never follows it
+                if not stat.S_ISREG(cst.st_mode) or cst.st_dev != st.st_dev:
+                    return None  # a directory, FIFO or mount point: rank figures are flat files
+                if cst.st_uid == euid and _FIGURES_NAME.fullmatch(child) and (newest is None or cst.st_mtime_ns > newest):
+                    newest = cst.st_mtime_ns
+        finally:
+            os.close(sub)
+    except OSError:  # gone (another pruner) or unreadable: not ours to count
+        return None
+    if newest is None and name == spare:
+        newest = st.st_mtime_ns
+    if newest is None:
+        return None
+    return _Kept(name=name, key=(newest / 1e9, newest, name))
 
 
 MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
@@ -573,18 +741,19 @@ _SUMMARY_TYPES = {"id": str, "created_at": str, "loop": _OPT_DICT, "peaks": _OPT
                   "workers": (list, type(None))}
 
 
-def load_summary(path: str) -> dict[str, Any]:
+def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """Load and check one summary.json (or the run directory holding it); ReportError if damaged.
 
     Read with the care of :func:`load_report`: a regular file only (no link, no FIFO), at
     most MAX_SUMMARY_BYTES, nested at most MAX_DEPTH deep, with the types the renderers use.
+    ``dir_fd``: the run directory ``path`` names, already open; summary.json is read in it.
     """
     from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
 
-    if os.path.isdir(path):
+    if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "summary.json")
     try:
-        raw = read_regular(path, MAX_SUMMARY_BYTES)
+        raw = read_regular(path, MAX_SUMMARY_BYTES, dir_fd=dir_fd)
     except NotFoundError:
         raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
     data = _load_json_document(path, raw, "summary", "a dlwatch run summary",
