@@ -225,6 +225,25 @@ def rng_states() -> dict[str, str]:
             "numpy": digest(list(np.random.get_state()))}
 
 
+def process_state() -> dict[str, Any]:
+    """What a library could change in the process behind the program's back: signal handlers,
+    faulthandler, the start method, torch's threads and sharing strategy."""
+    import faulthandler
+    import multiprocessing
+    import signal
+
+    def name(handler: Any) -> str:
+        return getattr(handler, "__qualname__", None) or str(handler)
+
+    return {"signals": {sig.name: name(signal.getsignal(sig)) for sig in
+                        (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+                         signal.SIGPIPE, signal.SIGHUP)},
+            "faulthandler": faulthandler.is_enabled(),
+            "start_method": multiprocessing.get_start_method(allow_none=True),
+            "torch_threads": torch.get_num_threads(),
+            "sharing_strategy": torch.multiprocessing.get_sharing_strategy()}
+
+
 def workers_alive() -> int:
     """DataLoader worker processes still running below this process (the shape's loaders are gone)."""
     import psutil
@@ -284,7 +303,7 @@ def run_shape(name: str) -> None:
     gc.collect()
     record = {"shape": name, "batches": trace.batches, "notes": trace.notes, "calls": dict(sorted(CALLS.items())),
               "worker_calls": _worker_counts(name), "rng": rng_states(), "escaped": escaped,
-              "workers_alive": workers_alive()}
+              "workers_alive": workers_alive(), "process": process_state()}
     print("TRACE " + json.dumps(record, sort_keys=True), flush=True)
 
 
