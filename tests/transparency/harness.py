@@ -42,9 +42,9 @@ GROUPS: dict[str, Group] = {
     # fork (the Linux default on 3.11), two workers: everything that can share one process
     "fork": Group(shapes=(
         "super-iter-subclass", "len-override", "lightning-style-fetcher", "infinite-loader", "distributed-sampler",
-        "custom-batch-sampler", "batch-size-none", "iterable-uneven-shards", "persistent-workers", "zipped-loaders",
+        "custom-batch-sampler", "batch-size-none", "iterable-uneven-shards", "dataset-rng-objects", "persistent-workers", "zipped-loaders",
         "background-thread", "break-after-n", "peek-then-train", "while-true-epochs", "pin-memory",
-        "worker-exception-caught", "collate-exception-caught", "worker-init-exception-caught", "nested-eval-loader",
+        "worker-exception-caught", "body-exception-caught", "collate-exception-caught", "worker-init-exception-caught", "nested-eval-loader",
         "num-workers-0")),
     # workers that are not forked from the program: their own process, so no fork-only state leaks in
     "start-methods": Group(shapes=("spawn-context", "forkserver-context")),

@@ -503,6 +503,44 @@ def iterable_uneven_shards(t: Trace) -> None:
                 t.batch(b)
 
 
+class Augment:
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(2)
+
+
+class StatefulSamples(Samples):
+    """RNG objects made in __init__ (each worker gets a copy with the same state) and a lazily
+    opened resource behind a property: dlwatch's RNG fingerprints must read, never draw or open."""
+
+    def __init__(self) -> None:
+        super().__init__(16)
+        self.py_rng = random.Random(1)
+        self.np_state = np.random.RandomState(3)
+        self.gen = torch.Generator().manual_seed(4)
+        self.aug = Augment()
+
+    @property
+    def handle(self) -> str:
+        _worker_count("handle")  # counted wherever it happens
+        return "opened"
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        sample = super().__getitem__(i)
+        own = [self.py_rng.random(), float(self.np_state.rand()), float(torch.rand(1, generator=self.gen)),
+               float(self.aug.rng.random())]
+        sample["own"] = torch.tensor(own, dtype=torch.float64)
+        return sample
+
+
+@shape
+def dataset_rng_objects(t: Trace) -> None:
+    dl = loader(StatefulSamples())
+    with watch(dl) as batches:
+        for epoch in range(2):
+            for b in pick(dl, batches):
+                t.batch(b)
+
+
 @shape
 def persistent_workers(t: Trace) -> None:
     dl = loader(persistent_workers=True)
@@ -598,6 +636,20 @@ def worker_exception_caught(t: Trace) -> None:
                     open_gate()
         except ValueError as exc:
             t.caught(exc)
+
+
+@shape
+def body_exception_caught(t: Trace) -> None:
+    """The loop body raises; the program catches it outside the with block (the watch sees it leave)."""
+    dl = loader()
+    try:
+        with watch(dl) as batches:
+            for i, b in enumerate(pick(dl, batches)):
+                t.batch(b)
+                if i == 2:
+                    raise KeyError("label 7 is not in the vocabulary")
+    except KeyError as exc:
+        t.caught(exc)
 
 
 @shape
