@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import REPO, load, run_to_end
+from conftest import cpu_starved, REPO, load, run_to_end
 
 EXAMPLES = os.path.join(REPO, "examples")
 EXAMPLE_TIMEOUT_S = 60  # the examples promise to end by themselves within this
@@ -367,8 +367,13 @@ def test_balanced_run_earns_no_advice(report_dir):
     run = run_example("balanced", report_dir)
     assert run.reports == []
     s = _summary(run)
-    assert s["advice"] == [] and s["preflight"] == []
-    assert s["loop"]["epochs"] == 3 and s["loop"]["steady_data_wait_share"] < 0.2
+    assert s["preflight"] == [] and s["loop"]["epochs"] == 3
+    starved = cpu_starved(s)
+    if starved and s["advice"]:
+        # the premise (two workers get the CPU they need) did not hold: input-bound was earned
+        assert [f["playbook"] for f in s["advice"]] == ["input-bound"], s["advice"]
+        pytest.skip(f"the machine was too loaded for a balanced run: {starved}")
+    assert s["advice"] == [] and s["loop"]["steady_data_wait_share"] < 0.2
     assert s["loop"]["steady_data_wait_s"] + s["loop"]["body_s"] >= 5  # long enough that input-bound was judged
     assert "dlwatch:" not in run.stderr and "no advice" in run.stdout
 

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from conftest import REPO, chromium_path, batches_of, descendants_of, fuzz_fields, kill_session, wait_for
+from conftest import cpu_starved, REPO, chromium_path, batches_of, descendants_of, fuzz_fields, kill_session, wait_for
 from dlwatch.cli import main
 from dlwatch.report import html, store
 from dlwatch.report import summary as sm
@@ -99,11 +99,18 @@ def test_real_runs_get_a_small_private_page_with_the_whole_run(real_runs):
             assert "<code>input-bound</code>" in page and "What to do" in page
             assert "cpu-saturated" in page  # the evidence, through display (no Python repr)
             assert "{&#x27;running" not in page and "{'running" not in page  # a table or words, no repr
-            # the worker runs flat out: about one core most of the run
-            assert max(v for v in cpu["worker 0"]["y"] if v is not None) > 0.5
+            # the worker runs flat out: the chart draws the CPU it got (the summary's mean, as a peak at
+            # least; how much that is depends on the machine's other load)
+            w0 = next(w for w in s["workers"] if w["worker_id"] == 0)
+            assert max(v for v in cpu["worker 0"]["y"] if v is not None) >= 0.9 * w0["cpu_util"] > 0, w0
         else:
-            assert s["advice"] == []
-            assert "No advice" in page and "No preflight finding." in page
+            starved = cpu_starved(s)
+            if starved and s["advice"]:  # a loaded machine made it input-bound: the page says that instead
+                assert [f["playbook"] for f in s["advice"]] == ["input-bound"] and "<code>input-bound</code>" in page
+            else:
+                assert s["advice"] == []
+                assert "No advice" in page
+            assert "No preflight finding." in page
             epochs = [m["label"] for m in data["markers"]]
             # three epochs: each one's start marked (the first only when a sample came before it)
             assert epochs[-2:] == ["epoch 2", "epoch 3"] and epochs in (["epoch 1", "epoch 2", "epoch 3"], epochs[-2:])
@@ -163,7 +170,12 @@ def test_real_summary_pages_in_headless_chromium(real_runs, tmp_path):
         assert s["titles"][0].startswith("Open file descriptors per process (limit "), s["titles"][0]
         assert "CPU per process (cores: CPU seconds per second)" in s["titles"]
         assert os.path.getsize(s["shot"]) > 20_000
-    assert "ADVICE" in seen["input_bound"]["text"] and "No advice" in seen["balanced"]["text"]
+    assert "ADVICE" in seen["input_bound"]["text"]
+    with open(os.path.join(real_runs["balanced"], "summary.json")) as f:
+        balanced = json.load(f)
+    # the balanced run earns no advice unless the machine starved its workers (see conftest.cpu_starved)
+    assert ("No advice" in seen["balanced"]["text"]) == (balanced["advice"] == []), balanced["advice"]
+    assert balanced["advice"] == [] or cpu_starved(balanced), balanced["advice"]
 
 
 # --------------------------------------------------------------------------- hostile strings
