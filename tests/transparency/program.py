@@ -83,19 +83,19 @@ def _worker_counts(shape: str) -> dict[str, list[int]]:
         return out
     for name in sorted(os.listdir(COUNT_DIR)):
         stem, _, what = name.rpartition(".")
-        if stem == shape:
+        if stem == shape and not what.startswith("gate"):
             with open(os.path.join(COUNT_DIR, name)) as f:
                 out[what] = sorted(int(x) for x in f.read().split())
     return out
 
 
-def open_gate() -> None:
+def open_gate(gate: str = "gate") -> None:
     """The main process has every batch before the failing one (see gate_wait)."""
     if COUNT_DIR:
-        os.close(os.open(os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.gate"), os.O_WRONLY | os.O_CREAT, 0o600))
+        os.close(os.open(os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.{gate}"), os.O_WRONLY | os.O_CREAT, 0o600))
 
 
-def gate_wait() -> None:
+def gate_wait(gate: str = "gate") -> None:
     """Called by a worker before it raises: wait until the main process has every earlier batch.
 
     Where the main process meets a worker's exception decides the traceback's frames (torch takes a
@@ -104,7 +104,7 @@ def gate_wait() -> None:
     """
     import time
 
-    path = os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.gate")
+    path = os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.{gate}")
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
         if time.monotonic() > deadline:
@@ -169,7 +169,10 @@ def worker_init(worker_id: int) -> None:
 
 def bad_worker_init(worker_id: int) -> None:
     _worker_count("worker_init_fn")
-    if worker_id == 0:  # its error is the answer to the first batch: no earlier batch to wait for
+    if worker_id != 0:
+        open_gate("gate-init")
+    else:  # its error is the answer to the first batch: no earlier batch to wait for
+        gate_wait("gate-init")  # but the other worker's init has run (the error shuts it down: it might not have)
         raise OSError("worker_init_fn could not open the shard index")
 
 
