@@ -773,6 +773,17 @@ class Watch:
             _unhide(exc)
             raise
 
+    def __len__(self) -> int:
+        # the `as` form stands in for the loader: a progress bar (tqdm) asks len() of what it wraps
+        loader = self._loader
+        if loader is None:
+            raise TypeError("dlwatch.watch: the watched object has a length only inside its `with` block")
+        return len(loader)
+
+    def __bool__(self) -> bool:
+        # with __len__ defined, truth would be len(): keep the loader's own (a generator is true, has no len)
+        return bool(self._loader) if self._loader is not None else True
+
     def _before_iter(self) -> None:
         held = _hold_sigchld()
         try:
