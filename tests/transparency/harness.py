@@ -231,37 +231,11 @@ class Known:
     hide: Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def _without_dataset_len(trace: dict[str, Any]) -> dict[str, Any]:
-    calls = {k: v for k, v in trace.get("calls", {}).items() if k != "Dataset.__len__"}
-    return {**trace, "calls": calls}
-
-
-_HOOK_FRAME = re.compile(r'  File "[^"]*/dlwatch/worker_hook\.py", line \d+, in \w+\n(?:    .*\n)*')
-
-
-def _without_worker_hook_frames(trace: dict[str, Any]) -> dict[str, Any]:
-    def strip(v: Any) -> Any:
-        if isinstance(v, str):
-            return _HOOK_FRAME.sub("", v)
-        if isinstance(v, list):
-            return [strip(x) for x in v]
-        if isinstance(v, dict):
-            return {k: strip(x) for k, x in v.items()}
-        return v
-
-    return {**trace, "notes": strip(trace.get("notes", [])), "escaped": strip(trace.get("escaped"))}
-
-
-KNOWN: tuple[Known, ...] = (
-    Known("dataset-len",
-          "a watch calls the dataset's __len__, which the bare program never does here: "
-          "agent.loader_config (len(dataset), for the report) and the shape probe (len(loader.sampler))",
-          _without_dataset_len),
-    Known("worker-hook-frames",
-          "an exception raised by the user's worker_init_fn or collate_fn carries dlwatch/worker_hook.py's "
-          "__call__ frame in the worker traceback that torch puts in the message the program sees",
-          _without_worker_hook_frames),
-)
+# Divergences found and not fixed yet, each hidden from the comparison and checked on its own
+# (test_known_divergence_still_there), so the list cannot go stale.  Fixed so far: the run hook
+# re-entering a subclass's __iter__, len() of the `as` form, the dataset's __len__ called by the
+# watch, dlwatch's frame in a worker's traceback (worker_init_fn, collate_fn).
+KNOWN: tuple[Known, ...] = ()
 
 
 def comparable(trace: dict[str, Any], *, keep: str | None = None) -> dict[str, Any]:

@@ -116,12 +116,10 @@ def test_only_dlwatchs_own_lines_leave_stderr():
         "the program says dlwatch: kept too", "DataLoader worker (pid N) exited unexpectedly"]
 
 
-def test_known_divergences_hide_only_their_own_field():
+def test_every_field_is_compared():
+    """Each divergence found so far is fixed (harness.KNOWN is empty): the comparison hides nothing,
+    so dataset __len__ calls and worker tracebacks count as in any other field."""
     trace = {"calls": {"Dataset.__len__": 3, "collate_fn": 2}, "escaped": None,
-             "notes": [["caught", {"message": 'x\n  File "/a/dlwatch/worker_hook.py", line 60, in __call__\n'
-                                              '    self.user_fn(worker_id)\n  File "/p/train.py", line 9, in init\n'}]]}
-    hidden = comparable(trace)
-    assert hidden["calls"] == {"collate_fn": 2}
-    assert hidden["notes"] == [["caught", {"message": 'x\n  File "/p/train.py", line 9, in init\n'}]]
-    assert comparable(trace, keep="dataset-len")["calls"] == trace["calls"]
-    assert differences(hidden, comparable({**trace, "calls": {"collate_fn": 3}})) != []
+             "notes": [["caught", {"message": 'x\n  File "/a/dlwatch/worker_hook.py", line 60, in __call__\n'}]]}
+    assert comparable(trace) == trace
+    assert differences(comparable(trace), comparable({**trace, "calls": {"Dataset.__len__": 4, "collate_fn": 2}}))
