@@ -358,6 +358,7 @@ class Watch:
         # `dlwatch run`: the watch covers one iteration whose iterator it builds itself (iterate_with);
         # the loader object is left as it is (no class swap, its hooks set only while torch builds it)
         self.iteration_only = False
+        self._hooked_own: dict[str, bool] = {}  # whether the loader held worker_init_fn/collate_fn itself
 
     @property
     def monitor_pid(self) -> int | None:
@@ -540,20 +541,24 @@ class Watch:
                                              rng_depth=self._hook.rng_depth)
 
     def _set_hooks(self, loader: Any) -> None:
+        # which attributes the loader held itself: one that only read through to a wrapped loader
+        # (accelerate's adapter) must not stay behind as an attribute of its own after the block
+        own = getattr(loader, "__dict__", {})
+        self._hooked_own = {name: name in own for name in ("worker_init_fn", "collate_fn")}
         if self._hook is not None:
             loader.worker_init_fn = self._hook
         if self._collate_hook is not None:
             loader.collate_fn = self._collate_hook
 
     def _unset_hooks(self, loader: Any) -> None:
-        if self._hook is not None and getattr(loader, "worker_init_fn", None) is self._hook:
+        for name, hook in (("worker_init_fn", self._hook), ("collate_fn", self._collate_hook)):
+            if hook is None or getattr(loader, name, None) is not hook:
+                continue
             try:
-                loader.worker_init_fn = self._hook.user_fn
-            except Exception:
-                pass
-        if self._collate_hook is not None and getattr(loader, "collate_fn", None) is self._collate_hook:
-            try:
-                loader.collate_fn = self._collate_hook.user_fn
+                if self._hooked_own.get(name, True):
+                    setattr(loader, name, hook.user_fn)
+                else:
+                    del loader.__dict__[name]
             except Exception:
                 pass
 
