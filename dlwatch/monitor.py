@@ -31,7 +31,7 @@ from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
-from dlwatch.detect.classify import syscall_category
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.detect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader

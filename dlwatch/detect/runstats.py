@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from dlwatch.detect.classify import syscall_category
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.heartbeat import STATE_BODY, Heartbeat
 from dlwatch.model import GpuSample, ProcSample, SystemSample
 

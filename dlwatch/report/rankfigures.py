@@ -46,8 +46,8 @@ from typing import Any, Mapping
 
 from dlwatch import heartbeat as hbmod
 from dlwatch._fs import _write_all, create_private, make_private_dir
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.errors import ReportError
-from dlwatch.detect.classify import syscall_category
 from dlwatch.job import safe_name
 from dlwatch.redact import outbound
 from dlwatch.report.sinks import PollState, Sink
