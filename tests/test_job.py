@@ -14,6 +14,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from dlwatch._fs import replace_private
 from dlwatch.cli import main as cli_main
 from dlwatch.detect import straggler
 from dlwatch.detect.classify import classify_stall, collective_from_stack, waiting_in_from_stack
@@ -212,7 +213,7 @@ def _figures(rdir: str, job: str, rank: int, *, share: float, rate: float, batch
            "step_s": 1.0, "data_wait_share": share, "batch_rate_per_s": rate, "first_batch_s": first,
            "first_batch_exact": True, "stalls": 0, "incidents": 0, "stalled": False,
            "worker_idle_share": idle, "worker_reads": 40 if idle is not None else 0}
-    rankfigures.replace_private(os.path.join(d, f"rank{rank}-node{rank}-{100 + rank}.json"), json.dumps(rec).encode())
+    replace_private(os.path.join(d, f"rank{rank}-node{rank}-{100 + rank}.json"), json.dumps(rec).encode())
 
 
 def test_job_view_names_origin_and_waiters(tmp_path) -> None:

@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import stat
 from typing import Any, Mapping
 
 from dlwatch import heartbeat as hbmod
-from dlwatch._fs import _write_all, create_private, make_private_dir
+from dlwatch._fs import make_private_dir, replace_private
 from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.errors import ReportError
 from dlwatch.job import safe_name
@@ -53,34 +52,11 @@ from dlwatch.redact import outbound
 from dlwatch.report.sinks import PollState, Sink
 from dlwatch.report.store import JOBS_DIR  # pruned there, by keep_runs (store.prune_jobs)
 
-__all__ = ["JOBS_DIR", "RankFiguresSink", "figures", "read_job_figures", "replace_private"]
+__all__ = ["JOBS_DIR", "RankFiguresSink", "figures", "read_job_figures"]
 
 WRITE_EVERY_S = 5.0
 MAX_FILE_BYTES = 64 << 10
 MAX_FILES = 4096  # ranks of one job read by the job view
-
-
-def replace_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a new private file next to it, renamed over it.
-
-    rename(2) replaces whatever is at ``path`` (a link included: the link itself, never
-    its target) and the reader sees the old or the new file, never a partial one.
-    """
-    head, name = os.path.split(path)
-    tmp = os.path.join(head, f".{name}.tmp-{secrets.token_hex(4)}")
-    fd = create_private(tmp)
-    try:
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def figures(hb: hbmod.Heartbeat | None, since: tuple[int, float, float] | None = None) -> dict[str, Any]:
@@ -146,7 +122,7 @@ class RankFiguresSink(Sink):
 
     def _write(self, state: PollState, *, ended: bool) -> None:
         data = json.dumps(outbound(self.record(state, ended=ended)), indent=1).encode("utf-8", "surrogateescape")
-        replace_private(self.path, data)
+        replace_private(self.path, data, fsync=False)
         self.last_write = state.monotonic
 
     def _track_workers(self, state: PollState) -> None:
