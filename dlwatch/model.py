@@ -192,15 +192,6 @@ class StackDump(_ToDict):
 
 
 @dataclass(frozen=True)
-class ExceptionInfo(_ToDict):
-    type: str  # qualified name, e.g. "builtins.OSError"
-    message: str
-    errno: int | None = None
-    traceback: str = ""
-    from_loader: bool = False  # raised by the DataLoader's next(), not the loop body
-
-
-@dataclass(frozen=True)
 class Finding(_ToDict):
     playbook: str  # playbook id, kebab-case, stable
     title: str

@@ -54,7 +54,6 @@ MEM_FAST_FAULT_BYTES = 16 << 20  # minor faults x page size since the last read 
 MEM_FAST_MAX = 8
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
-WORKER_COMM = "pt_data_worker"
 
 
 @dataclass

@@ -541,11 +541,3 @@ def comm(pid: int) -> str | None:
         return _read(f"/proc/{pid}/comm").strip()
     except (_Gone, OSError):
         return None
-
-
-def start_time(pid: int) -> int | None:
-    """Clock ticks since boot; with the pid, it names a process uniquely (pids are reused)."""
-    try:
-        return int(parse_stat(_read(f"/proc/{pid}/stat"))["starttime"])  # type: ignore[call-overload]
-    except (_Gone, OSError, ValueError):
-        return None
