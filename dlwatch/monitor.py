@@ -35,7 +35,7 @@ from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.detect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
-from dlwatch.model import ProcSample, SystemSample
+from dlwatch.model import ProcSample, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
@@ -57,14 +57,10 @@ MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten
 
 
 @dataclass
-class Tracked:
-    pid: int
-    role: str  # main, worker, other
-    worker_id: int | None = None
-    start_method: str | None = None
-    dump_path: str | None = None  # faulthandler file, when the process installed it
+class Tracked(TrackedProcess):
+    """A tracked process with what the monitor keeps about it between polls."""
+
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
-    gone: bool = False
     fds_at_detail: int | None = None  # num_fds when the fd breakdown was last read
     last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
     detail_poll: int = -(10**9)

@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Row:
+    # one line of the screen: formatted figures of a tracked process (model.TrackedProcess), not one
     pid: int
     role: str
     state: str

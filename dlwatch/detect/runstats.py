@@ -42,6 +42,8 @@ MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay 
 
 @dataclass
 class _Proc:
+    # Not the tracked process (model.TrackedProcess): figures that outlive it (a worker of an
+    # earlier epoch stays in the summary after the monitor forgot it), keyed by pid.
     pid: int
     role: str
     worker_id: int | None = None
