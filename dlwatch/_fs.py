@@ -11,6 +11,8 @@ and uses an existing directory only when no other user can change it.
 - ``check_report_dir`` says whether an existing directory may hold reports.
 - ``create_private`` creates a file with O_CREAT|O_EXCL|O_NOFOLLOW;
   ``open_private`` appends to one only when it is a regular file of ours.
+- ``replace_private`` (a file) and ``publish_private_dir`` (a directory) are the one
+  write-temporary-then-rename: readers see the old or the new whole, never a part.
 - Everything written goes through ``dlwatch.redact.outbound`` on its way out.
 """
 
@@ -18,8 +20,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import stat
-from typing import Any, Iterable
+import tempfile
+from typing import Any, Callable, Iterable
 
 from dlwatch.redact import outbound, outbound_bytes
 
@@ -266,3 +271,55 @@ def write_jsonl(path: str, records: Iterable[Any], *, dir_fd: int | None = None)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_private(name: str, data: bytes, *, dir_fd: int | None = None, fsync: bool = True) -> None:
+    """Put ``data`` at ``name`` atomically: a new private file next to it, renamed over it.
+
+    The temporary is made like every file here (``create_private``: a fresh random name,
+    O_EXCL|O_NOFOLLOW, 0600), so nothing planted in advance is written through; rename(2)
+    replaces whatever is at ``name`` (a link included: the link itself, never its target) and
+    a reader sees the old or the new file, never a partial one.  On any failure the temporary
+    is removed and the error raised.  ``dir_fd``: ``name`` is a name in that open directory
+    (never re-resolved through a path).  ``data`` is written as given: callers redact it
+    (``outbound_bytes``, ``json_line``).  ``fsync=False`` for files rewritten every few
+    seconds whose loss in a crash costs nothing (rank figures, metrics): a sync on a busy
+    disk would stall the monitor's loop.
+    """
+    head, base = os.path.split(name)
+    tmp = os.path.join(head, f".{base}.tmp-{secrets.token_hex(4)}")
+    fd = create_private(tmp, dir_fd=dir_fd)
+    try:
+        try:
+            _write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def publish_private_dir(parent: str, name: str, fill: Callable[[str], None], *, tmp_prefix: str) -> str:
+    """Create ``parent/name`` whole: ``fill`` writes into a fresh private directory that is then renamed.
+
+    The staging directory is ``mkdtemp``'s (``tmp_prefix`` + ``name`` + random: listings skip the
+    prefix), 0700 and checked.  rename(2) onto an existing non-empty directory fails (EEXIST or
+    ENOTEMPTY), so nothing already published is overwritten; the caller picks another name.  On
+    any failure the staging directory is removed and the error raised.  Returns the final path.
+    """
+    final = os.path.join(parent, name)
+    tmp = tempfile.mkdtemp(prefix=tmp_prefix + name + "-", dir=parent)
+    try:
+        verify_created(tmp)
+        fill(tmp)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 from dlwatch.collect import bounds, faultdump, procfs, stacks
 from dlwatch.detect.classify import ProcessObservation, classify_stall
-from dlwatch.model import ProcSample
+from dlwatch.model import ProcSample, TrackedProcess
 
 # The window over which a process must show a sign of life (state R in any read, run
 # delay, CPU time, a wake-up, bytes moved) not to count as stuck.  1 s: sixteen
@@ -35,14 +35,6 @@ def _raw_copy(text: bytes) -> bytes:
         return text
     return text[:bounds.MAX_RAW_DUMP_BYTES] + (f"\n[dlwatch: cut here: {len(text)} bytes read, the first "
                                                f"{bounds.MAX_RAW_DUMP_BYTES} kept]\n").encode()
-
-
-class TrackedProcess(Protocol):
-    pid: int
-    role: str
-    worker_id: int | None
-    dump_path: str | None
-    gone: bool
 
 
 def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,

@@ -35,7 +35,6 @@ _COLD = struct.Struct("<QQQI4xdddddQ")
 _REC = struct.Struct("<8s" + _HOT.format[1:] + _COLD.format[1:])
 STATE_OFFSET = 8
 HOT_OFFSET = 8
-COLD_OFFSET = 8 + _HOT.size
 
 SIZE = _REC.size
 

@@ -49,6 +49,24 @@ class FdSummary(_ToDict):
     top_files: tuple[tuple[str, int], ...] = ()  # most frequent regular-file paths, (path, count)
 
 
+@dataclass
+class TrackedProcess:
+    """A process of the watched job as dlwatch found it: which process it is, not what it does.
+
+    The one model of a tracked process: the monitor's table (``monitor.Tracked`` adds its
+    per-poll state), ``dlwatch attach``/``top``'s discovery and the stall procedure
+    (``forensics.investigate``) share it.  Not frozen: a process is found first and learnt
+    about later (its dump file from a registration, ``gone`` when it exits).
+    """
+
+    pid: int
+    role: str  # main, worker, other
+    worker_id: int | None = None
+    start_method: str | None = None
+    dump_path: str | None = None  # faulthandler file, when the process installed it
+    gone: bool = False
+
+
 @dataclass(frozen=True)
 class ProcSample(_ToDict):
     """One poll of one process. None where the figure could not be read this time."""
@@ -189,15 +207,6 @@ class StackDump(_ToDict):
 
 
 # --------------------------------------------------------------------------- events and findings
-
-
-@dataclass(frozen=True)
-class ExceptionInfo(_ToDict):
-    type: str  # qualified name, e.g. "builtins.OSError"
-    message: str
-    errno: int | None = None
-    traceback: str = ""
-    from_loader: bool = False  # raised by the DataLoader's next(), not the loop body
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import cgroup_paths, read_system
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
-from dlwatch.detect.classify import syscall_category
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.detect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.events import EventReader
-from dlwatch.model import ProcSample, SystemSample
+from dlwatch.model import ProcSample, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
@@ -54,18 +54,13 @@ MEM_FAST_FAULT_BYTES = 16 << 20  # minor faults x page size since the last read 
 MEM_FAST_MAX = 8
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
-WORKER_COMM = "pt_data_worker"
 
 
 @dataclass
-class Tracked:
-    pid: int
-    role: str  # main, worker, other
-    worker_id: int | None = None
-    start_method: str | None = None
-    dump_path: str | None = None  # faulthandler file, when the process installed it
+class Tracked(TrackedProcess):
+    """A tracked process with what the monitor keeps about it between polls."""
+
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
-    gone: bool = False
     fds_at_detail: int | None = None  # num_fds when the fd breakdown was last read
     last_fds: Any = None  # that breakdown (FdSummary): reports show it with the latest sample
     detail_poll: int = -(10**9)

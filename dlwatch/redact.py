@@ -13,17 +13,16 @@ Public API
     ``https://user:***@host``) so the text stays readable.
 ``redact_argv(argv) -> list[str]``
     Same for a command line given as a list of arguments.
-``redact_obj(obj)``
-    Recursively redact ``str`` values inside dicts / lists / tuples / sets;
-    a dict value whose *key* looks secret becomes ``***`` whatever its type.
 ``warn(message, category, stacklevel)``
     ``warnings.warn`` through the one redaction point: what Python prints on
     the program's stderr is redacted (a thread name, a path in a warning).
 ``outbound(obj)``
     The one redaction point: everything dlwatch writes to a file or prints
     passes through it (``dlwatch._fs`` writers, events, timeline, logs, CLI
-    output).  Like ``redact_obj``, and also redacts dict keys and converts
-    bytes, exceptions and any other object to text *before* redacting it.
+    output).  Recursively redacts ``str`` values and dict keys inside dicts /
+    lists / tuples / sets; a dict value whose *key* looks secret becomes ``***``
+    whatever its type; bytes, exceptions and any other object become text
+    *before* they are redacted.
 
 The rules (exactly what is implemented)
 ---------------------------------------
@@ -79,7 +78,7 @@ containing ``cookie`` (``Cookie:``, ``Set-Cookie:``) mask the rest of the line, 
 
 In all of these, values that are empty or exactly ``true``/``false``/
 ``none``/``null`` (any case) are left alone (``use_auth_token=True`` stays), in
-line with ``redact_obj`` keeping ``None``/``bool``.
+line with ``outbound`` keeping ``None``/``bool`` under a secret key.
 
 Independently of any name, the values of :data:`TOKEN_PATTERNS` (a table:
 name, regex) are replaced by ``***`` wherever they appear, also glued to a
@@ -118,7 +117,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["AUTH_SCHEMES", "MASK", "OPTION_ONLY_NAMES", "PASSWORD_P_CLIENTS", "SECRET_NAMES", "SECRET_SUFFIXES",
            "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact", "redact_argv",
-           "redact_obj", "warn"]
+           "warn"]
 
 MASK = "***"
 
@@ -536,68 +535,6 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 _MAX_DEPTH = 200
-
-
-def _redact_obj(obj: Any, depth: int, active: set[int]) -> Any:
-    if isinstance(obj, str):
-        return redact(obj)
-    if not isinstance(obj, (dict, list, tuple, set, frozenset)):
-        return obj
-    if depth > _MAX_DEPTH:
-        return MASK
-    oid = id(obj)
-    if oid in active:
-        return "<cycle>"
-    active.add(oid)
-    try:
-        if isinstance(obj, dict):
-            pairs = []
-            for k, v in obj.items():
-                keep = v is None or isinstance(v, bool) or (isinstance(v, str) and v == "")
-                if is_secret_name(k) and not keep:
-                    pairs.append((k, MASK))
-                else:
-                    pairs.append((k, _redact_obj(v, depth + 1, active)))
-            try:
-                new = obj.copy()
-                for k, v in pairs:
-                    new[k] = v
-                return new
-            except Exception:
-                return dict(pairs)
-        items = [_redact_obj(v, depth + 1, active) for v in obj]
-        if isinstance(obj, list):
-            return items
-        if isinstance(obj, tuple):
-            make = getattr(type(obj), "_make", None)
-            if make is not None:
-                try:
-                    return make(items)
-                except Exception:
-                    pass
-            return tuple(items)
-        try:
-            return type(obj)(items)
-        except Exception:
-            return frozenset(items) if isinstance(obj, frozenset) else set(items)
-    finally:
-        active.discard(oid)
-
-
-def redact_obj(obj: Any) -> Any:
-    """Recursively redact ``str`` values in dicts, lists, tuples and sets.
-
-    Returns new containers (the input is not modified).  Dict keys are kept;
-    a dict value whose key is a secret name (see :func:`is_secret_name`)
-    becomes ``***`` whatever its type, except ``None``, ``bool`` and ``""``.
-    Other objects are returned unchanged.  A reference cycle is replaced by the
-    string ``"<cycle>"``, nesting deeper than 200 levels by ``***``.  Never
-    raises.
-    """
-    try:
-        return _redact_obj(obj, 0, set())
-    except Exception:  # pragma: no cover - defensive
-        return MASK
 
 
 def _to_text(obj: Any) -> str:

@@ -14,6 +14,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from dlwatch._fs import replace_private
 from dlwatch.cli import main as cli_main
 from dlwatch.detect import straggler
 from dlwatch.detect.classify import classify_stall, collective_from_stack, waiting_in_from_stack
@@ -212,7 +213,7 @@ def _figures(rdir: str, job: str, rank: int, *, share: float, rate: float, batch
            "step_s": 1.0, "data_wait_share": share, "batch_rate_per_s": rate, "first_batch_s": first,
            "first_batch_exact": True, "stalls": 0, "incidents": 0, "stalled": False,
            "worker_idle_share": idle, "worker_reads": 40 if idle is not None else 0}
-    rankfigures.replace_private(os.path.join(d, f"rank{rank}-node{rank}-{100 + rank}.json"), json.dumps(rec).encode())
+    replace_private(os.path.join(d, f"rank{rank}-node{rank}-{100 + rank}.json"), json.dumps(rec).encode())
 
 
 def test_job_view_names_origin_and_waiters(tmp_path) -> None:
@@ -397,3 +398,36 @@ def test_ranks_creating_the_job_directory_at_once_all_get_their_figures(tmp_path
                     p.kill()
                     p.join()
     assert failed == 0
+
+
+def test_rank_figures_and_run_summary_share_one_steady_definition(tmp_path) -> None:
+    """The job view's data_wait_share/batch_rate_per_s are the summary's steady figures (runstats.steady)."""
+    from dlwatch.detect.runstats import RunStats
+    from dlwatch.heartbeat import STATE_BODY, STATE_ENDED, Heartbeat
+    from dlwatch.report.rankfigures import RankFiguresSink
+    from dlwatch.report.sinks import PollState
+
+    def hb(batches: int, epochs: int, wait: float, step: float, first: float, state: int = STATE_BODY) -> Heartbeat:
+        return Heartbeat(batches=batches, epoch_batches=batches, epochs=epochs, state=state, pid=1,
+                         ts_last_batch=10.0, ts_wait_start=9.0, total_wait_s=wait, total_step_s=step,
+                         last_interval_s=0.1, ts_first_batch=1.0, total_first_wait_s=first)
+
+    sink = RankFiguresSink(str(tmp_path), {"job_id": "one", "rank": 0, "world_size": 1}, pid=os.getpid())
+
+    def poll(h: Heartbeat, *, end: bool = False) -> dict:
+        st = PollState(now=time.time(), monotonic=time.monotonic(), pid=os.getpid(), started_at=0.0,
+                       rank=sink.rank, heartbeat=h, procs=(), system=None, stalls=0, incidents=0, stalled=False)
+        sink.close(st, clean=True) if end else sink.on_poll(st)
+        with open(sink.path) as f:
+            return json.load(f)
+
+    # one batch: nothing steady yet, the whole run's figures (start-up included)
+    first = poll(hb(1, 1, 3.0, 0.1, 3.0))
+    assert first["data_wait_share"] == round(3.0 / 3.1, 4) and first["first_batch_exact"]
+    # two epochs: 4.5 s of their first waits are start-up, 1.5 s steady wait, 6 s of body, 98 steady batches
+    end = hb(100, 2, 6.0, 6.0, 4.5, STATE_ENDED)
+    rec = poll(end, end=True)
+    loop = RunStats(started_at=0.0).figures(end, ended_at=12.0)["loop"]
+    assert rec["data_wait_share"] == loop["steady_data_wait_share"] == round(1.5 / 7.5, 4)
+    assert rec["batch_rate_per_s"] == round(98 / 7.5, 4) and loop["steady_batch_s"] == round(7.5 / 98, 6)
+    assert rec["data_wait_s"] == 6.0 and rec["batches"] == 100  # the totals stay the whole run's

@@ -596,6 +596,35 @@ def test_files_are_created_exclusively_and_never_through_links(shared, tmp_path,
         os.umask(old)
 
 
+def test_atomic_replace_replaces_links_never_follows_them_and_leaves_no_temporary(shared, tmp_path):
+    """The one write-temporary-then-rename (figures, metrics, report.html, the kept timeline)."""
+    victim_file = os.path.join(shared, "victim", "precious.txt")
+    before = state(os.path.dirname(victim_file))
+    d = tmp_path / "out"
+    d.mkdir(mode=0o700)
+    (d / "figures.json").symlink_to(victim_file)  # planted at the final name: the link itself is replaced
+    old = os.umask(0)
+    try:
+        _fs.replace_private(str(d / "figures.json"), b"new")
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            (d / "report.html").symlink_to(victim_file)
+            _fs.replace_private("report.html", b"page", dir_fd=fd)  # the dir_fd variant: a name in that directory
+            (d / "busy").mkdir()
+            (d / "busy" / "x").write_text("")
+            with pytest.raises(OSError):  # rename over a non-empty directory fails: the temporary goes too
+                _fs.replace_private("busy", b"lost", dir_fd=fd, fsync=False)
+        finally:
+            os.close(fd)
+    finally:
+        os.umask(old)
+    assert state(os.path.dirname(victim_file)) == before
+    for name, data in (("figures.json", b"new"), ("report.html", b"page")):
+        st = os.lstat(d / name)
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and (d / name).read_bytes() == data
+    assert sorted(os.listdir(d)) == ["busy", "figures.json", "report.html"]  # no temporary left
+
+
 def test_every_created_level_is_0700_whatever_the_umask(tmp_path):
     old = os.umask(0)
     try:

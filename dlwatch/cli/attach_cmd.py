@@ -20,7 +20,6 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from dlwatch import events as events_mod
@@ -30,6 +29,7 @@ from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import read_system
 from dlwatch.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import PTRACE_HELP, NotFoundError, PermissionDeniedError, TargetError, UsageError
+from dlwatch.model import TrackedProcess
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
 
@@ -45,16 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=forensics.SECOND_READ_AFTER_S, metavar="SECONDS",
                         help="observation window: /proc is read across it for CPU progress and signs of life (default %(default)s)")
     parser.add_argument("--no-native", action="store_true", help="Python frames only (faster: ~10 ms a process instead of ~110 ms)")
-
-
-@dataclass
-class _Proc:
-    pid: int
-    role: str
-    worker_id: int | None = None
-    dump_path: str | None = None
-    start_method: str | None = None
-    gone: bool = False
 
 
 def _is_python(pid: int) -> bool:
@@ -188,8 +178,8 @@ def _jsonl(data: bytes, limit: int) -> list[dict[str, Any]]:
     return out[-limit:]
 
 
-def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
-    procs: dict[int, _Proc] = {pid: _Proc(pid, "main")}
+def gather(pid: int) -> tuple[dict[int, TrackedProcess], dict[str, Any]]:
+    procs: dict[int, TrackedProcess] = {pid: TrackedProcess(pid, "main")}
     run: dict[str, Any] = {}
     notes: list[str] = []
     allowed = _Relation(pid)
@@ -237,7 +227,8 @@ def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
                     name = _dump_name(run_dir, ev.get("dump_path"))
                     if name is None and ev.get("dump_path") is not None:
                         notes.append(f"worker {wpid}'s dump_path points outside the run directory: not used")
-                    procs[wpid] = _Proc(wpid, "worker", ev.get("worker_id"), name, ev.get("start_method"))
+                    procs[wpid] = TrackedProcess(wpid, "worker", worker_id=ev.get("worker_id"), dump_path=name,
+                                                  start_method=ev.get("start_method"))
             if ev.get("event") not in ("stop",):
                 run["events"].append(ev)
         if refused_pids:
@@ -254,7 +245,7 @@ def gather(pid: int) -> tuple[dict[int, _Proc], dict[str, Any]]:
         if child in procs:
             continue
         name = procfs.comm(child)
-        procs[child] = _Proc(child, "worker" if name == WORKER_COMM else "other")
+        procs[child] = TrackedProcess(child, "worker" if name == WORKER_COMM else "other")
     return procs, run
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
 from dlwatch.collect import procfs
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.config import DEFAULT_REPORT_DIR
-from dlwatch.detect.classify import syscall_category
 from dlwatch.errors import UsageError
 from dlwatch.report import display
 from dlwatch.report.render import terminal_safe
@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Row:
+    # one line of the screen: formatted figures of a tracked process (model.TrackedProcess), not one
     pid: int
     role: str
     state: str

@@ -21,11 +21,11 @@ from __future__ import annotations
 import collections
 import ipaddress
 import os
-import platform
 import resource
 import sys
 import time
 
+from dlwatch.collect import syscalls
 from dlwatch.model import FdSummary, IoSample, ProcSample, SocketPeer, ThreadIo
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -415,12 +415,6 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
     return ProcSample(pid=pid, ts=ts, **fields)  # type: ignore[arg-type]
 
 
-# syscalls whose first argument is an fd (read, write, recv, connect, fsync, ...), by arch
-_FD_SYSCALLS = {
-    "x86_64": frozenset({0, 1, 17, 18, 19, 20, 295, 296, 45, 44, 47, 46, 42, 43, 288, 74, 75, 73, 40}),
-    "aarch64": frozenset({63, 64, 67, 68, 65, 66, 69, 70, 207, 206, 212, 211, 203, 202, 242, 82, 83, 32}),
-}
-_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 MAX_THREADS = 64  # threads read per process: a worker has a few, a main process may have hundreds
 MAX_FILES = 8
 MAX_SOCKETS = 16
@@ -449,7 +443,6 @@ def read_io(pid: int) -> IoSample:
     if pid in tids:  # the main thread first
         tids.remove(pid)
         tids.insert(0, pid)
-    fd_syscalls = _FD_SYSCALLS.get(_ARCH, frozenset())
     for tid in tids[:MAX_THREADS]:
         base = f"/proc/{pid}/task/{tid}"
         state = None
@@ -464,7 +457,7 @@ def read_io(pid: int) -> IoSample:
         except (_Gone, OSError):
             pass
         fd = target = None
-        if nr is not None and nr in fd_syscalls and args and 0 <= args[0] < (1 << 31):
+        if syscalls.is_fd_first(nr) and args and 0 <= args[0] < (1 << 31):
             fd = args[0]
             try:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -547,12 +540,4 @@ def comm(pid: int) -> str | None:
     try:
         return _read(f"/proc/{pid}/comm").strip()
     except (_Gone, OSError):
-        return None
-
-
-def start_time(pid: int) -> int | None:
-    """Clock ticks since boot; with the pid, it names a process uniquely (pids are reused)."""
-    try:
-        return int(parse_stat(_read(f"/proc/{pid}/stat"))["starttime"])  # type: ignore[call-overload]
-    except (_Gone, OSError, ValueError):
         return None

@@ -37,7 +37,11 @@ NOTE_EVENTS = frozenset({"advice", "observation"})
 
 
 class TrackedView(Protocol):
-    """One process as the monitor tracks it (read-only for detectors)."""
+    """One process as the monitor tracks it (read-only for detectors).
+
+    A read-only view of ``monitor.Tracked`` (a ``model.TrackedProcess``), not another model:
+    detect/ does not import the monitor, and a detector must not change what it is shown.
+    """
 
     pid: int
     role: str  # main, worker, other

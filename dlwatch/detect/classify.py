@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-
-import platform
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from dlwatch.collect import syscalls
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.model import Frame, IoSample, ProcSample, SocketPeer, StackDump, ThreadStack, _ToDict
 
 __all__ = [
@@ -125,61 +125,6 @@ class StallVerdict(_ToDict):
     classification: str  # one of CLASSIFICATIONS
     processes: tuple[ProcessVerdict, ...]
     reason: str  # one line for people
-
-
-# --------------------------------------------------------------------------- syscalls
-
-# Kinds of wait by syscall number.  restart_syscall is deliberately absent: it
-# is what a sleeping poll/nanosleep reads as after a ptrace attach (py-spy)
-# interrupted it, so it says nothing about the kind of wait.
-_SYSCALLS: dict[str, dict[int, str]] = {
-    "x86_64": {
-        202: "lock acquire",  # futex
-        449: "lock acquire",  # futex_waitv
-        220: "lock acquire",  # semtimedop
-        7: "poll", 23: "poll", 270: "poll", 271: "poll",  # poll select pselect6 ppoll
-        232: "poll", 281: "poll", 441: "poll",  # epoll_wait epoll_pwait epoll_pwait2
-        35: "sleep", 230: "sleep", 34: "sleep",  # nanosleep clock_nanosleep pause
-        0: "io", 1: "io", 17: "io", 18: "io", 19: "io", 20: "io",  # read write pread pwrite readv writev
-        295: "io", 296: "io", 45: "io", 44: "io", 47: "io", 46: "io",  # preadv pwritev recvfrom sendto recvmsg sendmsg
-        43: "io", 288: "io", 42: "io",  # accept accept4 connect
-        2: "io", 257: "io", 437: "io", 74: "io", 75: "io",  # open openat openat2 fsync fdatasync
-        208: "io", 426: "io", 40: "io",  # io_getevents io_uring_enter sendfile
-        61: "child wait", 247: "child wait",  # wait4 waitid
-        70: "queue get",  # msgrcv
-    },
-    "aarch64": {
-        98: "lock acquire",  # futex
-        449: "lock acquire",  # futex_waitv
-        192: "lock acquire",  # semtimedop
-        72: "poll", 73: "poll",  # pselect6 ppoll (no poll/select on aarch64)
-        22: "poll", 441: "poll",  # epoll_pwait epoll_pwait2
-        101: "sleep", 115: "sleep",  # nanosleep clock_nanosleep
-        63: "io", 64: "io", 67: "io", 68: "io", 65: "io", 66: "io",  # read write pread pwrite readv writev
-        69: "io", 70: "io", 207: "io", 206: "io", 212: "io", 211: "io",  # preadv pwritev recvfrom sendto recvmsg sendmsg
-        202: "io", 242: "io", 203: "io",  # accept accept4 connect
-        56: "io", 437: "io", 82: "io", 83: "io",  # openat openat2 fsync fdatasync
-        4: "io", 426: "io", 71: "io",  # io_getevents io_uring_enter sendfile
-        260: "child wait", 95: "child wait",  # wait4 waitid
-        188: "queue get",  # msgrcv
-    },
-}
-_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64"}
-
-
-def _arch(machine: str | None) -> str:
-    m = (machine or platform.machine() or "").lower()
-    return _ARCH_ALIASES.get(m, m)
-
-
-def syscall_category(nr: int | None, machine: str | None = None) -> str | None:
-    """The kind of wait a /proc/<pid>/syscall number means on this (or the given) arch.
-
-    None for -1 (running in user space), unknown numbers and unknown arches.
-    """
-    if nr is None or nr < 0:
-        return None
-    return _SYSCALLS.get(_arch(machine), {}).get(nr)
 
 
 # --------------------------------------------------------------------------- stacks
@@ -567,23 +512,17 @@ def _hands_off(thread: ThreadStack | None) -> bool:
 
 def _kind_from_syscall(nr: int | None, fd_target: str | None, machine: str | None) -> str | None:
     cat = syscall_category(nr, machine)
-    arch = _arch(machine)
     if fd_target is not None and fd_target.startswith("socket:"):
-        if nr in _CONNECT_NR.get(arch, ()):
+        if syscalls.is_connect(nr, machine):
             return "socket connect"
-        if nr in _SEND_NR.get(arch, ()):
+        if syscalls.is_send(nr, machine):
             return "socket send"
         return "socket recv" if cat == "io" else None
     if cat == "poll":
         return "socket poll"
-    if nr in _CONNECT_NR.get(arch, ()):
+    if syscalls.is_connect(nr, machine):
         return "socket connect"
     return None
-
-
-_CONNECT_NR = {"x86_64": (42,), "aarch64": (203,)}
-_SEND_NR = {"x86_64": (1, 20, 44, 46), "aarch64": (64, 66, 206, 211)}
-_FILE_READ_NR = {"x86_64": (0, 17, 19, 295), "aarch64": (63, 67, 65, 69)}
 
 
 def _regular_file(target: str | None) -> bool:
@@ -652,8 +591,7 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
     if found is not None:
         return found
     all_d = bool(reads) and all(r.state == "D" for r in reads)
-    if main_io is not None and _regular_file(main_io.fd_target) and main_io.syscall in _FILE_READ_NR.get(
-            _arch(machine), ()):
+    if main_io is not None and _regular_file(main_io.fd_target) and syscalls.is_file_read(main_io.syscall, machine):
         if all_d or main_io.state == "D" or (obs.after is not None and obs.after.state in ("S", "D")):
             return build("file read", "state D" if all_d or main_io.state == "D" else "syscall",
                          obs.pid, main_t, main_io.syscall, main_io.fd_target)
@@ -668,7 +606,7 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
             continue
         stack = _thread_by_tid(dump, t.tid)
         found = socket_wait(t.tid, stack, t.syscall, t.fd_target)
-        if found is None and _regular_file(t.fd_target) and t.syscall in _FILE_READ_NR.get(_arch(machine), ()):
+        if found is None and _regular_file(t.fd_target) and syscalls.is_file_read(t.syscall, machine):
             found = build("file read", "state D" if t.state == "D" else "syscall", t.tid, stack, t.syscall,
                           t.fd_target)
         if found is None and t.state == "D":

@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from dlwatch.detect.classify import syscall_category
+from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.heartbeat import STATE_BODY, Heartbeat
 from dlwatch.model import GpuSample, ProcSample, SystemSample
 
-__all__ = ["RunStats", "WORKER_STATES"]
+__all__ = ["RunStats", "Steady", "WORKER_STATES", "steady"]
 
 WORKER_STATES = ("running", "waiting_for_work", "blocked_put", "io")
 MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay exact beyond)
@@ -42,6 +42,8 @@ MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay 
 
 @dataclass
 class _Proc:
+    # Not the tracked process (model.TrackedProcess): figures that outlive it (a worker of an
+    # earlier epoch stays in the summary after the monitor forgot it), keyed by pid.
     pid: int
     role: str
     worker_id: int | None = None
@@ -58,6 +60,37 @@ class _Proc:
             return None
         span = self.last_ts - self.first_ts
         return max(0.0, (self.last_cpu - self.first_cpu) / span) if span > 0 else None
+
+
+@dataclass(frozen=True)
+class Steady:
+    """The loop in its steady state: every epoch without its first batch (worker start-up).
+
+    The one definition of the steady data-wait share: the run summary's ``steady_*`` and the
+    rank figures' ``data_wait_share``/``batch_rate_per_s`` (the job view) both come from here.
+    """
+
+    batches: int
+    wait_s: float  # time inside next(loader), the epochs' first waits left out
+    body_s: float  # time in the loop body (the first batches' bodies stay in: not start-up)
+
+    @property
+    def loop_s(self) -> float:
+        return self.wait_s + self.body_s
+
+    @property
+    def data_wait_share(self) -> float | None:
+        return round(self.wait_s / self.loop_s, 4) if self.loop_s > 0 else None
+
+    @property
+    def batch_s(self) -> float | None:
+        return round(self.loop_s / self.batches, 6) if self.batches else None
+
+
+def steady(hb: Heartbeat) -> Steady:
+    """The steady part of a heartbeat's totals (exact: the heartbeat sums each epoch's first wait)."""
+    return Steady(batches=max(0, hb.batches - hb.epochs), wait_s=max(0.0, hb.total_wait_s - hb.total_first_wait_s),
+                  body_s=hb.total_step_s)
 
 
 def _peak(old: int | None, new: int | None) -> int | None:
@@ -189,9 +222,7 @@ class RunStats:
         wait, body = hb.total_wait_s, hb.total_step_s
         loop_s = wait + body
         first_total = hb.total_first_wait_s
-        steady_batches = max(0, hb.batches - hb.epochs)  # every epoch's first batch is not steady
-        steady_wait = max(0.0, wait - first_total)
-        steady_loop = steady_wait + body
+        st = steady(hb)
         per_epoch = [round(self.first_waits[e], 4) for e in sorted(self.first_waits)]
         out: dict[str, Any] = {
             "batches": hb.batches,
@@ -202,10 +233,10 @@ class RunStats:
             "body_s": round(body, 4),
             "data_wait_share": round(wait / loop_s, 4) if loop_s > 0 else None,
             "body_share": round(body / loop_s, 4) if loop_s > 0 else None,
-            "steady_batches": steady_batches,
-            "steady_data_wait_s": round(steady_wait, 4),
-            "steady_data_wait_share": round(steady_wait / steady_loop, 4) if steady_loop > 0 else None,
-            "steady_batch_s": round(steady_loop / steady_batches, 6) if steady_batches else None,
+            "steady_batches": st.batches,
+            "steady_data_wait_s": round(st.wait_s, 4),
+            "steady_data_wait_share": st.data_wait_share,
+            "steady_batch_s": st.batch_s,
             "first_batch_s": {
                 "per_epoch": per_epoch,  # as seen by the polls; epochs shorter than a poll may be missing
                 "epochs_seen": len(per_epoch),

@@ -34,7 +34,6 @@ import datetime as _dt
 import functools
 import json
 import os
-import secrets
 import subprocess
 import sys
 import threading
@@ -631,17 +630,12 @@ def _write_page(dir_fd: int, directory: str, page: str, name: str = HTML_NAME) -
 
     Into a directory of another user (root on a user's incident) nothing is written: the page goes
     to a private temporary file, whose path is returned (the caller says so)."""
-    from dlwatch._fs import write_private
+    from dlwatch._fs import replace_private
+    from dlwatch.redact import outbound_bytes
 
     if not is_ours(dir_fd):
         return _write_elsewhere(page, name)
-    tmp = f".{name}.{secrets.token_hex(4)}"
-    write_private(tmp, page, dir_fd=dir_fd)  # O_EXCL|O_NOFOLLOW: a name we just made up, never someone's link
-    try:
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces the name, never follows it
-    except BaseException:
-        os.unlink(tmp, dir_fd=dir_fd)
-        raise
+    replace_private(name, outbound_bytes(page), dir_fd=dir_fd)  # replaces the name, never follows it
     return os.path.join(directory, name)
 
 
@@ -751,7 +745,7 @@ def write_summary_html(run_dir: str, timeline_fds: Sequence[int] = ()) -> str:
     thinned and kept next to the summary (timeline.jsonl) so that the page can be drawn again.
     Without them the kept copy is read.
     """
-    from dlwatch._fs import write_jsonl
+    from dlwatch._fs import json_line, replace_private
     from dlwatch.redact import outbound
     from dlwatch.report import store
 
@@ -765,13 +759,7 @@ def write_summary_html(run_dir: str, timeline_fds: Sequence[int] = ()) -> str:
 
             timeline = thin_samples(lines())
             if is_ours(fd):  # kept for later drawings only in a directory of ours
-                tmp = f".{TIMELINE_NAME}.{secrets.token_hex(4)}"
-                write_jsonl(tmp, timeline, dir_fd=fd)
-                try:
-                    os.rename(tmp, TIMELINE_NAME, src_dir_fd=fd, dst_dir_fd=fd)
-                except BaseException:
-                    os.unlink(tmp, dir_fd=fd)
-                    raise
+                replace_private(TIMELINE_NAME, b"".join(json_line(r) for r in timeline), dir_fd=fd)
         else:
             timeline = _read_kept_timeline(run_dir, fd)
         page = render_summary_html(summary, outbound(timeline), _incident_times(run_dir, summary))

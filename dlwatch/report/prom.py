@@ -26,8 +26,8 @@ import os
 import threading
 from typing import Any, Iterator, Mapping
 
-from dlwatch._fs import check_shared_dir
-from dlwatch.report.rankfigures import figures, replace_private
+from dlwatch._fs import check_shared_dir, replace_private
+from dlwatch.report.rankfigures import figures
 from dlwatch.report.sinks import PollState, Sink
 
 __all__ = ["ENV_FILE", "ENV_PORT", "PromSink", "prom_options", "textfile_path"]
@@ -181,7 +181,7 @@ class PromSink(Sink):
         if self.path is not None:
             from prometheus_client import generate_latest
 
-            replace_private(self.path, generate_latest(self.registry))
+            replace_private(self.path, generate_latest(self.registry), fsync=False)
 
     def close(self, state: PollState | None, *, clean: bool) -> None:
         if self.path is not None:

@@ -12,9 +12,10 @@ The figures (from the heartbeat, which the training loop writes):
   (waiting plus loop body); a rank whose data is slow waits more;
 - ``batch_rate_per_s``: batches over the loop's time;
 
-  both in the steady state: counted from the first poll that saw a batch, so that
-  worker start-up (seconds, and noisy on a loaded node) is left to ``first_batch_s``
-  and does not swamp a short run's figures;
+  both in the steady state: each epoch without its first batch (``runstats.steady``,
+  the run summary's ``steady_data_wait_share``), so that worker start-up (seconds, and
+  noisy on a loaded node) is left to ``first_batch_s`` and does not swamp a short run's
+  figures; until the first steady batch, those of the whole run;
 - ``first_batch_s``: the wait for the first batch of the run (worker start-up and
   the first samples).  Exact when the monitor saw the heartbeat with exactly one
   batch; otherwise an upper bound (the whole wait up to the batches first seen),
@@ -39,62 +40,41 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import stat
 from typing import Any, Mapping
 
 from dlwatch import heartbeat as hbmod
-from dlwatch._fs import _write_all, create_private, make_private_dir
+from dlwatch._fs import make_private_dir, replace_private
+from dlwatch.collect.syscalls import category as syscall_category
+from dlwatch.detect import runstats
 from dlwatch.errors import ReportError
-from dlwatch.detect.classify import syscall_category
 from dlwatch.job import safe_name
 from dlwatch.redact import outbound
 from dlwatch.report.sinks import PollState, Sink
 from dlwatch.report.store import JOBS_DIR  # pruned there, by keep_runs (store.prune_jobs)
 
-__all__ = ["JOBS_DIR", "RankFiguresSink", "figures", "read_job_figures", "replace_private"]
+__all__ = ["JOBS_DIR", "RankFiguresSink", "figures", "read_job_figures"]
 
 WRITE_EVERY_S = 5.0
 MAX_FILE_BYTES = 64 << 10
 MAX_FILES = 4096  # ranks of one job read by the job view
 
 
-def replace_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a new private file next to it, renamed over it.
-
-    rename(2) replaces whatever is at ``path`` (a link included: the link itself, never
-    its target) and the reader sees the old or the new file, never a partial one.
-    """
-    head, name = os.path.split(path)
-    tmp = os.path.join(head, f".{name}.tmp-{secrets.token_hex(4)}")
-    fd = create_private(tmp)
-    try:
-        try:
-            _write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def figures(hb: hbmod.Heartbeat | None, since: tuple[int, float, float] | None = None) -> dict[str, Any]:
+def figures(hb: hbmod.Heartbeat | None, *, steady: bool = False) -> dict[str, Any]:
     """batches, data_wait_share, batch_rate_per_s of a heartbeat (None where not measurable yet).
 
-    ``since``: (batches, wait_s, step_s) of an earlier read: the share and rate are then
-    those of the batches after it (the steady state), when there are any.
+    ``steady``: the share and rate are those of the steady state (``runstats.steady``: each
+    epoch without its first batch, as in the run summary) once there is a steady batch;
+    otherwise, and before, those of the whole run.
     """
     if hb is None:
         return {"batches": 0, "epochs": 0, "data_wait_s": 0.0, "step_s": 0.0,
                 "data_wait_share": None, "batch_rate_per_s": None}
     batches, wait_s, step_s = hb.batches, hb.total_wait_s, hb.total_step_s
-    if since is not None and hb.batches > since[0]:
-        batches, wait_s, step_s = hb.batches - since[0], wait_s - since[1], step_s - since[2]
+    st = runstats.steady(hb)
+    if steady and st.batches:
+        batches, wait_s, step_s = st.batches, st.wait_s, st.body_s
     loop_s = wait_s + step_s
     return {
         "batches": hb.batches, "epochs": hb.epochs,
@@ -118,7 +98,7 @@ class RankFiguresSink(Sink):
         self.pid = pid
         self.first_batch_s: float | None = None
         self.first_batch_exact = False
-        self.steady_from: tuple[int, float, float] | None = None
+        self.past_first_batch = False
         self.worker_reads = 0
         self.worker_idle = 0
         self.last_write = 0.0
@@ -128,7 +108,7 @@ class RankFiguresSink(Sink):
             return
         self.first_batch_s = round(hb.total_wait_s, 6)  # batches == 1: exactly the first wait
         self.first_batch_exact = hb.batches == 1
-        self.steady_from = (hb.batches, hb.total_wait_s, hb.total_step_s)
+        self.past_first_batch = True
 
     def record(self, state: PollState, *, ended: bool) -> dict[str, Any]:
         return {
@@ -137,7 +117,7 @@ class RankFiguresSink(Sink):
             "local_rank": self.rank.get("local_rank"), "world_size": self.rank.get("world_size"),
             "host": self.host, "pid": self.pid,
             "started_at": state.started_at, "updated_at": round(state.now, 3), "ended": ended,
-            **figures(state.heartbeat, self.steady_from),
+            **figures(state.heartbeat, steady=True),
             "first_batch_s": self.first_batch_s, "first_batch_exact": self.first_batch_exact,
             "worker_idle_share": round(self.worker_idle / self.worker_reads, 4) if self.worker_reads else None,
             "worker_reads": self.worker_reads,
@@ -146,12 +126,12 @@ class RankFiguresSink(Sink):
 
     def _write(self, state: PollState, *, ended: bool) -> None:
         data = json.dumps(outbound(self.record(state, ended=ended)), indent=1).encode("utf-8", "surrogateescape")
-        replace_private(self.path, data)
+        replace_private(self.path, data, fsync=False)
         self.last_write = state.monotonic
 
     def _track_workers(self, state: PollState) -> None:
         hb = state.heartbeat
-        if hb is None or self.steady_from is None or hb.state not in (hbmod.STATE_WAITING, hbmod.STATE_BODY):
+        if hb is None or not self.past_first_batch or hb.state not in (hbmod.STATE_WAITING, hbmod.STATE_BODY):
             return  # before the first batch (workers start) or outside the loop (between epochs)
         for p in state.procs:
             if p.role != "worker" or p.sample.gone:

@@ -386,9 +386,6 @@ def terminal_view(r: Mapping[str, Any], *, color: bool = False, width: int = 100
             yield safe
 
 
-_PLUMBING_KEYS = {"matched", "ts", "pid", "signal", "event"}
-
-
 def render_terminal(report: Mapping[str, Any], file: TextIO, *, color: bool = False) -> None:
     for line in terminal_view(report, color=color):
         print(line, file=file)

@@ -19,6 +19,8 @@ __all__ = ["PollState", "ProcState", "Sink", "build"]
 
 @dataclass(frozen=True)
 class ProcState:
+    # A frozen snapshot of a tracked process for one poll, not the monitor's live (mutable)
+    # Tracked: sinks keep nothing of the monitor's and cannot change it.
     pid: int
     role: str  # main, worker, other
     worker_id: int | None

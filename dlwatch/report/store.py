@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
 from dlwatch._fs import (UnsafeDirError, check_links, check_report_dir, make_private_child, make_private_dir,
-                         sticky_parent, verify_created, write_json, write_jsonl, write_private)
+                         publish_private_dir, sticky_parent, verify_created, write_json, write_jsonl, write_private)
 from dlwatch.errors import NotFoundError, ReportError
 from dlwatch.redact import outbound
 
@@ -144,10 +144,7 @@ ID_ATTEMPTS = 8
 def _write_incident_once(report_dir: str, report: dict[str, Any],
                          render_markdown: Callable[[Mapping[str, Any]], str],
                          extra_files: Mapping[str, bytes] | None) -> str:
-    final = os.path.join(report_dir, report["id"])
-    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + report["id"] + "-", dir=report_dir)
-    try:
-        verify_created(tmp)
+    def fill(tmp: str) -> None:
         write_json(os.path.join(tmp, "report.json"), report)
         write_private(os.path.join(tmp, "report.md"), render_markdown(report))
         write_jsonl(os.path.join(tmp, "timeline.jsonl"), report.get("timeline") or [])
@@ -160,11 +157,8 @@ def _write_incident_once(report_dir: str, report: dict[str, Any],
                 head = os.path.join(head, part) if os.path.isdir(os.path.join(head, part)) \
                     else make_private_child(head, part)
             write_private(os.path.join(head, parts[-1]), data)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+
+    return publish_private_dir(report_dir, report["id"], fill, tmp_prefix=TMP_PREFIX)
 
 
 def fallback_dir() -> str:
@@ -447,17 +441,12 @@ def write_summary(report_dir: str, summary: dict[str, Any], *,
     run_id = str(summary["id"])
     if not run_id or run_id.startswith(".") or os.sep in run_id or run_id in ("..",):
         raise UnsafeDirError(f"refusing to write a run summary named {run_id!r}")
-    final = os.path.join(base, run_id)
-    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX + run_id + "-", dir=base)
-    try:
-        verify_created(tmp)
+
+    def fill(tmp: str) -> None:
         write_json(os.path.join(tmp, "summary.json"), summary)
         write_private(os.path.join(tmp, "summary.md"), render_markdown(summary))
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+
+    return publish_private_dir(base, run_id, fill, tmp_prefix=TMP_PREFIX)
 
 
 # A run id, as new_run_id makes it: <UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>.  Older ids said local
