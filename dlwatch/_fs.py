@@ -97,17 +97,24 @@ def check_report_dir(path: str) -> str:
     child.  Every directory above it must be ours or root's, and not writable by
     others unless sticky.
     """
+    st = _real_dir(path)
+    if st.st_uid != os.geteuid():
+        raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirError(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+    return path
+
+
+def _real_dir(path: str) -> os.stat_result:
+    """The stat of the directory ``path`` names, after checking the links on the way and every directory
+    above it (see check_links and _check_ancestors)."""
     check_links(path)
     real = os.path.realpath(path)
     st = os.stat(real)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(f"{path} is not a directory")
     _check_ancestors(real)
-    if st.st_uid != os.geteuid():
-        raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeDirError(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
-    return path
+    return st
 
 
 def check_shared_dir(path: str) -> str:
@@ -120,12 +127,7 @@ def check_shared_dir(path: str) -> str:
     """
     if stat.S_ISLNK(os.lstat(path).st_mode):
         raise UnsafeDirError(f"{path} is a symbolic link: give the directory itself")
-    check_links(path)
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(f"{path} is not a directory")
-    _check_ancestors(real)
+    st = _real_dir(path)
     if not _trusted_owner(st):
         raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you or root")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
