@@ -376,12 +376,12 @@ def test_warnings_still_point_at_the_callers_line():
     from dlwatch import agent
 
     def caller():
-        agent._warn(f"could not read {THREAD_TOKEN}")  # stacklevel=3: the line that called caller()
+        agent._warn(f"could not read {THREAD_TOKEN}")  # <- the line: the first frame outside dlwatch
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        caller()  # <- the line the warning points at
-    assert caught[0].filename == __file__ and "caller()  # <- the line" in open(__file__).read().splitlines()[
+        caller()
+    assert caught[0].filename == __file__ and "# <- the line" in open(__file__).read().splitlines()[
         caught[0].lineno - 1]
     assert "shard_***" in str(caught[0].message)
 
@@ -402,7 +402,8 @@ def test_bootstrap_warning_line_is_redacted(tmp_path):
     (fake / "__init__.py").write_text(BOOT_FAILS.replace("sys.argv[1]", repr(REPO)))
     (fake / "runhook.py").write_text(f"def install():\n    raise OSError('cannot open /data/{THREAD_TOKEN}/x')\n")
     boot = os.path.join(REPO, "dlwatch", "_boot")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, str(tmp_path / "shadow")]))
+    # the bootstrap acts only where it belongs (issue 18, item 11): here, the package `dlwatch run` recorded
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, str(tmp_path / "shadow")]), DLWATCH_RUN_PACKAGE=str(fake))
     rc, out, err = run_bounded([sys.executable, "-c", "print('ran')"], env=env, cwd=str(tmp_path), timeout=60)
     assert rc == 0 and out.strip() == "ran"  # the program runs unwatched
     assert "could not install the run hook (OSError: cannot open /data/shard_***/x)" in err, err

@@ -727,8 +727,11 @@ def test_demo_example_runs_isolated(tmp_path):
     from dlwatch.cli.demo_cmd import _example_argv
 
     argv = _example_argv("/x/examples/deadlock.py", "/r")
-    assert argv[:3] == [sys.executable, "-I", "-c"]
-    spec = json.loads(argv[4])
+    # isolated (-I), through the bootstrap (-c); a -W option before them keeps the demo quiet about numpy
+    at = argv.index("-I")
+    assert argv[0] == sys.executable and argv[at + 1] == "-c"
+    assert all(a.startswith("-W") or argv[i] == "-W" for i, a in enumerate(argv[1:at]))
+    spec = json.loads(argv[at + 3])
     assert spec["script"] == "/x/examples/deadlock.py" and spec["first"] == ["/x/examples"]
     assert os.getcwd() not in spec["path"]
 
