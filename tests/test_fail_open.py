@@ -121,3 +121,36 @@ def test_full_filesystem_heartbeat_is_an_error_not_sigbus(tmp_path):
     rc, out, err = in_private_mount_namespace(cmd, env=_env(tmp_path), timeout=60)
     assert rc == 0, (rc, out, err)  # -7 (SIGBUS) before the fix
     assert out.strip() == "REFUSED ENOSPC", (out, err)
+
+
+def test_a_huge_exception_message_is_copied_bounded(tmp_path, no_leftovers):
+    """Item 4: a 50 MB exception message.  The program gets the very same exception (message whole);
+    the report keeps both ends of it within a bound and says where and how much was cut.  (Before,
+    the block's exit took 15-30 s here and the exception's event, over the reader's line cap, was
+    dropped: no incident at all.)"""
+    import dlwatch
+    from torch.utils.data import DataLoader
+
+    from conftest import incidents, load
+
+    sys.path.insert(0, TARGETS)
+    try:
+        from datasets import Squares
+    finally:
+        sys.path.remove(TARGETS)
+
+    message = "head-" + "x" * 50_000_000 + "-tail"
+    dl = DataLoader(Squares(8), batch_size=4, num_workers=2)
+    seen = []
+    with pytest.raises(ValueError) as info:
+        with dlwatch.watch(dl, report_dir=str(tmp_path), poll_interval=0.1) as batches:
+            for x, _ in batches:
+                seen.append(x.tolist())
+            raise ValueError(message)
+    assert str(info.value) == message and len(seen) == 2  # every batch, and the exception untouched
+    info.value.__traceback__ = None
+    (path,) = incidents(str(tmp_path))
+    exc = load(path)["exception"]
+    assert exc["message"].startswith("head-") and exc["message"].endswith("-tail")
+    assert len(exc["message"]) < 70_000 and "characters cut here" in exc["message"]
+    assert len(exc["traceback"]) < 200_000 and exc["traceback"].rstrip().endswith("-tail")
