@@ -377,16 +377,12 @@ class Monitor:
             detail = mem_detail
             if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
                 detail, fast = True, fast + 1
-            s = procfs.read_proc(t.pid, mem_detail=detail)
-            if s.uss_ts is not None:
+            s = procfs.read_proc(t.pid, mem_detail=detail, carry=prev)  # USS & co. kept from prev between reads
+            if detail and s.uss_ts == s.ts:  # read now, not carried from prev
                 t.minflt_at_detail = s.minflt
             if not s.gone and self._wants_fd_detail(t, s):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
-            if not s.gone and prev is not None and s.uss is None:
-                s = dataclasses.replace(s, uss=prev.uss, pss=prev.pss, shm_maps=prev.shm_maps,
-                                        shm_map_bytes=prev.shm_map_bytes, uss_ts=prev.uss_ts,
-                                        vm_lck=prev.vm_lck, memlock_limit=prev.memlock_limit)
             if s.gone or s.state == "Z":
                 t.gone = s.gone or t.role != "main"
                 if t.gone and t.crash is None:  # its last words, if it died of a fatal signal
