@@ -29,7 +29,7 @@ from dlwatch._log import configure_own_process, get_logger
 from dlwatch.config import DEFAULT_KEEP_RUNS
 from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
-from dlwatch.collect.system import cgroup_paths, read_system
+from dlwatch.collect.system import SystemProbe, read_system
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.detect.classify import syscall_category
 from dlwatch.detect.runstats import RunStats
@@ -178,7 +178,7 @@ class Monitor:
         self.detectors: list[Detector] = detect.build(
             {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=self.ignore)
         self.warned: set[str] = set()
-        self.cgroup_paths: tuple[str | None, str | None] | None = None
+        self.system_probe = SystemProbe(self.main_pid)  # its cgroup found once, the limit read every 10 s
         # which rank of which job (read by the training process: see dlwatch.job)
         rank = self.cfg.get("rank")
         self.rank: dict[str, Any] = dict(rank) if isinstance(rank, dict) else store.rank_info()
@@ -390,9 +390,7 @@ class Monitor:
             t.history.append(s)
             samples.append(s)
         try:
-            if self.cgroup_paths is None:  # a process's cgroup rarely changes: read it once
-                self.cgroup_paths = cgroup_paths(self.main_pid)
-            self.last_system = read_system(self.main_pid, self.cgroup_paths)
+            self.last_system = self.system_probe.sample()
             self.first_system = self.first_system or self.last_system
         except Exception as exc:
             self._warn_once("system_probe_failed", str(exc))
