@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 
-from dlwatch.collect.procfs import parse_kv_kib
 from dlwatch.model import SystemSample
 
 SHM_DIR = "/dev/shm"
@@ -79,6 +78,7 @@ def _cgroup_candidates(paths: tuple[str | None, str | None]) -> list[_Files]:
 
 
 def _oom_kills(events_text: str | None) -> int | None:
+    """The ``oom_kill N`` line of memory.oom_control (v1) or memory.events (v2)."""
     oom = None
     for line in (events_text or "").splitlines():
         if line.startswith("oom_kill "):
@@ -134,7 +134,7 @@ def vm_oom_kills() -> int | None:
 
 def _meminfo_kib(text: str, key: str) -> int | None:
     """``parse_kv_kib(text, (key,)).get(key)`` for /proc/meminfo, by one search instead of a split of
-    its ~55 lines (most of what read_system cost beyond the reads)."""
+    its ~55 lines (most of what read_system cost beyond the reads); the same rules for the value."""
     if text.startswith(key + ":"):
         start = 0
     else:
@@ -142,8 +142,10 @@ def _meminfo_kib(text: str, key: str) -> int | None:
         if start == 0:
             return None
     end = text.find("\n", start)
-    line = text[start:end if end >= 0 else len(text)]
-    return parse_kv_kib(line, (key,)).get(key)
+    parts = text[start + len(key) + 1:end if end >= 0 else len(text)].split()
+    if not parts or not (parts[0].isascii() and parts[0].isdigit()):
+        return None
+    return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
 
 
 def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = None) -> SystemSample:

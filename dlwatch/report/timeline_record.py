@@ -89,7 +89,10 @@ def sample_record(ts: float, heartbeat: Mapping[str, Any] | None, procs: Sequenc
     entries = []
     for s, role in procs:
         entry = _dataclass(s)
-        entry.update(_careful((("role", role),)))
+        if type(role) is str and _key_is_plain("role"):
+            entry["role"] = outbound_text(role)
+        else:
+            entry.update(_careful((("role", role),)))
         entries.append(entry)
     record["procs"] = entries
     if system is not None:
