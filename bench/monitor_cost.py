@@ -204,7 +204,7 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
 
 def _write_config(run_dir: str, main_pid: int, workers: int, report_dir: str,
                   worker_pids: list[int] | None = None) -> None:
-    # what agent.Watch._start writes, minus what the poll does not read; and the loader_workers
+    # what agent.Watch._start writes, minus what the poll does not read; the loader_workers
     # event the agent writes when the workers start (without it the Monitor finds them as
     # "other" descendants and keeps 16 at most: runs before this one timed 1+16 as "1+32", "1+64")
     os.makedirs(os.path.join(run_dir, "dumps"), mode=0o700)
@@ -213,6 +213,11 @@ def _write_config(run_dir: str, main_pid: int, workers: int, report_dir: str,
                    "options": {"report_dir": report_dir, "poll_interval": 1.0, "stall_timeout": None,
                                "enabled": True, "playbooks": []},
                    "loader": {"num_workers": workers, "batch_size": 1}}, f)
+    # and the heartbeat file the training process keeps (a poll reads it first; a missing one costs
+    # an exception instead of a read)
+    from dlwatch import heartbeat
+
+    heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeat")).close(heartbeat.STATE_OUTSIDE)
     if worker_pids:
         with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
             f.write(json.dumps({"ts": time.time(), "event": "loader_workers", "pid": main_pid,
