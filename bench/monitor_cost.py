@@ -184,6 +184,7 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
         lambda: [thresholds.fd_pressure(list(t.history)) for t in tracked], reps) / n
     full = []
     for _ in range(max(5, polls // 2)):
+        time.sleep(0.01)  # paused like the steady polls (they ran back to back before: warm caches)
         c0 = time.process_time()
         m.poll()
         full.append(time.process_time() - c0)
