@@ -4,7 +4,14 @@ Poll cost: a real ``Monitor`` over a real DataLoader with 1, 8, 32 or 64 idle
 persistent workers.  The Monitor runs in a helper process of its own (``python
 bench/monitor_cost.py --poll-helper ...``), because a Monitor skips its own
 descendants, and here the targets would be descendants of the benchmark.  Each
-poll is timed with ``time.process_time`` (CPU, not wall).
+poll is timed with ``time.process_time`` (CPU, not wall), and right after it, in
+the same process, the raw /proc read: the files a poll reads with nothing around
+them (``_raw_proc_read`` per process, ``_raw_system_read`` once), so that the two
+figures see the same machine load.
+
+``python bench/monitor_cost.py --poll-only [--sizes 1,8,32] [--polls N] [--code DIR]``
+runs only the poll cost (a minute or less); ``--code DIR`` polls with another
+checkout's ``dlwatch`` (a tree exported from an older commit) for a before/after.
 
 CPU share and RSS: a healthy training loop with 8 workers under ``dlwatch.watch``
 at the default poll interval; the monitor's utime+stime from /proc over a window.
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -32,11 +40,62 @@ def _cpu_us(fn: Callable[[], object], reps: int) -> float:
     return (time.process_time() - c0) / reps * 1e6
 
 
-def _poll_helper(run_dir: str, polls: int) -> None:
+def _read_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def _raw_proc_read(pid: int) -> None:
+    """What a poll reads of one process, with nothing around it (no parsing, no objects):
+    /proc/PID/{stat,statm,syscall,wchan}, a stat of /proc/PID/fd (the fd count on Linux >= 6.2)
+    and its RLIMIT_NOFILE.  The reads of a slower cadence (fd breakdown, USS) are left out, as
+    the median poll leaves them out."""
+    base = f"/proc/{pid}/"
+    for name in ("stat", "statm", "syscall", "wchan"):
+        _read_file(base + name)
+    os.stat(base + "fd")
+    resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+
+def _cgroup_files(pid: int) -> list[str]:
+    """The memory cgroup's usage and OOM-count files for pid (v1, else v2), found as dlwatch finds them."""
+    v1 = v2 = None
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(":", 2)
+            if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
+                v2 = parts[2]
+            elif len(parts) == 3 and "memory" in parts[1].split(","):
+                v1 = parts[2]
+    for base, names in (([os.path.join("/sys/fs/cgroup/memory", v1.lstrip("/")), "/sys/fs/cgroup/memory"]
+                         if v1 else [], ("memory.usage_in_bytes", "memory.oom_control")),
+                        ([os.path.join("/sys/fs/cgroup", v2.lstrip("/"))] if v2 else [],
+                         ("memory.current", "memory.events"))):
+        for d in base:
+            if os.path.exists(os.path.join(d, names[0])):
+                return [os.path.join(d, n) for n in names]
+    return []
+
+
+def _raw_system_read(cgroup_files: list[str]) -> None:
+    """What a poll reads of the system, with nothing around it: /proc/meminfo, /proc/vmstat
+    (the host's OOM kills), the cgroup's usage and OOM count, statvfs and a stat of /dev/shm."""
+    for path in ("/proc/meminfo", "/proc/vmstat", *cgroup_files):
+        _read_file(path)
+    os.statvfs("/dev/shm")
+    os.stat("/dev/shm")
+
+
+def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
     """In a fresh process: build the Monitor as the monitor process does, poll, print JSON."""
     import dataclasses
     import json as json_mod
 
+    if code:  # another checkout's dlwatch (imported nowhere before this point)
+        sys.path.insert(0, os.path.abspath(code))
     from dlwatch import monitor
     from dlwatch.collect import procfs
     from dlwatch.collect.system import read_system
@@ -44,15 +103,43 @@ def _poll_helper(run_dir: str, polls: int) -> None:
     from dlwatch.report import build
 
     m = monitor.Monitor(run_dir)
+    m._drain_events()  # the loader_workers event: every worker tracked as a worker (16 "other" at most)
     c0 = time.process_time()
     m.poll()  # the first poll: discovery, fd and memory detail, GPU probe set-up
     first = time.process_time() - c0
-    steady = []
+    cgroup_files = _cgroup_files(m.main_pid)
+    steady, raw_procs, raw_system = [], [], []
     for _ in range(polls):
+        # each poll, then the raw reads of the same processes: the same load.  Both after a pause,
+        # as a monitor polls (once a second): caches are cold then, and a poll costs 2-3x what
+        # the same poll costs back to back; the raw reads get the same pause so as not to look cheaper.
         time.sleep(0.01)
         c0 = time.process_time()
         m.poll()
-        steady.append(time.process_time() - c0)
+        c1 = time.process_time()
+        time.sleep(0.01)
+        c2 = time.process_time()
+        for t in list(m.procs.values()):  # in the poll's order: processes, then the system
+            if not t.gone:
+                _raw_proc_read(t.pid)
+        c3 = time.process_time()
+        _raw_system_read(cgroup_files)
+        c4 = time.process_time()
+        steady.append(c1 - c0)
+        raw_procs.append(c3 - c2)
+        raw_system.append(c4 - c3)
+    # the same back to back (caches warm): what the code costs, apart from the machine's caches
+    warm, warm_raw = [], []
+    for _ in range(polls):
+        c0 = time.process_time()
+        m.poll()
+        c1 = time.process_time()
+        for t in list(m.procs.values()):
+            if not t.gone:
+                _raw_proc_read(t.pid)
+        _raw_system_read(cgroup_files)
+        warm.append(c1 - c0)
+        warm_raw.append(time.process_time() - c1)
     tracked = [t for t in m.procs.values() if not t.gone]
     pids = [t.pid for t in tracked]
     n, reps = len(pids), 10
@@ -72,10 +159,20 @@ def _poll_helper(run_dir: str, polls: int) -> None:
         "discover (descendants, comm)": _cpu_us(m._discover, reps) / n,
         "to_dict+compact+json": _cpu_us(lambda: json_mod.dumps(build.compact(
             [dict(s.to_dict(), role="worker") for s in samples]), default=str), reps) / n,
-        "fd_pressure, 20 samples": _cpu_us(
-            lambda: [thresholds.fd_pressure(list(t.history)[-20:]) for t in tracked], reps) / n,
     }
+    try:  # the one-walk record (absent from a tree before it)
+        from dlwatch.report import timeline_record
+
+        parts["timeline_record+encode (one walk, redacted)"] = _cpu_us(lambda: timeline_record.encode(
+            timeline_record.sample_record(0.0, None, [(s, "worker") for s in samples], None, ())), reps) / n
+    except ImportError:
+        pass
+    parts["fd_pressure, 20 samples"] = _cpu_us(
+        lambda: [thresholds.fd_pressure(list(t.history)[-20:]) for t in tracked], reps) / n
     parts["read_system (per poll, not per process)"] = _cpu_us(lambda: read_system(m.main_pid), reps)
+    probe = getattr(m, "system_probe", None)  # what the monitor reads every poll (absent before SystemProbe)
+    if probe is not None:
+        parts["SystemProbe.sample (per poll, not per process)"] = _cpu_us(probe.sample, reps)
 
     # After HISTORY polls every process holds HISTORY samples: fill them as a long, quiet run
     # would (one sample a second) and time whole polls again.
@@ -87,6 +184,7 @@ def _poll_helper(run_dir: str, polls: int) -> None:
         lambda: [thresholds.fd_pressure(list(t.history)) for t in tracked], reps) / n
     full = []
     for _ in range(max(5, polls // 2)):
+        time.sleep(0.01)  # paused like the steady polls (they ran back to back before: warm caches)
         c0 = time.process_time()
         m.poll()
         full.append(time.process_time() - c0)
@@ -95,22 +193,40 @@ def _poll_helper(run_dir: str, polls: int) -> None:
         "history_len": monitor.HISTORY,
         "first_poll_s": first,
         "poll_s": sorted(steady),
+        "raw_procs_s": sorted(raw_procs),
+        "raw_system_s": sorted(raw_system),
+        "poll_over_raw": sorted(p / (r + y) for p, r, y in zip(steady, raw_procs, raw_system)),
+        "warm_poll_s": sorted(warm),
+        "warm_raw_s": sorted(warm_raw),
         "poll_full_history_s": sorted(full),
         "parts_us_per_proc": parts,
     }))
 
 
-def _write_config(run_dir: str, main_pid: int, workers: int, report_dir: str) -> None:
-    # what agent.Watch._start writes, minus what the poll does not read
+def _write_config(run_dir: str, main_pid: int, workers: int, report_dir: str,
+                  worker_pids: list[int] | None = None) -> None:
+    # what agent.Watch._start writes, minus what the poll does not read; the loader_workers
+    # event the agent writes when the workers start (without it the Monitor finds them as
+    # "other" descendants and keeps 16 at most: runs before this one timed 1+16 as "1+32", "1+64")
     os.makedirs(os.path.join(run_dir, "dumps"), mode=0o700)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump({"pid": main_pid, "started_at": time.time(), "report_dir": report_dir,
                    "options": {"report_dir": report_dir, "poll_interval": 1.0, "stall_timeout": None,
                                "enabled": True, "playbooks": []},
                    "loader": {"num_workers": workers, "batch_size": 1}}, f)
+    # and the heartbeat file the training process keeps (a poll reads it first; a missing one costs
+    # an exception instead of a read)
+    from dlwatch import heartbeat
+
+    heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeat")).close(heartbeat.STATE_OUTSIDE)
+    if worker_pids:
+        with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
+            f.write(json.dumps({"ts": time.time(), "event": "loader_workers", "pid": main_pid,
+                                "pids": worker_pids}) + "\n")
+        os.chmod(os.path.join(run_dir, "events.jsonl"), 0o600)
 
 
-def poll_cost(sizes: tuple[int, ...], polls: int) -> dict[str, Any]:
+def poll_cost(sizes: tuple[int, ...], polls: int, code: str | None = None) -> dict[str, Any]:
     targets: list[Target] = []
     rows = []
     with tempfile.TemporaryDirectory(prefix="dlwatch-bench-") as tmp:
@@ -119,33 +235,42 @@ def poll_cost(sizes: tuple[int, ...], polls: int) -> dict[str, Any]:
             ready = [t.wait_ready(120) for t in targets]
             for n, t, words in zip(sizes, targets, ready):
                 run_dir = os.path.join(tmp, f"run-{n}")
-                _write_config(run_dir, t.pid, n, tmp)
+                _write_config(run_dir, t.pid, n, tmp, [int(w) for w in words[1:]])
                 out = subprocess.run([sys.executable, "-m", "bench.monitor_cost", "--poll-helper", run_dir,
-                                      str(polls)], capture_output=True, text=True, timeout=120, check=True,
-                                     cwd=REPO)
+                                      str(polls), *([code] if code else [])], capture_output=True, text=True,
+                                     timeout=300, check=True, cwd=REPO)
                 row = json.loads(out.stdout)
                 row["expected_procs"] = len(words)  # main + workers
                 rows.append(row)
         finally:
             for t in targets:
                 t.kill()
-    # least squares: poll CPU = fixed + per_proc * procs, on the median steady poll
+    # least squares: poll CPU = fixed + per_proc * procs, on the median steady poll; the raw reads alike
     xs = [r["procs"] for r in rows]
     ys = [median(r["poll_s"]) for r in rows]
-    slope = _slope(xs, ys)
-    my = sum(ys) / len(ys)
-    intercept = my - slope * sum(xs) / len(xs)
-    ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys))
-    ss_tot = sum((y - my) ** 2 for y in ys)
+    raw = [median(r["raw_procs_s"]) for r in rows]
+    slope, intercept, r2 = _fit(xs, ys)
+    raw_slope, raw_intercept, _ = _fit(xs, raw)
     full = [median(r["poll_full_history_s"]) for r in rows]
+    warm_slope, _, _ = _fit(xs, [median(r["warm_poll_s"]) for r in rows])
+    first = rows[0]
     return {
+        "code": code,
         "rows": [{
             "workers": size,
-            "procs": r["procs"],
+            "procs": r["procs"],  # tracked by the Monitor; expected_procs: main + workers started
+            "expected_procs": r["expected_procs"],
             "first_poll_us": r["first_poll_s"] * 1e6,
             "poll_us_median": median(r["poll_s"]) * 1e6,
-            "poll_us_mean": sum(r["poll_s"]) / len(r["poll_s"]) * 1e6,  # includes the 1-in-5 fd breakdowns
+            "poll_us_mean": sum(r["poll_s"]) / len(r["poll_s"]) * 1e6,  # includes the 1-in-5 discovery polls
             "poll_us_per_proc": median(r["poll_s"]) * 1e6 / r["procs"],
+            "poll_us_spread": [r["poll_s"][len(r["poll_s"]) // 4] * 1e6, r["poll_s"][3 * len(r["poll_s"]) // 4] * 1e6],
+            # the raw reads of the same processes right after each poll (same run, same load)
+            "raw_proc_us_per_proc": median(r["raw_procs_s"]) * 1e6 / r["procs"],
+            "raw_system_us": median(r["raw_system_s"]) * 1e6,
+            "poll_over_raw_median": median(r["poll_over_raw"]),
+            "warm_poll_us_median": median(r["warm_poll_s"]) * 1e6,
+            "warm_raw_us_median": median(r["warm_raw_s"]) * 1e6,  # processes and system together
             "history_len": r["history_len"],
             "poll_full_history_us_median": f * 1e6,
             "poll_full_history_us_per_proc": f * 1e6 / r["procs"],
@@ -153,9 +278,26 @@ def poll_cost(sizes: tuple[int, ...], polls: int) -> dict[str, Any]:
         } for size, r, f in zip(sizes, rows, full)],
         "fit_us_per_proc": slope * 1e6,
         "fit_fixed_us": intercept * 1e6,
-        "fit_r2": 1 - ss_res / ss_tot if ss_tot else 1.0,
+        "fit_r2": r2,
         "fit_full_history_us_per_proc": _slope(xs, full) * 1e6,
+        "raw_fit_us_per_proc": raw_slope * 1e6,
+        "raw_fit_fixed_us": raw_intercept * 1e6,
+        # the smallest job's poll less its processes at the fitted per-process cost
+        "fixed_us_smallest": (median(first["poll_s"]) - slope * first["procs"]) * 1e6,
+        "raw_system_us_smallest": median(first["raw_system_s"]) * 1e6,
+        "warm_fit_us_per_proc": warm_slope * 1e6,
+        "warm_fixed_us_smallest": (median(first["warm_poll_s"]) - warm_slope * first["procs"]) * 1e6,
     }
+
+
+def _fit(xs: list[int], ys: list[float]) -> tuple[float, float, float]:
+    """(slope, intercept, R²) of the least-squares line."""
+    slope = _slope(xs, ys)
+    my = sum(ys) / len(ys)
+    intercept = my - slope * sum(xs) / len(xs)
+    ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    return slope, intercept, 1 - ss_res / ss_tot if ss_tot else 1.0
 
 
 def _slope(xs: list[int], ys: list[float]) -> float:
@@ -206,8 +348,32 @@ def run(quick: bool) -> dict[str, Any]:
     }
 
 
+def _poll_only(argv: list[str]) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="bench/monitor_cost.py --poll-only")
+    ap.add_argument("--sizes", default="1,8,32", help="worker counts, comma-separated")
+    ap.add_argument("--polls", type=int, default=STEADY_POLLS)
+    ap.add_argument("--code", help="poll with this checkout's dlwatch (a tree exported from another commit)")
+    args = ap.parse_args(argv)
+    p = poll_cost(tuple(int(x) for x in args.sizes.split(",")), args.polls, args.code)
+    for row in p["rows"]:
+        print(f"1+{row['workers']} ({row['procs']} of {row['expected_procs']} tracked): poll {row['poll_us_median']:.0f} us = {row['poll_us_per_proc']:.1f} us/proc "
+              f"(IQR {row['poll_us_spread'][0]:.0f}-{row['poll_us_spread'][1]:.0f} us); raw /proc "
+              f"{row['raw_proc_us_per_proc']:.1f} us/proc + system {row['raw_system_us']:.0f} us; "
+              f"poll/raw {row['poll_over_raw_median']:.2f}; back to back {row['warm_poll_us_median']:.0f} us "
+              f"(raw {row['warm_raw_us_median']:.0f} us)", file=sys.stderr)
+    print(f"fit: {p['fit_us_per_proc']:.1f} us/proc (raw {p['raw_fit_us_per_proc']:.1f}), fixed "
+          f"{p['fixed_us_smallest']:.0f} us at 1+{p['rows'][0]['workers']} (raw system {p['raw_system_us_smallest']:.0f}),"
+          f" R² {p['fit_r2']:.4f}; back to back {p['warm_fit_us_per_proc']:.1f} us/proc, fixed "
+          f"{p['warm_fixed_us_smallest']:.0f} us", file=sys.stderr)
+    print(json.dumps(p, indent=1))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--poll-helper"]:
-        _poll_helper(sys.argv[2], int(sys.argv[3]))
+        _poll_helper(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
+    elif sys.argv[1:2] == ["--poll-only"]:
+        _poll_only(sys.argv[2:])
     else:
         print(json.dumps(run("--quick" in sys.argv), indent=1))

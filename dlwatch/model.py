@@ -28,6 +28,11 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def plain(obj: Any) -> Any:
+    """The JSON form ``to_dict`` gives a value of the model (a field, a nested sample)."""
+    return _plain(obj)
+
+
 class _ToDict:
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)

@@ -639,6 +639,16 @@ def outbound(obj: Any) -> Any:
         return MASK
 
 
+def outbound_text(text: str) -> str:
+    """``outbound`` of one ``str``, without the container walk: what a serialiser that already
+    knows its shape calls for the fields that can hold user text (names, paths).  Recent short
+    strings come from the same cache ``outbound`` uses."""
+    try:
+        return _outbound_text(text) if type(text) is str else outbound(text)
+    except Exception:  # pragma: no cover - defensive: never leak, never raise
+        return MASK
+
+
 def outbound_bytes(data: bytes | str) -> bytes:
     """Text bound for a file, redacted; bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
     text = _to_text(data) if not isinstance(data, str) else data

@@ -1,11 +1,14 @@
-"""System-wide probes: /proc/meminfo, /dev/shm, the cgroup memory controller (v1 and v2)."""
+"""System-wide probes: /proc/meminfo, /dev/shm, the cgroup memory controller (v1 and v2).
+
+``read_system`` reads everything afresh; ``SystemProbe`` is the same reading for a monitor that
+asks every poll, without what does not change between polls (see its docstring).
+"""
 
 from __future__ import annotations
 
 import os
 import time
 
-from dlwatch.collect.procfs import parse_kv_kib
 from dlwatch.model import SystemSample
 
 SHM_DIR = "/dev/shm"
@@ -13,12 +16,25 @@ _V1 = "/sys/fs/cgroup/memory"
 _V2 = "/sys/fs/cgroup"
 
 
+LIMIT_EVERY_S = 10.0  # SystemProbe re-reads the cgroup's memory limit this often (a resized job changes it)
+# SystemProbe counts /dev/shm's torch_* files again only when the directory changed (its mtime), and
+# at least this often: a shared host's /dev/shm can hold thousands of other jobs' files
+SHM_RECOUNT_EVERY_S = 10.0
+# a directory mtime this close to the count may hide a change made in the same clock tick right after it
+_MTIME_SLACK_NS = 1_000_000_000
+
+
 def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read(65536).decode("utf-8", "replace")
+    try:  # os.open/os.read: a file object costs more than the read of a small /proc or /sys file
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return os.read(fd, 65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _int(text: str | None) -> int | None:
@@ -45,28 +61,42 @@ def cgroup_paths(pid: int, controller: str = "memory") -> tuple[str | None, str 
     return v1, v2
 
 
+_Files = tuple[str, str, str]  # the cgroup's limit file, usage file, file with the oom_kill line
+
+
+def _cgroup_candidates(paths: tuple[str | None, str | None]) -> list[_Files]:
+    v1, v2 = paths
+    candidates = []
+    if v1 is not None:
+        for base in (os.path.join(_V1, v1.lstrip("/")), _V1):
+            candidates.append(tuple(os.path.join(base, f) for f in
+                                    ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control")))
+    if v2 is not None:
+        base = os.path.join(_V2, v2.lstrip("/"))
+        candidates.append(tuple(os.path.join(base, f) for f in ("memory.max", "memory.current", "memory.events")))
+    return candidates  # type: ignore[return-value]
+
+
+def _oom_kills(events_text: str | None) -> int | None:
+    """The ``oom_kill N`` line of memory.oom_control (v1) or memory.events (v2)."""
+    oom = None
+    for line in (events_text or "").splitlines():
+        if line.startswith("oom_kill "):
+            oom = _int(line.split()[1])
+    return oom
+
+
 def cgroup_memory(pid: int, paths: tuple[str | None, str | None] | None = None
                   ) -> tuple[int | None, int | None, int | None]:
     """(limit, usage, oom_kill count) for the memory cgroup of ``pid``; None where unreadable.
 
     ``paths`` (from ``cgroup_paths``) may be passed to skip re-reading /proc/<pid>/cgroup.
     """
-    v1, v2 = paths if paths is not None else cgroup_paths(pid)
-    candidates = []  # (directory, limit file, usage file, file with the oom_kill line)
-    if v1 is not None:
-        for base in (os.path.join(_V1, v1.lstrip("/")), _V1):
-            candidates.append((base, "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control"))
-    if v2 is not None:
-        candidates.append((os.path.join(_V2, v2.lstrip("/")), "memory.max", "memory.current", "memory.events"))
-    for base, limit_file, usage_file, events_file in candidates:
-        limit = _read(os.path.join(base, limit_file))
+    for limit_file, usage_file, events_file in _cgroup_candidates(paths if paths is not None else cgroup_paths(pid)):
+        limit = _read(limit_file)
         if limit is None:
             continue
-        oom = None
-        for line in (_read(os.path.join(base, events_file)) or "").splitlines():
-            if line.startswith("oom_kill "):
-                oom = _int(line.split()[1])
-        return _int(limit), _int(_read(os.path.join(base, usage_file))), oom
+        return _int(limit), _int(_read(usage_file)), _oom_kills(_read(events_file))
     return None, None, None
 
 
@@ -102,14 +132,99 @@ def vm_oom_kills() -> int | None:
     return _int(text[idx + 10:].split("\n", 1)[0])
 
 
+def _meminfo_kib(text: str, key: str) -> int | None:
+    """``parse_kv_kib(text, (key,)).get(key)`` for /proc/meminfo, by one search instead of a split of
+    its ~55 lines (most of what read_system cost beyond the reads); the same rules for the value."""
+    if text.startswith(key + ":"):
+        start = 0
+    else:
+        start = text.find("\n" + key + ":") + 1
+        if start == 0:
+            return None
+    end = text.find("\n", start)
+    parts = text[start + len(key) + 1:end if end >= 0 else len(text)].split()
+    if not parts or not (parts[0].isascii() and parts[0].isdigit()):
+        return None
+    return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+
+
 def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = None) -> SystemSample:
-    mem = parse_kv_kib(_read("/proc/meminfo") or "", ("MemAvailable", "Mlocked"))
-    total, free = shm_usage()
-    limit, usage, ooms = cgroup_memory(pid, cgroup_paths)
-    return SystemSample(ts=time.time(), mem_available=mem.get("MemAvailable"), mlocked=mem.get("Mlocked"),
-                        shm_total=total, shm_free=free, shm_torch_files=torch_shm_files(),
-                        cgroup_memory_limit=limit, cgroup_memory_usage=usage, cgroup_oom_kills=ooms,
-                        vm_oom_kills=vm_oom_kills())
+    """Everything read afresh (attach, the monitor's last look after the training process died)."""
+    return SystemProbe(pid, cgroup_paths).sample()
+
+
+class SystemProbe:
+    """``read_system`` of one process, poll after poll, without re-reading what does not change.
+
+    Read once: the process's cgroup paths (unless given) and which of the candidate cgroup
+    directories answers (found again as soon as it stops answering).  Read every
+    ``LIMIT_EVERY_S``: the cgroup's memory limit.  Read every time: everything that moves
+    (MemAvailable, Mlocked, /dev/shm, the cgroup's usage and OOM-kill count, the host's OOM
+    kills), so that a death is judged on counters read after it.
+    """
+
+    def __init__(self, pid: int, cgroup_paths: tuple[str | None, str | None] | None = None,
+                 shm_dir: str = SHM_DIR) -> None:
+        self.pid = pid
+        self._paths = cgroup_paths
+        self._files: _Files | None = None  # the cgroup directory that answered
+        self._limit: int | None = None
+        self._limit_at = -LIMIT_EVERY_S
+        self.shm_dir = shm_dir
+        self._shm_key: tuple[int, int, int] | None = None  # (st_dev, st_ino, st_mtime_ns) when counted
+        self._shm_files: int | None = None
+        self._shm_at = -SHM_RECOUNT_EVERY_S
+
+    def _torch_shm_files(self, now: float) -> int | None:
+        """``torch_shm_files``, counted again only when /dev/shm changed or SHM_RECOUNT_EVERY_S passed.
+
+        Creating, removing or renaming an entry sets the directory's mtime to that moment; a count
+        is reused only while the mtime is the same as at the count and was already a second old then
+        (a change in the same coarse clock tick as the count could keep the old mtime).
+        """
+        try:
+            st = os.stat(self.shm_dir)
+        except OSError:
+            self._shm_key = None
+            return torch_shm_files(self.shm_dir)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if key == self._shm_key and now - self._shm_at < SHM_RECOUNT_EVERY_S:
+            return self._shm_files
+        settled = time.time_ns() - st.st_mtime_ns >= _MTIME_SLACK_NS
+        self._shm_files = torch_shm_files(self.shm_dir)
+        self._shm_key, self._shm_at = (key, now) if settled else (None, now)
+        return self._shm_files
+
+    def _cgroup(self, now: float) -> tuple[int | None, int | None, int | None]:
+        if self._files is not None:
+            limit_file, usage_file, events_file = self._files
+            fresh = now - self._limit_at >= LIMIT_EVERY_S
+            limit_text = _read(limit_file) if fresh else ""
+            usage = _read(usage_file)
+            if limit_text is not None and usage is not None:
+                if fresh:
+                    self._limit, self._limit_at = _int(limit_text), now
+                return self._limit, _int(usage), _oom_kills(_read(events_file))
+            self._files = None  # gone or refused: look again, as read_system would
+        if self._paths is None:
+            self._paths = cgroup_paths(self.pid)
+        for files in _cgroup_candidates(self._paths):
+            limit_text = _read(files[0])
+            if limit_text is None:
+                continue
+            self._files, self._limit, self._limit_at = files, _int(limit_text), now
+            return self._limit, _int(_read(files[1])), _oom_kills(_read(files[2]))
+        return None, None, None
+
+    def sample(self) -> SystemSample:
+        meminfo = _read("/proc/meminfo") or ""
+        total, free = shm_usage()
+        now = time.monotonic()
+        limit, usage, ooms = self._cgroup(now)
+        return SystemSample(ts=time.time(), mem_available=_meminfo_kib(meminfo, "MemAvailable"),
+                            mlocked=_meminfo_kib(meminfo, "Mlocked"), shm_total=total, shm_free=free,
+                            shm_torch_files=self._torch_shm_files(now), cgroup_memory_limit=limit,
+                            cgroup_memory_usage=usage, cgroup_oom_kills=ooms, vm_oom_kills=vm_oom_kills())
 
 
 def parse_cpu_max(text: str | None) -> float | None:
