@@ -46,9 +46,14 @@ class Target:
     """``python bench/targets.py MODE ARGS...`` in its own session; it prints one 'ready ...' line."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, TARGETS, *args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, TARGETS, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
         self.pid = self.proc.pid
 
     def wait_ready(self, timeout: float) -> list[str]:
@@ -95,7 +100,7 @@ def proc_cpu_s(pid: int) -> float:
     """utime + stime of pid from /proc/<pid>/stat, in seconds."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         text = f.read().decode()
-    rest = text[text.rfind(")") + 2:].split()
+    rest = text[text.rfind(")") + 2 :].split()
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -28,9 +28,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TARGET = os.path.join(REPO, "tests", "stack_targets", "fake_workers.py")
 DEEP = os.path.join(REPO, "tests", "stack_targets", "deep_loader.py")
-WRAP = ("import resource, subprocess, sys, time; t = time.monotonic(); rc = subprocess.run(sys.argv[1:]).returncode; "
-        "print('WALL', time.monotonic() - t, 'MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
-        "'RC', rc, file=sys.stderr)")
+WRAP = (
+    "import resource, subprocess, sys, time; t = time.monotonic(); rc = subprocess.run(sys.argv[1:]).returncode; "
+    "print('WALL', time.monotonic() - t, 'MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+    "'RC', rc, file=sys.stderr)"
+)
 
 
 def measure(workers: int, mib: int, code: str, as_nobody: bool) -> dict:
@@ -40,14 +42,28 @@ def measure(workers: int, mib: int, code: str, as_nobody: bool) -> dict:
     argv = [sys.executable, TARGET, shared, str(workers), str(mib)]
     if as_nobody:
         os.chown(shared, 65534, 65534)
-        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", TARGET, shared,
-                str(workers), str(mib)]
+        argv = [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            TARGET,
+            shared,
+            str(workers),
+            str(mib),
+        ]
     job = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
     try:
         main_pid = int(job.stdout.readline().split()[1])
         env = dict(os.environ, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS="")
-        return {"workers": workers, "mib_per_worker": mib, "as_nobody": as_nobody, "code": code,
-                **_attach(main_pid, out_dir, code, env)}
+        return {
+            "workers": workers,
+            "mib_per_worker": mib,
+            "as_nobody": as_nobody,
+            "code": code,
+            **_attach(main_pid, out_dir, code, env),
+        }
     finally:
         try:
             os.killpg(job.pid, signal.SIGKILL)
@@ -60,27 +76,55 @@ def measure(workers: int, mib: int, code: str, as_nobody: bool) -> dict:
 
 
 def _attach(main_pid: int, out_dir: str, code: str, env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-c", WRAP, sys.executable, "-m", "dlwatch", "attach", str(main_pid),
-                           "--out", out_dir, "--duration", "0.2"], env=dict(env, PYTHONPATH=code),
-                          capture_output=True, text=True, timeout=600, cwd="/")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WRAP,
+            sys.executable,
+            "-m",
+            "dlwatch",
+            "attach",
+            str(main_pid),
+            "--out",
+            out_dir,
+            "--duration",
+            "0.2",
+        ],
+        env=dict(env, PYTHONPATH=code),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/",
+    )
     fields = done.stderr.strip().splitlines()[-1].split()
     incident = os.path.join(out_dir, next(n for n in os.listdir(out_dir) if not n.startswith(".")))
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _d, files in os.walk(incident) for f in files)
-    return {"attach_wall_s": round(float(fields[1]), 2), "attach_peak_rss_mb": round(int(fields[3]) / 1024, 1),
-            "report_json_bytes": os.path.getsize(os.path.join(incident, "report.json")),
-            "incident_bytes": total, "attach_rc": int(fields[5])}
+    return {
+        "attach_wall_s": round(float(fields[1]), 2),
+        "attach_peak_rss_mb": round(int(fields[3]) / 1024, 1),
+        "report_json_bytes": os.path.getsize(os.path.join(incident, "report.json")),
+        "incident_bytes": total,
+        "attach_rc": int(fields[5]),
+    }
 
 
 def measure_deep(workers: int, depth: int, code: str) -> dict:
     job_dir = tempfile.mkdtemp(prefix="dlwatch-deep-")
     out_dir = tempfile.mkdtemp(prefix="dlwatch-deep-out-")
-    job = subprocess.Popen([sys.executable, DEEP, job_dir, str(depth), str(workers)], stdout=subprocess.PIPE,
-                           text=True, start_new_session=True, env=dict(os.environ, PYTHONPATH=REPO))
+    job = subprocess.Popen(
+        [sys.executable, DEEP, job_dir, str(depth), str(workers)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     try:
         pids = [int(p) for p in job.stdout.readline().split()[1:]]
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(open(f"/proc/{p}/syscall").read().split()[0] in ("202", "98")
-                                                      for p in pids):
+        while time.monotonic() < deadline and not all(
+            open(f"/proc/{p}/syscall").read().split()[0] in ("202", "98") for p in pids
+        ):
             time.sleep(0.1)  # every worker down its frames, at the lock
         return {"workers": workers, "depth": depth, "code": code, **_attach(job.pid, out_dir, code, dict(os.environ))}
     finally:

@@ -34,11 +34,29 @@ class _Proc:
 def _view() -> View:
     procs = {}
     for pid in range(9):
-        hist = [ProcSample(pid=pid, ts=1000.0 + i, rss=500 * MiB, uss=300 * MiB, uss_ts=1000.0 + (i // 10) * 10,
-                           vm_lck=0, minflt=i, num_fds=40, fd_limit=1024) for i in range(120)]
+        hist = [
+            ProcSample(
+                pid=pid,
+                ts=1000.0 + i,
+                rss=500 * MiB,
+                uss=300 * MiB,
+                uss_ts=1000.0 + (i // 10) * 10,
+                vm_lck=0,
+                minflt=i,
+                num_fds=40,
+                fd_limit=1024,
+            )
+            for i in range(120)
+        ]
         procs[pid] = _Proc(pid, "worker" if pid else "main", hist)
-    system = SystemSample(ts=1119.0, mem_available=20 << 30, mlocked=10 * MiB, cgroup_memory_limit=1 << 30,
-                          cgroup_memory_usage=500 * MiB, cgroup_oom_kills=0)
+    system = SystemSample(
+        ts=1119.0,
+        mem_available=20 << 30,
+        mlocked=10 * MiB,
+        cgroup_memory_limit=1 << 30,
+        cgroup_memory_usage=500 * MiB,
+        cgroup_oom_kills=0,
+    )
     return View(now=1119.0, procs=procs, loader=None, loader_pids=frozenset(), system=system, heartbeat=None)
 
 

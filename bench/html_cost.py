@@ -42,29 +42,74 @@ def big_report(samples: int, workers: int) -> dict:
     r = store.skeleton(trigger="stall", pid=100, now=now)
     r["progress"] = {"batches": 1000, "epochs": 1, "stall_s": 60.0, "data_wait_s": 30.0, "step_s": 200.0}
     procs = [(100, "main")] + [(101 + i, "worker") for i in range(workers)]
-    r["processes"] = [build.process_entry(pid, role, sample={"num_fds": 50, "fd_limit": 1024, "rss": 1 << 30})
-                      for pid, role in procs]
-    r["timeline"] = [{"kind": "sample", "ts": now - samples + i,
-                      "heartbeat": {"batches": i * 4, "data_wait_s": i * 0.1, "step_s": i * 0.9, "last_interval_s": 0.25},
-                      "procs": [{"pid": pid, "role": role, "num_fds": 50 + i, "fd_limit": 1024, "rss": (1 << 30) + i * 4096,
-                                 "uss": (1 << 27) + i * 4096, "cpu_s": i * 0.5} for pid, role in procs],
-                      "system": {"shm_total": 8 << 30, "shm_free": (8 << 30) - i * (1 << 20), "mlocked": 1 << 24},
-                      "gpus": [{"index": 0, "util_percent": 50 + i % 40}]} for i in range(samples)]
+    r["processes"] = [
+        build.process_entry(pid, role, sample={"num_fds": 50, "fd_limit": 1024, "rss": 1 << 30}) for pid, role in procs
+    ]
+    r["timeline"] = [
+        {
+            "kind": "sample",
+            "ts": now - samples + i,
+            "heartbeat": {"batches": i * 4, "data_wait_s": i * 0.1, "step_s": i * 0.9, "last_interval_s": 0.25},
+            "procs": [
+                {
+                    "pid": pid,
+                    "role": role,
+                    "num_fds": 50 + i,
+                    "fd_limit": 1024,
+                    "rss": (1 << 30) + i * 4096,
+                    "uss": (1 << 27) + i * 4096,
+                    "cpu_s": i * 0.5,
+                }
+                for pid, role in procs
+            ],
+            "system": {"shm_total": 8 << 30, "shm_free": (8 << 30) - i * (1 << 20), "mlocked": 1 << 24},
+            "gpus": [{"index": 0, "util_percent": 50 + i % 40}],
+        }
+        for i in range(samples)
+    ]
     return r
 
 
 def sample(now: float, i: int, workers: int) -> dict:
     procs = [(100, "main")] + [(101 + w, "worker") for w in range(workers)]
-    return {"kind": "sample", "ts": now + i * 0.2,
-            "heartbeat": {"batches": i * 4, "epochs": 1 + i // 3000, "data_wait_s": i * 0.1, "step_s": i * 0.9,
-                          "last_interval_s": 0.25, "state": 1, "seq": i},
-            "procs": [{"pid": pid, "role": role, "name": "python", "state": "S", "num_fds": 50 + i % 7,
-                       "fd_limit": 1024, "rss": (1 << 30) + i * 4096, "uss": (1 << 27) + i * 4096,
-                       "cpu_s": i * 0.15, "num_threads": 4, "wchan": "do_epoll_wait", "io_read_bytes": i * 65536}
-                      for pid, role in procs],
-            "system": {"shm_total": 8 << 30, "shm_free": (8 << 30) - i % 100 * (1 << 20), "mlocked": 1 << 24,
-                       "mem_available": 100 << 30, "load1": 3.0},
-            "gpus": [{"index": 0, "util_percent": 50 + i % 40, "memory_used": 1 << 33}]}
+    return {
+        "kind": "sample",
+        "ts": now + i * 0.2,
+        "heartbeat": {
+            "batches": i * 4,
+            "epochs": 1 + i // 3000,
+            "data_wait_s": i * 0.1,
+            "step_s": i * 0.9,
+            "last_interval_s": 0.25,
+            "state": 1,
+            "seq": i,
+        },
+        "procs": [
+            {
+                "pid": pid,
+                "role": role,
+                "name": "python",
+                "state": "S",
+                "num_fds": 50 + i % 7,
+                "fd_limit": 1024,
+                "rss": (1 << 30) + i * 4096,
+                "uss": (1 << 27) + i * 4096,
+                "cpu_s": i * 0.15,
+                "num_threads": 4,
+                "wchan": "do_epoll_wait",
+                "io_read_bytes": i * 65536,
+            }
+            for pid, role in procs
+        ],
+        "system": {
+            "shm_total": 8 << 30,
+            "shm_free": (8 << 30) - i % 100 * (1 << 20),
+            "mlocked": 1 << 24,
+            "mem_available": 100 << 30,
+            "load1": 3.0,
+        },
+        "gpus": [{"index": 0, "util_percent": 50 + i % 40, "memory_used": 1 << 33}],
+    }
 
 
 def full_run_dir(d: str, workers: int, cap: int, limit: int | None) -> tuple[str, int]:
@@ -99,10 +144,14 @@ def summary_render(d: str, workers: int, limit: int | None) -> dict:
     wall = time.perf_counter() - t0
     for fd in fds:
         os.close(fd)
-    return {"samples": n, "timeline_bytes": sum(os.path.getsize(os.path.join(run_dir, f)) for f in os.listdir(run_dir)),
-            "wall_s": wall, "child_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
-            "page_bytes": os.path.getsize(os.path.join(path, "report.html")),
-            "kept_bytes": os.path.getsize(os.path.join(path, html.TIMELINE_NAME))}
+    return {
+        "samples": n,
+        "timeline_bytes": sum(os.path.getsize(os.path.join(run_dir, f)) for f in os.listdir(run_dir)),
+        "wall_s": wall,
+        "child_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+        "page_bytes": os.path.getsize(os.path.join(path, "report.html")),
+        "kept_bytes": os.path.getsize(os.path.join(path, html.TIMELINE_NAME)),
+    }
 
 
 def summary_main(argv: list[str]) -> int:  # the child that runs one summary render (its own ru_maxrss)
@@ -119,8 +168,12 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=build.TIMELINE_WINDOW)
     ap.add_argument("--procs", type=int, default=8, help="workers per sample")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--run-samples", type=int, default=0,
-                    help="samples in the run's timeline (default: as many as the rotation cap holds)")
+    ap.add_argument(
+        "--run-samples",
+        type=int,
+        default=0,
+        help="samples in the run's timeline (default: as many as the rotation cap holds)",
+    )
     args = ap.parse_args()
     os.environ["DLWATCH_HTML"] = "0"  # this process writes the incident; the child is started below, timed
     me = psutil.Process()
@@ -140,8 +193,10 @@ def main() -> int:
         size = os.path.getsize(os.path.join(path, "report.html"))
     walls.sort()
     print(f"timeline: {args.samples} samples x {args.procs + 1} processes")
-    print(f"render child: median {walls[len(walls) // 2] * 1000:.0f} ms wall (min {walls[0] * 1000:.0f}, "
-          f"max {walls[-1] * 1000:.0f}), peak RSS {child_rss / 2**20:.1f} MiB")
+    print(
+        f"render child: median {walls[len(walls) // 2] * 1000:.0f} ms wall (min {walls[0] * 1000:.0f}, "
+        f"max {walls[-1] * 1000:.0f}), peak RSS {child_rss / 2**20:.1f} MiB"
+    )
     print(f"report.html: {size / 1024:.1f} KiB")
     print(f"writer RSS: {rss_before / 2**20:.1f} MiB before build.write, {rss_after / 2**20:.1f} MiB after")
 
@@ -149,21 +204,32 @@ def main() -> int:
 
     results = []
     for _ in range(max(1, args.runs // 2)):  # each builds a 16 MiB timeline first: fewer runs
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--summary-child", str(args.procs),
-                              str(args.run_samples)], check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--summary-child", str(args.procs), str(args.run_samples)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         results.append(json.loads(out.stdout))
     results.sort(key=lambda r: r["wall_s"])
     r = results[len(results) // 2]
-    print(f"run summary: timeline {r['samples']} samples x {args.procs + 1} processes "
-          f"({r['timeline_bytes'] / 2**20:.1f} MiB, handed to the child open)")
-    print(f"summary render child: median {r['wall_s'] * 1000:.0f} ms wall (min {results[0]['wall_s'] * 1000:.0f}, "
-          f"max {results[-1]['wall_s'] * 1000:.0f}), peak RSS {max(x['child_rss'] for x in results) / 2**20:.1f} MiB")
-    print(f"runs/<id>/report.html: {r['page_bytes'] / 1024:.1f} KiB; kept timeline.jsonl "
-          f"{r['kept_bytes'] / 1024:.1f} KiB")
+    print(
+        f"run summary: timeline {r['samples']} samples x {args.procs + 1} processes "
+        f"({r['timeline_bytes'] / 2**20:.1f} MiB, handed to the child open)"
+    )
+    print(
+        f"summary render child: median {r['wall_s'] * 1000:.0f} ms wall (min {results[0]['wall_s'] * 1000:.0f}, "
+        f"max {results[-1]['wall_s'] * 1000:.0f}), peak RSS {max(x['child_rss'] for x in results) / 2**20:.1f} MiB"
+    )
+    print(
+        f"runs/<id>/report.html: {r['page_bytes'] / 1024:.1f} KiB; kept timeline.jsonl {r['kept_bytes'] / 1024:.1f} KiB"
+    )
     # what the monitor pays to start the child: importing this module once, at the block's end
-    code = ("import gc, psutil, dlwatch.monitor, dlwatch.report.build, dlwatch.report.summary\n"
-            "p = psutil.Process(); p.memory_full_info(); gc.collect(); a = p.memory_full_info().uss\n"
-            "import dlwatch.report.html\ngc.collect(); print(p.memory_full_info().uss - a)")
+    code = (
+        "import gc, psutil, dlwatch.monitor, dlwatch.report.build, dlwatch.report.summary\n"
+        "p = psutil.Process(); p.memory_full_info(); gc.collect(); a = p.memory_full_info().uss\n"
+        "import dlwatch.report.html\ngc.collect(); print(p.memory_full_info().uss - a)"
+    )
     subprocess.run([sys.executable, "-I", "-c", "import dlwatch.report.html"], check=True)  # its bytecode cached
     cost = int(subprocess.run([sys.executable, "-I", "-c", code], check=True, capture_output=True, text=True).stdout)
     print(f"monitor: importing dlwatch.report.html to start the child costs {cost / 1024:.0f} KiB USS, once")

@@ -63,14 +63,19 @@ def detection(workers: int, stall_timeout: float, poll_interval: float) -> dict[
 def _sequential_py_spy(exe: str, pids: list[int], native: bool) -> float:
     t0 = time.perf_counter()
     for pid in pids:
-        subprocess.run([exe, "dump", *(["--native"] if native else []), "--pid", str(pid)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+        subprocess.run(
+            [exe, "dump", *(["--native"] if native else []), "--pid", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
     return time.perf_counter() - t0
 
 
 def attach_available() -> bool:
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "attach", "--help"], capture_output=True,
-                         text=True, timeout=60, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "attach", "--help"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     return out.returncode == 0
 
 
@@ -82,8 +87,9 @@ def dumps_and_attach(workers: int, reps: int) -> dict[str, Any]:
     with target("hang", str(workers)) as (t, words):
         pids = [int(w) for w in words]
         time.sleep(0.5)  # let every worker reach the lock
-        timings: dict[str, list[float]] = {k: [] for k in ("parallel", "sequential", "parallel_native",
-                                                            "sequential_native")}
+        timings: dict[str, list[float]] = {
+            k: [] for k in ("parallel", "sequential", "parallel_native", "sequential_native")
+        }
         per_dump: dict[str, list[float]] = {"plain": [], "native": []}
         ok = {"plain": 0, "native": 0}
         for _ in range(reps):
@@ -109,8 +115,14 @@ def dumps_and_attach(workers: int, reps: int) -> dict[str, Any]:
             with tempfile.TemporaryDirectory(prefix="dlwatch-bench-") as tmp:
                 env = dict(os.environ, DLWATCH_DIR=tmp)
                 t0 = time.perf_counter()
-                out = subprocess.run([sys.executable, "-m", "dlwatch", "attach", str(t.pid), "--out", tmp],
-                                     cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
+                out = subprocess.run(
+                    [sys.executable, "-m", "dlwatch", "attach", str(t.pid), "--out", tmp],
+                    cwd=tmp,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 res["attach_s"] = time.perf_counter() - t0
                 res["attach_rc"] = out.returncode
                 res["attach_stderr_tail"] = out.stderr[-500:]

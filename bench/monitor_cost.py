@@ -70,10 +70,13 @@ def _cgroup_files(pid: int) -> list[str]:
                 v2 = parts[2]
             elif len(parts) == 3 and "memory" in parts[1].split(","):
                 v1 = parts[2]
-    for base, names in (([os.path.join("/sys/fs/cgroup/memory", v1.lstrip("/")), "/sys/fs/cgroup/memory"]
-                         if v1 else [], ("memory.usage_in_bytes", "memory.oom_control")),
-                        ([os.path.join("/sys/fs/cgroup", v2.lstrip("/"))] if v2 else [],
-                         ("memory.current", "memory.events"))):
+    for base, names in (
+        (
+            [os.path.join("/sys/fs/cgroup/memory", v1.lstrip("/")), "/sys/fs/cgroup/memory"] if v1 else [],
+            ("memory.usage_in_bytes", "memory.oom_control"),
+        ),
+        ([os.path.join("/sys/fs/cgroup", v2.lstrip("/"))] if v2 else [], ("memory.current", "memory.events")),
+    ):
         for d in base:
             if os.path.exists(os.path.join(d, names[0])):
                 return [os.path.join(d, n) for n in names]
@@ -149,26 +152,41 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
     parts = {
         "read_proc": _cpu_us(lambda: [procfs.read_proc(p) for p in pids], reps) / n,
         "fd_summary (1 poll in 5)": _cpu_us(lambda: [procfs.fd_summary(p) for p in pids], reps) / n,
-        "mem_detail smaps_rollup+maps (every 10 s)":
-            _cpu_us(lambda: [procfs.read_proc(p, mem_detail=True) for p in pids], reps) / n
-            - _cpu_us(lambda: [procfs.read_proc(p) for p in pids], reps) / n,
-        "num_fds by listdir(/proc/P/fd) (now)": _cpu_us(
-            lambda: [len(os.listdir(f"/proc/{p}/fd")) for p in pids], reps) / n,
+        "mem_detail smaps_rollup+maps (every 10 s)": _cpu_us(
+            lambda: [procfs.read_proc(p, mem_detail=True) for p in pids], reps
+        )
+        / n
+        - _cpu_us(lambda: [procfs.read_proc(p) for p in pids], reps) / n,
+        "num_fds by listdir(/proc/P/fd) (now)": _cpu_us(lambda: [len(os.listdir(f"/proc/{p}/fd")) for p in pids], reps)
+        / n,
         "num_fds by stat(/proc/P/fd).st_size (Linux >= 6.2)": _cpu_us(
-            lambda: [os.stat(f"/proc/{p}/fd").st_size for p in pids], reps) / n,
+            lambda: [os.stat(f"/proc/{p}/fd").st_size for p in pids], reps
+        )
+        / n,
         "discover (descendants, comm)": _cpu_us(m._discover, reps) / n,
-        "to_dict+compact+json": _cpu_us(lambda: json_mod.dumps(build.compact(
-            [dict(s.to_dict(), role="worker") for s in samples]), default=str), reps) / n,
+        "to_dict+compact+json": _cpu_us(
+            lambda: json_mod.dumps(build.compact([dict(s.to_dict(), role="worker") for s in samples]), default=str),
+            reps,
+        )
+        / n,
     }
     try:  # the one-walk record (absent from a tree before it)
         from dlwatch.report import timeline_record
 
-        parts["timeline_record+encode (one walk, redacted)"] = _cpu_us(lambda: timeline_record.encode(
-            timeline_record.sample_record(0.0, None, [(s, "worker") for s in samples], None, ())), reps) / n
+        parts["timeline_record+encode (one walk, redacted)"] = (
+            _cpu_us(
+                lambda: timeline_record.encode(
+                    timeline_record.sample_record(0.0, None, [(s, "worker") for s in samples], None, ())
+                ),
+                reps,
+            )
+            / n
+        )
     except ImportError:
         pass
-    parts["fd_pressure, 20 samples"] = _cpu_us(
-        lambda: [thresholds.fd_pressure(list(t.history)[-20:]) for t in tracked], reps) / n
+    parts["fd_pressure, 20 samples"] = (
+        _cpu_us(lambda: [thresholds.fd_pressure(list(t.history)[-20:]) for t in tracked], reps) / n
+    )
     parts["read_system (per poll, not per process)"] = _cpu_us(lambda: read_system(m.main_pid), reps)
     probe = getattr(m, "system_probe", None)  # what the monitor reads every poll (absent before SystemProbe)
     if probe is not None:
@@ -178,42 +196,61 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
     # would (one sample a second) and time whole polls again.
     for t in tracked:
         last = t.history[-1]
-        t.history.extend(dataclasses.replace(last, ts=last.ts - monitor.HISTORY + i)
-                         for i in range(monitor.HISTORY - len(t.history)))
-    parts[f"fd_pressure, {monitor.HISTORY} samples"] = _cpu_us(
-        lambda: [thresholds.fd_pressure(list(t.history)) for t in tracked], reps) / n
+        t.history.extend(
+            dataclasses.replace(last, ts=last.ts - monitor.HISTORY + i) for i in range(monitor.HISTORY - len(t.history))
+        )
+    parts[f"fd_pressure, {monitor.HISTORY} samples"] = (
+        _cpu_us(lambda: [thresholds.fd_pressure(list(t.history)) for t in tracked], reps) / n
+    )
     full = []
     for _ in range(max(5, polls // 2)):
         time.sleep(0.01)  # paused like the steady polls (they ran back to back before: warm caches)
         c0 = time.process_time()
         m.poll()
         full.append(time.process_time() - c0)
-    print(json.dumps({
-        "procs": n,
-        "history_len": monitor.HISTORY,
-        "first_poll_s": first,
-        "poll_s": sorted(steady),
-        "raw_procs_s": sorted(raw_procs),
-        "raw_system_s": sorted(raw_system),
-        "poll_over_raw": sorted(p / (r + y) for p, r, y in zip(steady, raw_procs, raw_system)),
-        "warm_poll_s": sorted(warm),
-        "warm_raw_s": sorted(warm_raw),
-        "poll_full_history_s": sorted(full),
-        "parts_us_per_proc": parts,
-    }))
+    print(
+        json.dumps(
+            {
+                "procs": n,
+                "history_len": monitor.HISTORY,
+                "first_poll_s": first,
+                "poll_s": sorted(steady),
+                "raw_procs_s": sorted(raw_procs),
+                "raw_system_s": sorted(raw_system),
+                "poll_over_raw": sorted(p / (r + y) for p, r, y in zip(steady, raw_procs, raw_system)),
+                "warm_poll_s": sorted(warm),
+                "warm_raw_s": sorted(warm_raw),
+                "poll_full_history_s": sorted(full),
+                "parts_us_per_proc": parts,
+            }
+        )
+    )
 
 
-def _write_config(run_dir: str, main_pid: int, workers: int, report_dir: str,
-                  worker_pids: list[int] | None = None) -> None:
+def _write_config(
+    run_dir: str, main_pid: int, workers: int, report_dir: str, worker_pids: list[int] | None = None
+) -> None:
     # what agent.Watch._start writes, minus what the poll does not read; the loader_workers
     # event the agent writes when the workers start (without it the Monitor finds them as
     # "other" descendants and keeps 16 at most: runs before this one timed 1+16 as "1+32", "1+64")
     os.makedirs(os.path.join(run_dir, "dumps"), mode=0o700)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({"pid": main_pid, "started_at": time.time(), "report_dir": report_dir,
-                   "options": {"report_dir": report_dir, "poll_interval": 1.0, "stall_timeout": None,
-                               "enabled": True, "playbooks": []},
-                   "loader": {"num_workers": workers, "batch_size": 1}}, f)
+        json.dump(
+            {
+                "pid": main_pid,
+                "started_at": time.time(),
+                "report_dir": report_dir,
+                "options": {
+                    "report_dir": report_dir,
+                    "poll_interval": 1.0,
+                    "stall_timeout": None,
+                    "enabled": True,
+                    "playbooks": [],
+                },
+                "loader": {"num_workers": workers, "batch_size": 1},
+            },
+            f,
+        )
     # and the heartbeat file the training process keeps (a poll reads it first; a missing one costs
     # an exception instead of a read)
     from dlwatch import heartbeat
@@ -221,8 +258,9 @@ def _write_config(run_dir: str, main_pid: int, workers: int, report_dir: str,
     heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeat")).close(heartbeat.STATE_OUTSIDE)
     if worker_pids:
         with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
-            f.write(json.dumps({"ts": time.time(), "event": "loader_workers", "pid": main_pid,
-                                "pids": worker_pids}) + "\n")
+            f.write(
+                json.dumps({"ts": time.time(), "event": "loader_workers", "pid": main_pid, "pids": worker_pids}) + "\n"
+            )
         os.chmod(os.path.join(run_dir, "events.jsonl"), 0o600)
 
 
@@ -236,9 +274,22 @@ def poll_cost(sizes: tuple[int, ...], polls: int, code: str | None = None) -> di
             for n, t, words in zip(sizes, targets, ready):
                 run_dir = os.path.join(tmp, f"run-{n}")
                 _write_config(run_dir, t.pid, n, tmp, [int(w) for w in words[1:]])
-                out = subprocess.run([sys.executable, "-m", "bench.monitor_cost", "--poll-helper", run_dir,
-                                      str(polls), *([code] if code else [])], capture_output=True, text=True,
-                                     timeout=300, check=True, cwd=REPO)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.monitor_cost",
+                        "--poll-helper",
+                        run_dir,
+                        str(polls),
+                        *([code] if code else []),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=True,
+                    cwd=REPO,
+                )
                 row = json.loads(out.stdout)
                 row["expected_procs"] = len(words)  # main + workers
                 rows.append(row)
@@ -256,26 +307,32 @@ def poll_cost(sizes: tuple[int, ...], polls: int, code: str | None = None) -> di
     first = rows[0]
     return {
         "code": code,
-        "rows": [{
-            "workers": size,
-            "procs": r["procs"],  # tracked by the Monitor; expected_procs: main + workers started
-            "expected_procs": r["expected_procs"],
-            "first_poll_us": r["first_poll_s"] * 1e6,
-            "poll_us_median": median(r["poll_s"]) * 1e6,
-            "poll_us_mean": sum(r["poll_s"]) / len(r["poll_s"]) * 1e6,  # includes the 1-in-5 discovery polls
-            "poll_us_per_proc": median(r["poll_s"]) * 1e6 / r["procs"],
-            "poll_us_spread": [r["poll_s"][len(r["poll_s"]) // 4] * 1e6, r["poll_s"][3 * len(r["poll_s"]) // 4] * 1e6],
-            # the raw reads of the same processes right after each poll (same run, same load)
-            "raw_proc_us_per_proc": median(r["raw_procs_s"]) * 1e6 / r["procs"],
-            "raw_system_us": median(r["raw_system_s"]) * 1e6,
-            "poll_over_raw_median": median(r["poll_over_raw"]),
-            "warm_poll_us_median": median(r["warm_poll_s"]) * 1e6,
-            "warm_raw_us_median": median(r["warm_raw_s"]) * 1e6,  # processes and system together
-            "history_len": r["history_len"],
-            "poll_full_history_us_median": f * 1e6,
-            "poll_full_history_us_per_proc": f * 1e6 / r["procs"],
-            "parts_us_per_proc": r["parts_us_per_proc"],
-        } for size, r, f in zip(sizes, rows, full)],
+        "rows": [
+            {
+                "workers": size,
+                "procs": r["procs"],  # tracked by the Monitor; expected_procs: main + workers started
+                "expected_procs": r["expected_procs"],
+                "first_poll_us": r["first_poll_s"] * 1e6,
+                "poll_us_median": median(r["poll_s"]) * 1e6,
+                "poll_us_mean": sum(r["poll_s"]) / len(r["poll_s"]) * 1e6,  # includes the 1-in-5 discovery polls
+                "poll_us_per_proc": median(r["poll_s"]) * 1e6 / r["procs"],
+                "poll_us_spread": [
+                    r["poll_s"][len(r["poll_s"]) // 4] * 1e6,
+                    r["poll_s"][3 * len(r["poll_s"]) // 4] * 1e6,
+                ],
+                # the raw reads of the same processes right after each poll (same run, same load)
+                "raw_proc_us_per_proc": median(r["raw_procs_s"]) * 1e6 / r["procs"],
+                "raw_system_us": median(r["raw_system_s"]) * 1e6,
+                "poll_over_raw_median": median(r["poll_over_raw"]),
+                "warm_poll_us_median": median(r["warm_poll_s"]) * 1e6,
+                "warm_raw_us_median": median(r["warm_raw_s"]) * 1e6,  # processes and system together
+                "history_len": r["history_len"],
+                "poll_full_history_us_median": f * 1e6,
+                "poll_full_history_us_per_proc": f * 1e6 / r["procs"],
+                "parts_us_per_proc": r["parts_us_per_proc"],
+            }
+            for size, r, f in zip(sizes, rows, full)
+        ],
         "fit_us_per_proc": slope * 1e6,
         "fit_fixed_us": intercept * 1e6,
         "fit_r2": r2,
@@ -358,15 +415,21 @@ def _poll_only(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     p = poll_cost(tuple(int(x) for x in args.sizes.split(",")), args.polls, args.code)
     for row in p["rows"]:
-        print(f"1+{row['workers']} ({row['procs']} of {row['expected_procs']} tracked): poll {row['poll_us_median']:.0f} us = {row['poll_us_per_proc']:.1f} us/proc "
-              f"(IQR {row['poll_us_spread'][0]:.0f}-{row['poll_us_spread'][1]:.0f} us); raw /proc "
-              f"{row['raw_proc_us_per_proc']:.1f} us/proc + system {row['raw_system_us']:.0f} us; "
-              f"poll/raw {row['poll_over_raw_median']:.2f}; back to back {row['warm_poll_us_median']:.0f} us "
-              f"(raw {row['warm_raw_us_median']:.0f} us)", file=sys.stderr)
-    print(f"fit: {p['fit_us_per_proc']:.1f} us/proc (raw {p['raw_fit_us_per_proc']:.1f}), fixed "
-          f"{p['fixed_us_smallest']:.0f} us at 1+{p['rows'][0]['workers']} (raw system {p['raw_system_us_smallest']:.0f}),"
-          f" R² {p['fit_r2']:.4f}; back to back {p['warm_fit_us_per_proc']:.1f} us/proc, fixed "
-          f"{p['warm_fixed_us_smallest']:.0f} us", file=sys.stderr)
+        print(
+            f"1+{row['workers']} ({row['procs']} of {row['expected_procs']} tracked): poll {row['poll_us_median']:.0f} us = {row['poll_us_per_proc']:.1f} us/proc "
+            f"(IQR {row['poll_us_spread'][0]:.0f}-{row['poll_us_spread'][1]:.0f} us); raw /proc "
+            f"{row['raw_proc_us_per_proc']:.1f} us/proc + system {row['raw_system_us']:.0f} us; "
+            f"poll/raw {row['poll_over_raw_median']:.2f}; back to back {row['warm_poll_us_median']:.0f} us "
+            f"(raw {row['warm_raw_us_median']:.0f} us)",
+            file=sys.stderr,
+        )
+    print(
+        f"fit: {p['fit_us_per_proc']:.1f} us/proc (raw {p['raw_fit_us_per_proc']:.1f}), fixed "
+        f"{p['fixed_us_smallest']:.0f} us at 1+{p['rows'][0]['workers']} (raw system {p['raw_system_us_smallest']:.0f}),"
+        f" R² {p['fit_r2']:.4f}; back to back {p['warm_fit_us_per_proc']:.1f} us/proc, fixed "
+        f"{p['warm_fixed_us_smallest']:.0f} us",
+        file=sys.stderr,
+    )
     print(json.dumps(p, indent=1))
 
 

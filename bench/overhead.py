@@ -122,8 +122,7 @@ def compare(make: Callable[[], DataLoader], rounds: int, report_dir: str) -> dic
         hook = watched.worker_init_fn
         if watched.num_workers:
             watched.worker_init_fn = _CpuTimedHook(hook, wfd)
-        run = {"bare": lambda: _epoch(bare), "bare_again": lambda: _epoch(bare_again),
-               "watch": lambda: _epoch(watched)}
+        run = {"bare": lambda: _epoch(bare), "bare_again": lambda: _epoch(bare_again), "watch": lambda: _epoch(watched)}
         for arm in ARMS:  # warm-up: first forks, caches
             run[arm]()
         for r in range(rounds):
@@ -166,11 +165,13 @@ def compare(make: Callable[[], DataLoader], rounds: int, report_dir: str) -> dic
         "watch_added_us_per_batch": median([(w - b) / batches * 1e6 for b, w in zip(bare_t, watch_t)]),
         # the same in CPU time of the loop's thread (num_workers=0: all of the loop), and its A/A figure
         "watch_added_cpu_us_per_batch": median([(w - b) / batches * 1e6 for b, w in zip(cpus["bare"], cpus["watch"])]),
-        "aa_added_cpu_us_per_batch": median([(a - b) / batches * 1e6
-                                             for b, a in zip(cpus["bare"], cpus["bare_again"])]),
+        "aa_added_cpu_us_per_batch": median(
+            [(a - b) / batches * 1e6 for b, a in zip(cpus["bare"], cpus["bare_again"])]
+        ),
         # the same without each epoch's first batch (worker start-up, where dlwatch's worker hook runs)
-        "watch_ratio_after_first_batch": median([(b - fb) / (w - fw) for b, w, fb, fw in zip(
-            bare_t, watch_t, firsts["bare"], firsts["watch"])]),
+        "watch_ratio_after_first_batch": median(
+            [(b - fb) / (w - fw) for b, w, fb, fw in zip(bare_t, watch_t, firsts["bare"], firsts["watch"])]
+        ),
         "watch_added_ms_first_batch": median([(fw - fb) * 1e3 for fb, fw in zip(firsts["bare"], firsts["watch"])]),
         "profiler_added_us_per_batch": median([(p - b) / batches * 1e6 for b, p in zip(pbare_t, prof_t)]),
         "worker_hook_cpu_ms": median(hook_ms),  # per worker start (each epoch without persistent_workers)

@@ -74,6 +74,7 @@ def _timed(method: Any, fd: int, tag: str) -> Any:
             return method(self, *args)
         finally:
             os.write(fd, f"{tag} {(time.thread_time() - t0) * 1e3:.4f}\n".encode())
+
     return wrapper
 
 
@@ -109,6 +110,7 @@ def worker_cost(dataset: Dataset, report_dir: str) -> dict[str, list[float]]:
 
 def per_batch_cost(number: int) -> dict[str, float]:
     """µs the collate hook adds to one batch once its worker's fingerprints are taken."""
+
     def nothing(batch: Any) -> Any:
         return batch
 
@@ -134,23 +136,36 @@ def main() -> int:
                 got = worker_cost(make(), tmp)
                 start += got["start"]
                 after += got["after"]
-            results[name] = {"start_ms": median(start), "after_first_batch_ms": median(after),
-                             "n": len(start), "start_raw": start, "after_raw": after}
+            results[name] = {
+                "start_ms": median(start),
+                "after_first_batch_ms": median(after),
+                "n": len(start),
+                "start_raw": start,
+                "after_raw": after,
+            }
     results["per_batch"] = per_batch_cost(200_000 if not args.quick else 50_000)
     with open(os.path.join(HERE, "rng_cost.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("| Figure | dlwatch | Context |")
     print("|---|---|---|")
-    for name, what in (("plain", "dataset without generators (the 3 globals)"),
-                       ("augmented", "dataset with 6 generators (Generator, Random, 3 RandomState, torch)")):
+    for name, what in (
+        ("plain", "dataset without generators (the 3 globals)"),
+        ("augmented", "dataset with 6 generators (Generator, Random, 3 RandomState, torch)"),
+    ):
         r = results[name]
-        print(f"| RNG fingerprint at worker start, {what} | {r['start_ms']:.2f} ms CPU | "
-              f"per worker start, first 2 generations; median of {r['n']} |")
-        print(f"| RNG fingerprint after the first batch, {what} | {r['after_first_batch_ms']:.2f} ms CPU | "
-              f"once per worker, first 2 generations; median of {r['n']} |")
+        print(
+            f"| RNG fingerprint at worker start, {what} | {r['start_ms']:.2f} ms CPU | "
+            f"per worker start, first 2 generations; median of {r['n']} |"
+        )
+        print(
+            f"| RNG fingerprint after the first batch, {what} | {r['after_first_batch_ms']:.2f} ms CPU | "
+            f"once per worker, first 2 generations; median of {r['n']} |"
+        )
     pb = results["per_batch"]
-    print(f"| Collate hook per batch, after both fingerprints | {pb['added_us']:.3f} µs | "
-          f"a collate that does nothing: {pb['bare_us']:.3f} µs bare, {pb['hooked_us']:.3f} µs hooked |")
+    print(
+        f"| Collate hook per batch, after both fingerprints | {pb['added_us']:.3f} µs | "
+        f"a collate that does nothing: {pb['bare_us']:.3f} µs bare, {pb['hooked_us']:.3f} µs hooked |"
+    )
     return 0
 
 

@@ -45,8 +45,10 @@ def main() -> int:
                 subprocess.run(cmd, check=True, env=env, cwd=d)
                 out.append(time.perf_counter() - t0)
     p, r = statistics.median(plain), statistics.median(run)
-    print(f"{args.iterations} iterations, num_workers={args.workers}: python {p:.2f} s, dlwatch run {r:.2f} s "
-          f"(median of {args.rounds}); added {1000 * (r - p) / args.iterations:.0f} ms per iteration")
+    print(
+        f"{args.iterations} iterations, num_workers={args.workers}: python {p:.2f} s, dlwatch run {r:.2f} s "
+        f"(median of {args.rounds}); added {1000 * (r - p) / args.iterations:.0f} ms per iteration"
+    )
     return 0
 
 

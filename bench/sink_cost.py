@@ -22,15 +22,43 @@ RANK = {"rank": 3, "local_rank": 3, "world_size": 8, "local_world_size": 8, "job
 
 
 def state(i: int, workers: int) -> PollState:
-    hb = Heartbeat(batches=i, epoch_batches=i, epochs=1, state=2, pid=1, ts_last_batch=float(i),
-                   ts_wait_start=float(i), total_wait_s=i * 0.01, total_step_s=i * 0.05, last_interval_s=0.06)
+    hb = Heartbeat(
+        batches=i,
+        epoch_batches=i,
+        epochs=1,
+        state=2,
+        pid=1,
+        ts_last_batch=float(i),
+        ts_wait_start=float(i),
+        total_wait_s=i * 0.01,
+        total_step_s=i * 0.05,
+        last_interval_s=0.06,
+    )
     procs = [ProcState(1, "main", None, ProcSample(pid=1, ts=i, num_fds=80, fd_limit=65536, rss=2 << 30, uss=1 << 30))]
-    procs += [ProcState(10 + w, "worker", w, ProcSample(pid=10 + w, ts=i, state="S", syscall=7, num_fds=30,
-                                                         fd_limit=65536, rss=1 << 30, shm_map_bytes=64 << 20))
-              for w in range(workers)]
-    return PollState(now=time.time(), monotonic=time.monotonic(), pid=1, started_at=0.0, rank=RANK, heartbeat=hb,
-                     procs=tuple(procs), system=SystemSample(ts=i, shm_total=8 << 30, shm_free=7 << 30), stalls=0,
-                     incidents=0, stalled=False)
+    procs += [
+        ProcState(
+            10 + w,
+            "worker",
+            w,
+            ProcSample(
+                pid=10 + w, ts=i, state="S", syscall=7, num_fds=30, fd_limit=65536, rss=1 << 30, shm_map_bytes=64 << 20
+            ),
+        )
+        for w in range(workers)
+    ]
+    return PollState(
+        now=time.time(),
+        monotonic=time.monotonic(),
+        pid=1,
+        started_at=0.0,
+        rank=RANK,
+        heartbeat=hb,
+        procs=tuple(procs),
+        system=SystemSample(ts=i, shm_total=8 << 30, shm_free=7 << 30),
+        stalls=0,
+        incidents=0,
+        stalled=False,
+    )
 
 
 def main() -> None:

@@ -21,8 +21,12 @@ sys.path.insert(0, TESTS)
 from conftest import Target, incidents, load, wait_for  # noqa: E402
 from test_io_hang import silent_listener  # noqa: E402
 
-CASES = (("deadlock", "hang.py", []), ("starved", "io_hang.py", ["--workers", "16", "--stall-timeout", "3"]),
-         ("socket", "io_hang.py", []), ("pool", "io_hang.py", []))
+CASES = (
+    ("deadlock", "hang.py", []),
+    ("starved", "io_hang.py", ["--workers", "16", "--stall-timeout", "3"]),
+    ("socket", "io_hang.py", []),
+    ("pool", "io_hang.py", []),
+)
 
 
 def main() -> int:

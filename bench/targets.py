@@ -63,8 +63,9 @@ def ready(*words: object) -> None:
 def main(argv: list[str]) -> None:
     mode, n = argv[0], int(argv[1])
     if mode == "idle":
-        loader = DataLoader(Small(), batch_size=1, num_workers=n, persistent_workers=True,
-                            multiprocessing_context="fork")
+        loader = DataLoader(
+            Small(), batch_size=1, num_workers=n, persistent_workers=True, multiprocessing_context="fork"
+        )
         it = iter(loader)
         next(it)
         ready(os.getpid(), *(w.pid for w in it._workers))
@@ -79,8 +80,7 @@ def main(argv: list[str]) -> None:
         import dlwatch
 
         report_dir, stall, poll = argv[2], float(argv[3]), float(argv[4])
-        loader = DataLoader(Locked(), batch_size=1, num_workers=n, multiprocessing_context="fork",
-                            sampler=range(4 * n))
+        loader = DataLoader(Locked(), batch_size=1, num_workers=n, multiprocessing_context="fork", sampler=range(4 * n))
         with dlwatch.watch(loader, report_dir=report_dir, stall_timeout=stall, poll_interval=poll):
             for _ in loader:  # healthy: the lock is free when these workers fork
                 pass

@@ -61,8 +61,10 @@ def _check_ancestors(real: str) -> None:
     while True:
         st = os.lstat(head)
         if not _trusted_owner(st) or (st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX):
-            raise UnsafeDirError(f"{head} is owned by {_who(st.st_uid)} or writable by others "
-                                 f"(mode {stat.S_IMODE(st.st_mode):o}): another user could replace what is below it")
+            raise UnsafeDirError(
+                f"{head} is owned by {_who(st.st_uid)} or writable by others "
+                f"(mode {stat.S_IMODE(st.st_mode):o}): another user could replace what is below it"
+            )
         parent = os.path.dirname(head)
         if parent == head:
             return
@@ -131,8 +133,9 @@ def check_shared_dir(path: str) -> str:
     if not _trusted_owner(st):
         raise UnsafeDirError(f"{path} is owned by {_who(st.st_uid)}, not by you or root")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        raise UnsafeDirError(f"{path} is writable by group or others without the sticky bit "
-                             f"(mode {stat.S_IMODE(st.st_mode):o})")
+        raise UnsafeDirError(
+            f"{path} is writable by group or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+        )
     return path
 
 
@@ -238,7 +241,7 @@ def open_private(path: str, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_private(path: str, data: bytes | str, *, dir_fd: int | None = None) -> None:

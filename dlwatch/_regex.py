@@ -40,16 +40,20 @@ class RegexError(ValueError):
 
 def compile(pattern: str) -> Pattern:
     if _re2 is None:
-        raise RegexError("the google-re2 package is not installed (pip install google-re2): "
-                         "playbook patterns need its linear-time engine")
+        raise RegexError(
+            "the google-re2 package is not installed (pip install google-re2): "
+            "playbook patterns need its linear-time engine"
+        )
     try:
         return _re2.compile(pattern, _OPTIONS)
     except _re2.error as exc:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
-        raise RegexError(f"{reason} (patterns run on RE2, which guarantees linear time: "
-                         "no backreferences, no lookahead or lookbehind)") from None
+        raise RegexError(
+            f"{reason} (patterns run on RE2, which guarantees linear time: "
+            "no backreferences, no lookahead or lookbehind)"
+        ) from None
 
 
 def bound_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
@@ -57,4 +61,4 @@ def bound_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     if len(text) <= limit:
         return text
     head = min(_HEAD_CHARS, limit // 4)
-    return f"{text[:head]}\n...\n{text[len(text) - (limit - head):]}"
+    return f"{text[:head]}\n...\n{text[len(text) - (limit - head) :]}"

@@ -85,13 +85,26 @@ def sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def python_argv(*, module: str | None = None, script: str | None = None, args: Sequence[str] = (),
-                deps: Sequence[str] = MONITOR_DEPS, first: Sequence[str] = (), ignore_sigint: bool = False) -> list[str]:
+def python_argv(
+    *,
+    module: str | None = None,
+    script: str | None = None,
+    args: Sequence[str] = (),
+    deps: Sequence[str] = MONITOR_DEPS,
+    first: Sequence[str] = (),
+    ignore_sigint: bool = False,
+) -> list[str]:
     """``[sys.executable, "-I", "-c", bootstrap, spec, *args]`` running ``module`` (``-m`` style) or ``script``.
 
     ``first`` are directories put before everything (only dlwatch's own, e.g. the
     examples folder for ``dlwatch demo``).
     """
-    spec = {"pkg": PACKAGE_DIR, "path": dependency_path(deps), "first": list(first),
-            "module": module, "script": script, "quiet_int": ignore_sigint}
+    spec = {
+        "pkg": PACKAGE_DIR,
+        "path": dependency_path(deps),
+        "first": list(first),
+        "module": module,
+        "script": script,
+        "quiet_int": ignore_sigint,
+    }
     return [sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(spec), *args]

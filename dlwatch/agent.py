@@ -29,7 +29,14 @@ from dlwatch import config, events
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.job import rank_info
 from dlwatch._proxy import IteratorProxy
-from dlwatch.heartbeat import HOT_OFFSET as _HOT_OFFSET, STATE_BODY, STATE_OFFSET as _STATE_OFFSET, STATE_OUTSIDE, STATE_WAITING, HeartbeatWriter
+from dlwatch.heartbeat import (
+    HOT_OFFSET as _HOT_OFFSET,
+    STATE_BODY,
+    STATE_OFFSET as _STATE_OFFSET,
+    STATE_OUTSIDE,
+    STATE_WAITING,
+    HeartbeatWriter,
+)
 from dlwatch.redact import redact_argv, warn
 from dlwatch.runhook import strip_own_frames
 from dlwatch.report import store
@@ -52,7 +59,7 @@ def _cut(text: str, limit: int) -> str:
         return text
     head = limit // 4
     tail = limit - head
-    return f"{text[:head]}\n[dlwatch: {len(text) - head - tail:,} characters cut here]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[dlwatch: {len(text) - head - tail:,} characters cut here]\n{text[len(text) - tail :]}"
 
 
 class DlwatchWarning(RuntimeWarning):
@@ -216,6 +223,7 @@ def _watched_class(cls: type) -> type:
     """A subclass whose __iter__ instruments each epoch's iterator (dunder lookup is on the type)."""
     sub = _WATCHED_CLASSES.get(cls)
     if sub is None:
+
         def __iter__(self: Any) -> Iterator[Any]:
             w = self.__dict__.get("_dlwatch_watch")
             if w is not None:
@@ -227,8 +235,16 @@ def _watched_class(cls: type) -> type:
             it = cls.__iter__(self)
             return it if w is None else w._instrument(it)
 
-        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
-                                          "__qualname__": cls.__qualname__, "_dlwatch_original": cls})
+        sub = type(
+            cls.__name__,
+            (cls,),
+            {
+                "__iter__": __iter__,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "_dlwatch_original": cls,
+            },
+        )
         _WATCHED_CLASSES[cls] = sub
     return sub
 
@@ -296,14 +312,31 @@ def _unhide(exc: BaseException) -> None:
 class Watch:
     """Context manager returned by :func:`watch`; iterate it (once per epoch) or the loader itself."""
 
-    def __init__(self, loader: Any, *, report_dir: Any = None, poll_interval: Any = None,
-                 stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None,
-                 body_timeout: Any = None, ignore: Any = None, keep_runs: Any = None) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        *,
+        report_dir: Any = None,
+        poll_interval: Any = None,
+        stall_timeout: Any = None,
+        enabled: Any = None,
+        playbooks: Any = None,
+        body_timeout: Any = None,
+        ignore: Any = None,
+        keep_runs: Any = None,
+    ) -> None:
         if not hasattr(type(loader), "__iter__"):
             raise TypeError(f"dlwatch.watch: expected a DataLoader or another iterable, got {type(loader).__name__}")
-        self.options = config.resolve(report_dir=report_dir, poll_interval=poll_interval,
-                                      stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks,
-                                      body_timeout=body_timeout, ignore=ignore, keep_runs=keep_runs)
+        self.options = config.resolve(
+            report_dir=report_dir,
+            poll_interval=poll_interval,
+            stall_timeout=stall_timeout,
+            enabled=enabled,
+            playbooks=playbooks,
+            body_timeout=body_timeout,
+            ignore=ignore,
+            keep_runs=keep_runs,
+        )
         self.thresholds: dict[str, float] = {}
         self._ignored = frozenset(self.options.ignored_playbooks)
         self._advice_pbs: dict[str, Any] = {}  # preflight playbooks by id (titles and thresholds)
@@ -313,8 +346,10 @@ class Watch:
             loaded = load_playbooks(self.options.playbooks)  # a malformed file: PlaybookError now
             unknown = sorted(self._ignored - {pb.id for pb in loaded})
             if unknown:
-                raise ValueError(f"dlwatch.watch: ignore names no known playbook: {', '.join(unknown)} "
-                                 f"(see `dlwatch playbooks` for the ids)")
+                raise ValueError(
+                    f"dlwatch.watch: ignore names no known playbook: {', '.join(unknown)} "
+                    f"(see `dlwatch playbooks` for the ids)"
+                )
             self._advice_pbs = {pb.id: pb for pb in loaded if pb.is_advice}
             for pb in loaded:
                 if pb.id == "batch-dim-mismatch":
@@ -386,8 +421,10 @@ class Watch:
         if isinstance(outer, Watch) and outer._active:
             # the same loader watched twice (a library's watch inside the user's): the outer one
             # keeps watching; this one does nothing, so nothing is instrumented twice
-            _warn("this loader is already watched by an enclosing dlwatch.watch block; "
-                  "the inner watch does nothing and the outer one keeps watching")
+            _warn(
+                "this loader is already watched by an enclosing dlwatch.watch block; "
+                "the inner watch does nothing and the outer one keeps watching"
+            )
             return
         try:
             self._start()
@@ -407,12 +444,13 @@ class Watch:
                 binds = None
             if binds is False:
                 self._in_place_warning = False
-                _warn(f"a {type(self._loader).__name__} cannot be watched in place: iterate the watched "
-                      "object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)")
+                _warn(
+                    f"a {type(self._loader).__name__} cannot be watched in place: iterate the watched "
+                    "object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)"
+                )
         for w in _ACTIVE:
             if w._events_path and w._active:
-                events.emit(w._events_path, "nested_watch", run_dir=self.run_dir,
-                            monitor_pid=self.monitor_pid)
+                events.emit(w._events_path, "nested_watch", run_dir=self.run_dir, monitor_pid=self.monitor_pid)
         _ACTIVE.append(self)
         return
 
@@ -439,12 +477,18 @@ class Watch:
                 if path is not None:  # nothing half-made is left in a report directory
                     shutil.rmtree(path, ignore_errors=True)
                 if base is not None:
-                    why = f"is not safe: {exc}" if isinstance(exc, UnsafeDirError) else \
-                        f"is not writable ({exc.strerror or exc})"
+                    why = (
+                        f"is not safe: {exc}"
+                        if isinstance(exc, UnsafeDirError)
+                        else f"is not writable ({exc.strerror or exc})"
+                    )
                     refused = f"report directory {base!r} {why}"
                     continue
-                raise OSError(f"{refused}, nor is a private directory in TMPDIR ({exc.strerror or exc})" if refused
-                              else f"no private directory in TMPDIR for the run ({exc.strerror or exc})") from None
+                raise OSError(
+                    f"{refused}, nor is a private directory in TMPDIR ({exc.strerror or exc})"
+                    if refused
+                    else f"no private directory in TMPDIR for the run ({exc.strerror or exc})"
+                ) from None
             if refused is not None:
                 _warn(f"{refused}; writing reports to {base_dir!r} instead")
             self.report_dir = base_dir
@@ -465,21 +509,24 @@ class Watch:
             dump_path = faultdump.install(os.path.join(run_dir, "dumps"))
         except Exception:
             pass
-        write_json(os.path.join(run_dir, "config.json"), {
-            "pid": os.getpid(),
-            "started_at": self._entered_at,
-            "report_dir": os.path.abspath(self.report_dir),
-            "options": self.options.to_dict(),
-            "loader": loader_config(loader),
-            "iterable": _qualname(type(loader)),
-            "main_dump_path": dump_path,
-            "cpus": self._usable_cpus(),
-            "argv": redact_argv(list(sys.argv)),
-            "python": sys.executable,
-            "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
-            "prometheus": self._prometheus,
-            "program_run": os.environ.get("DLWATCH_PROGRAM_RUN") or None,  # set by `dlwatch run`
-        })
+        write_json(
+            os.path.join(run_dir, "config.json"),
+            {
+                "pid": os.getpid(),
+                "started_at": self._entered_at,
+                "report_dir": os.path.abspath(self.report_dir),
+                "options": self.options.to_dict(),
+                "loader": loader_config(loader),
+                "iterable": _qualname(type(loader)),
+                "main_dump_path": dump_path,
+                "cpus": self._usable_cpus(),
+                "argv": redact_argv(list(sys.argv)),
+                "python": sys.executable,
+                "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
+                "prometheus": self._prometheus,
+                "program_run": os.environ.get("DLWATCH_PROGRAM_RUN") or None,  # set by `dlwatch run`
+            },
+        )
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
         if self.iteration_only:
@@ -501,7 +548,10 @@ class Watch:
         with sigint_blocked():  # a Ctrl-C while the monitor starts is the program's, never the monitor's
             return subprocess.Popen(
                 python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)], ignore_sigint=True),
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, close_fds=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=None,
+                close_fds=True,
             )
 
     def _instrument_loader(self, loader: Any) -> None:
@@ -514,9 +564,14 @@ class Watch:
 
     def _prepare_probes(self, loader: Any) -> None:
         """The worker hook and the batch-shape probe for a DataLoader (set on the loader by _set_hooks)."""
-        self._hook = WorkerHook(loader.worker_init_fn, self._events_path or "", self.run_dir or "",
-                                _start_method(loader), self._monitor.pid if self._monitor else None,
-                                rng_depth=int(self.thresholds.get("attribute_depth", 2)))
+        self._hook = WorkerHook(
+            loader.worker_init_fn,
+            self._events_path or "",
+            self.run_dir or "",
+            _start_method(loader),
+            self._monitor.pid if self._monitor else None,
+            rng_depth=int(self.thresholds.get("attribute_depth", 2)),
+        )
         self._hook.fingerprint = "rng-duplication" not in self._ignored
         try:
             from dlwatch.shapes import BatchShapeProbe, marks_time_major
@@ -526,19 +581,23 @@ class Watch:
             samples = _known_len(getattr(loader, "sampler", None))
             if loader.batch_size is not None and "batch-dim-mismatch" not in self._ignored:
                 self._shape_probe = BatchShapeProbe(
-                    loader.batch_size, loader.drop_last, samples, _qualname(loader.collate_fn) or "",
+                    loader.batch_size,
+                    loader.drop_last,
+                    samples,
+                    _qualname(loader.collate_fn) or "",
                     check_first=int(self.thresholds.get("check_first", 8)),
                     sample_every=int(self.thresholds.get("sample_every", 64)),
                     confirm_batches=int(self.thresholds.get("confirm_batches", 8)),
-                    ignore_keys=self.options.ignored_batch_keys, time_major=marks_time_major(loader.collate_fn))
+                    ignore_keys=self.options.ignored_batch_keys,
+                    time_major=marks_time_major(loader.collate_fn),
+                )
         except Exception:
             self._shape_probe = None
         if self._hook.fingerprint and loader.num_workers > 0:
             from dlwatch import rngcheck  # noqa: F401  (imported once here, forked workers inherit it)
 
             # the second RNG fingerprint, after each worker's first batch (see worker_hook)
-            self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "",
-                                             rng_depth=self._hook.rng_depth)
+            self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "", rng_depth=self._hook.rng_depth)
 
     def _set_hooks(self, loader: Any) -> None:
         # which attributes the loader held itself: one that only read through to a wrapped loader
@@ -639,8 +698,10 @@ class Watch:
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if self._in_place_warning and not self._iterated:
-            _warn(f"nothing was watched: a {type(self._loader).__name__} cannot be watched in place; iterate "
-                  "the watched object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)")
+            _warn(
+                f"nothing was watched: a {type(self._loader).__name__} cannot be watched in place; iterate "
+                "the watched object instead (`with dlwatch.watch(x) as batches: for b in batches: ...`)"
+            )
         try:
             clean_exit = isinstance(exc, GeneratorExit) or (isinstance(exc, SystemExit) and exc.code in (0, None))
             self._interrupted = isinstance(exc, KeyboardInterrupt)  # the user stopped the job: no failure
@@ -664,8 +725,9 @@ class Watch:
             "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
             "message": _cut(str(exc), MAX_MESSAGE_CHARS),
             "errno": err if isinstance(err, int) else None,
-            "traceback": _cut("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-                              MAX_TRACEBACK_CHARS),
+            "traceback": _cut(
+                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), MAX_TRACEBACK_CHARS
+            ),
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
@@ -696,8 +758,9 @@ class Watch:
                 self._hb.close()
                 self._hb = None
             self._active = False
-            threading.Thread(target=self._stop_monitor, args=(monitor, pending, self.run_dir),
-                             name="dlwatch-stop", daemon=False).start()
+            threading.Thread(
+                target=self._stop_monitor, args=(monitor, pending, self.run_dir), name="dlwatch-stop", daemon=False
+            ).start()
             return
         self._stop_monitor(monitor, pending, None)
         if self._hb is not None:
@@ -713,8 +776,9 @@ class Watch:
         if self.run_dir and os.path.isdir(self.run_dir):
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _stop_monitor(self, monitor: "subprocess.Popen[bytes] | None", pending: dict[str, Any] | None,
-                      run_dir: str | None) -> None:
+    def _stop_monitor(
+        self, monitor: "subprocess.Popen[bytes] | None", pending: dict[str, Any] | None, run_dir: str | None
+    ) -> None:
         if monitor is not None:
             alive = monitor.poll() is None
             if alive:
@@ -831,14 +895,22 @@ class Watch:
             events.emit(self._events_path, "sampler_epoch", **state)
         if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None:
             return  # the workers are already running: nothing starts now
-        cfg = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-               "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None}
+        cfg = {
+            "num_workers": loader.num_workers,
+            "pin_memory": loader.pin_memory,
+            "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None,
+        }
         signals = preflight.start_checks(preflight.start_facts(cfg, self._usable_cpus()))
         self._send_preflight(signals)
         for sig in signals:  # pin_memory without CUDA is also advice: a fact of the run, not of its start
-            if sig["playbook"] == "pin-memory-without-cuda" and "advice:pin-memory-without-cuda" not in self._preflight_sent:
+            if (
+                sig["playbook"] == "pin-memory-without-cuda"
+                and "advice:pin-memory-without-cuda" not in self._preflight_sent
+            ):
                 self._preflight_sent.add("advice:pin-memory-without-cuda")
-                events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k not in ("event", "stage")})
+                events.emit(
+                    self._events_path, "advice", **{k: v for k, v in sig.items() if k not in ("event", "stage")}
+                )
 
     def _preflight_first_batch(self, batch: Any, batch_bytes: int | None) -> None:
         loader = self._loader
@@ -846,11 +918,15 @@ class Watch:
             return
         from dlwatch import preflight
 
-        cfg = {"num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
-               "sharing_strategy": _sharing_strategy()}
+        cfg = {
+            "num_workers": loader.num_workers,
+            "prefetch_factor": loader.prefetch_factor,
+            "sharing_strategy": _sharing_strategy(),
+        }
         thresholds = {pid: dict(pb.thresholds) for pid, pb in self._advice_pbs.items()}
-        self._send_preflight(preflight.first_batch_checks(preflight.first_batch_facts(cfg, batch, batch_bytes),
-                                                          thresholds))
+        self._send_preflight(
+            preflight.first_batch_checks(preflight.first_batch_facts(cfg, batch, batch_bytes), thresholds)
+        )
 
     def _send_preflight(self, signals: list[dict[str, Any]]) -> None:
         from dlwatch.preflight import warning_text
@@ -864,8 +940,11 @@ class Watch:
             if self._events_path:
                 events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
             pb = self._advice_pbs.get(pid)
-            warn(f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}", DlwatchWarning,
-                 stacklevel=_user_stacklevel())
+            warn(
+                f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}",
+                DlwatchWarning,
+                stacklevel=_user_stacklevel(),
+            )
 
     def _fallback_summary(self, pending: dict[str, Any] | None) -> None:
         """The monitor is gone: a summary from the heartbeat and the preflight findings, written here."""
@@ -877,14 +956,20 @@ class Watch:
         if not self.run_dir:
             return
         now = time.time()
-        s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=os.getpid(), now=now,
-                        started_at=self._entered_at)
+        s = sm.skeleton(
+            run_id=os.path.basename(os.path.normpath(self.run_dir)),
+            pid=os.getpid(),
+            now=now,
+            started_at=self._entered_at,
+        )
         s["ended"] = "exception" if pending is not None else "interrupted" if self._interrupted else "clean"
         s["cpus"] = self._cpus
         s["loop"] = RunStats(self._entered_at).loop(hbmod.read(os.path.join(self.run_dir, "heartbeat")), now)
         s["preflight"] = [to_finding(sig, self._advice_pbs) for sig in self._preflight_signals]
-        s["notes"].append("the monitor process was not running at the end of the block: this summary was "
-                          "written by the training process and has no per-process figures and no advice")
+        s["notes"].append(
+            "the monitor process was not running at the end of the block: this summary was "
+            "written by the training process and has no per-process figures and no advice"
+        )
         self.summary = s
         from dlwatch.report.build import write_run_summary  # as the monitor does: prune, report.html child
 
@@ -943,8 +1028,11 @@ class Watch:
             if evidence and not self._shape_reported and self._events_path:
                 self._shape_reported = True
                 # evidence keys never collide with emit's own arguments (path, event)
-                events.emit(self._events_path, "batch_shape",
-                            **{k: v for k, v in evidence.items() if k not in ("path", "event")})
+                events.emit(
+                    self._events_path,
+                    "batch_shape",
+                    **{k: v for k, v in evidence.items() if k not in ("path", "event")},
+                )
         except Exception:
             return
 
@@ -984,8 +1072,9 @@ class _TimedIterator(IteratorProxy):
         # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
         # batch 0 is always looked at once (its size in bytes is the shm need, probe or not); after it
         # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
-        s.check_at = s.base + (s.probe.next_check(0) if s.probe is not None
-                               else -1 if watch._batch_bytes_sent else 0) + 1
+        s.check_at = (
+            s.base + (s.probe.next_check(0) if s.probe is not None else -1 if watch._batch_bytes_sent else 0) + 1
+        )
         s.prev = 0.0  # when the previous batch was handed out: the loop body started
         s.done = False
 
@@ -1071,9 +1160,18 @@ def _drop_own_entry(exc: BaseException) -> None:
         pass
 
 
-def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any = None,
-          stall_timeout: Any = None, enabled: Any = None, playbooks: Any = None,
-          body_timeout: Any = None, ignore: Any = None, keep_runs: Any = None) -> Watch:
+def watch(
+    loader: Iterable[Any],
+    *,
+    report_dir: Any = None,
+    poll_interval: Any = None,
+    stall_timeout: Any = None,
+    enabled: Any = None,
+    playbooks: Any = None,
+    body_timeout: Any = None,
+    ignore: Any = None,
+    keep_runs: Any = None,
+) -> Watch:
     """Watch a DataLoader (or any iterable) for the duration of a ``with`` block.
 
     Both forms yield the very same batches as the bare loader::
@@ -1103,6 +1201,14 @@ def watch(loader: Iterable[Any], *, report_dir: Any = None, poll_interval: Any =
       only ones this user wrote (DLWATCH_KEEP_RUNS, default 200; 0 keeps all).  Incidents
       are never removed.
     """
-    return Watch(loader, report_dir=report_dir, poll_interval=poll_interval,
-                 stall_timeout=stall_timeout, enabled=enabled, playbooks=playbooks,
-                 body_timeout=body_timeout, ignore=ignore, keep_runs=keep_runs)
+    return Watch(
+        loader,
+        report_dir=report_dir,
+        poll_interval=poll_interval,
+        stall_timeout=stall_timeout,
+        enabled=enabled,
+        playbooks=playbooks,
+        body_timeout=body_timeout,
+        ignore=ignore,
+        keep_runs=keep_runs,
+    )

@@ -50,14 +50,20 @@ class Options:
     @property
     def ignored_batch_keys(self) -> tuple[str, ...]:
         prefix = "batch-dim-mismatch:"
-        return tuple(i[len(prefix):] for i in self.ignore if i.startswith(prefix))
+        return tuple(i[len(prefix) :] for i in self.ignore if i.startswith(prefix))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"report_dir": self.report_dir, "poll_interval": self.poll_interval,
-                "stall_timeout": self.stall_timeout, "body_timeout": self.body_timeout,
-                "enabled": self.enabled, "playbooks": list(self.playbooks),
-                "ignore": list(self.ignored_playbooks), "ignore_batch_keys": list(self.ignored_batch_keys),
-                "keep_runs": self.keep_runs}
+        return {
+            "report_dir": self.report_dir,
+            "poll_interval": self.poll_interval,
+            "stall_timeout": self.stall_timeout,
+            "body_timeout": self.body_timeout,
+            "enabled": self.enabled,
+            "playbooks": list(self.playbooks),
+            "ignore": list(self.ignored_playbooks),
+            "ignore_batch_keys": list(self.ignored_batch_keys),
+            "keep_runs": self.keep_runs,
+        }
 
 
 def _seconds(name: str, value: Any, *, source: str, minimum: float) -> float:
@@ -68,20 +74,24 @@ def _seconds(name: str, value: Any, *, source: str, minimum: float) -> float:
     except ValueError:
         raise ValueError(f"dlwatch.watch: {name} must be a number of seconds, got {value!r} ({source})") from None
     if not math.isfinite(seconds) or seconds < minimum:
-        raise ValueError(f"dlwatch.watch: {name} must be a finite number >= {minimum} seconds, got {value!r} ({source})")
+        raise ValueError(
+            f"dlwatch.watch: {name} must be a finite number >= {minimum} seconds, got {value!r} ({source})"
+        )
     return seconds
 
 
 def _count(name: str, value: Any, *, source: str) -> int:
     """A whole number >= 0, from an int or a string of digits (an environment variable)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), "
-                        f"got {type(value).__name__} ({source})")
+        raise TypeError(
+            f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), got {type(value).__name__} ({source})"
+        )
     if isinstance(value, str):
         text = value.strip()
         if not re.fullmatch(r"[0-9]+", text):
-            raise ValueError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), "
-                             f"got {value!r} ({source})")
+            raise ValueError(
+                f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), got {value!r} ({source})"
+            )
         value = int(text)
     if value < 0:
         raise ValueError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), got {value!r} ({source})")
@@ -104,21 +114,32 @@ def _ignore_list(value: Any, *, source: str) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(i, str) for i in value):
         items = [i.strip() for i in value]
     else:
-        raise TypeError(f"dlwatch.watch: ignore must be a list of playbook ids, e.g. "
-                        f"['batch-dim-mismatch'] ({source})")
+        raise TypeError(f"dlwatch.watch: ignore must be a list of playbook ids, e.g. ['batch-dim-mismatch'] ({source})")
     for item in items:
         if not _IGNORE_ITEM.fullmatch(item):
-            raise ValueError(f"dlwatch.watch: ignore entry {item!r} is not a playbook id (e.g. 'rng-duplication') "
-                             f"or 'batch-dim-mismatch:KEY' ({source})")
+            raise ValueError(
+                f"dlwatch.watch: ignore entry {item!r} is not a playbook id (e.g. 'rng-duplication') "
+                f"or 'batch-dim-mismatch:KEY' ({source})"
+            )
         if ":" in item and not item.startswith("batch-dim-mismatch:"):
-            raise ValueError(f"dlwatch.watch: ignore entry {item!r}: only batch-dim-mismatch takes a key "
-                             f"('batch-dim-mismatch:KEY') ({source})")
+            raise ValueError(
+                f"dlwatch.watch: ignore entry {item!r}: only batch-dim-mismatch takes a key "
+                f"('batch-dim-mismatch:KEY') ({source})"
+            )
     return tuple(dict.fromkeys(items))
 
 
-def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: Any = None,
-            enabled: Any = None, playbooks: Any = None, body_timeout: Any = None, ignore: Any = None,
-            keep_runs: Any = None, environ: Mapping[str, str] | None = None) -> Options:
+def resolve(
+    report_dir: Any = None,
+    poll_interval: Any = None,
+    stall_timeout: Any = None,
+    enabled: Any = None,
+    playbooks: Any = None,
+    body_timeout: Any = None,
+    ignore: Any = None,
+    keep_runs: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> Options:
     """Validate every option before anything starts; raise ValueError/TypeError naming it."""
     env = os.environ if environ is None else environ
 
@@ -171,6 +192,16 @@ def resolve(report_dir: Any = None, poll_interval: Any = None, stall_timeout: An
         raise TypeError(f"dlwatch.watch: playbooks must be a directory or a list of them ({src})")
     for d in dirs:
         if not os.path.isdir(d):
-            raise ValueError(f"dlwatch.watch: playbook directory {d!r} does not exist ({src}); create it or drop the option")
-    return Options(report_dir=rdir, poll_interval=interval, stall_timeout=stall, enabled=on, playbooks=dirs,
-                   body_timeout=body, ignore=ignored, keep_runs=keep)
+            raise ValueError(
+                f"dlwatch.watch: playbook directory {d!r} does not exist ({src}); create it or drop the option"
+            )
+    return Options(
+        report_dir=rdir,
+        poll_interval=interval,
+        stall_timeout=stall,
+        enabled=on,
+        playbooks=dirs,
+        body_timeout=body,
+        ignore=ignored,
+        keep_runs=keep,
+    )

@@ -65,7 +65,8 @@ class PlaybookError(DlwatchError, ValueError):
     exit_code = 7
 
     def __init__(self, path: str, field: str, problem: str) -> None:
-        super().__init__(f"playbook {path}: field {field!r}: {problem}",
-                         help="fix the file or remove it from the playbook directory")
+        super().__init__(
+            f"playbook {path}: field {field!r}: {problem}", help="fix the file or remove it from the playbook directory"
+        )
         self.path = path
         self.field = field

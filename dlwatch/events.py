@@ -69,16 +69,20 @@ def _text(value: Any) -> str | None:
         return None
     text = value if isinstance(value, str) else str(value)
     if len(text) > MAX_TEXT:  # keep both ends: a traceback's last lines hold the error itself
-        text = f"{text[:MAX_TEXT // 4]}\n...\n{text[len(text) - MAX_TEXT * 3 // 4:]}"
+        text = f"{text[: MAX_TEXT // 4]}\n...\n{text[len(text) - MAX_TEXT * 3 // 4 :]}"
     return text
 
 
 def _exception(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         return None
-    return {"type": _text(value.get("type")) or "exception", "message": _text(value.get("message")) or "",
-            "errno": _int(value.get("errno"), minimum=-(2**31)), "traceback": _text(value.get("traceback")),
-            "from_loader": value.get("from_loader") is True}
+    return {
+        "type": _text(value.get("type")) or "exception",
+        "message": _text(value.get("message")) or "",
+        "errno": _int(value.get("errno"), minimum=-(2**31)),
+        "traceback": _text(value.get("traceback")),
+        "from_loader": value.get("from_loader") is True,
+    }
 
 
 def normalize(record: Any) -> dict[str, Any] | None:

@@ -33,15 +33,24 @@ def _raw_copy(text: bytes) -> bytes:
     """The faulthandler text kept in the incident, cut at bounds.MAX_RAW_DUMP_BYTES with a line saying so."""
     if len(text) <= bounds.MAX_RAW_DUMP_BYTES:
         return text
-    return text[:bounds.MAX_RAW_DUMP_BYTES] + (f"\n[dlwatch: cut here: {len(text)} bytes read, the first "
-                                               f"{bounds.MAX_RAW_DUMP_BYTES} kept]\n").encode()
+    return (
+        text[: bounds.MAX_RAW_DUMP_BYTES]
+        + (f"\n[dlwatch: cut here: {len(text)} bytes read, the first {bounds.MAX_RAW_DUMP_BYTES} kept]\n").encode()
+    )
 
 
-def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
-                main_waiting_for_data: bool | None, expected_workers: int | None,
-                native: bool = True, interval_s: float = SECOND_READ_AFTER_S,
-                read_dump: Callable[[str], bytes | None] | None = None,
-                allow: Callable[[int], bool] | None = None, uid: int | None = None) -> dict[str, bytes]:
+def investigate(
+    report: dict[str, Any],
+    procs: Mapping[int, TrackedProcess],
+    *,
+    main_waiting_for_data: bool | None,
+    expected_workers: int | None,
+    native: bool = True,
+    interval_s: float = SECOND_READ_AFTER_S,
+    read_dump: Callable[[str], bytes | None] | None = None,
+    allow: Callable[[int], bool] | None = None,
+    uid: int | None = None,
+) -> dict[str, bytes]:
     """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
     /proc is read ``WINDOW_READS`` times across ``interval_s``, each process's
@@ -77,11 +86,11 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
             # loader shut its workers down): judge it on what it did, and say so
             after[pid] = seen[-1]
             between[pid] = seen[:-1]
-            report["notes"].append(f"pid {pid} exited during the {interval_s:g} s observation window; "
-                                   "judged on the reads before it exited")
+            report["notes"].append(
+                f"pid {pid} exited during the {interval_s:g} s observation window; judged on the reads before it exited"
+            )
     io = {pid: procfs.read_io(pid) for pid, s in after.items() if not s.gone}
-    dumps = stacks.dump_stacks([pid for pid, s in after.items() if not s.gone], native=native,
-                               timeout_s=DUMP_TIMEOUT_S)
+    dumps = stacks.dump_stacks([pid for pid, s in after.items() if not s.gone], native=native, timeout_s=DUMP_TIMEOUT_S)
     extra: dict[str, bytes] = {}
     failed = {pid: d for pid, d in dumps.items() if d.source == "none" or not d.threads}
     if failed:
@@ -102,16 +111,26 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
         for reason in reasons[:3]:
             report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")
         if any(dumps[p].source == "faulthandler" for p in failed):
-            report["notes"].append("Python stacks of those processes come from faulthandler "
-                                   "(no native frames, no thread names)")
+            report["notes"].append(
+                "Python stacks of those processes come from faulthandler (no native frames, no thread names)"
+            )
     observations = [
-        ProcessObservation(pid=pid, role=t.role, before=before[pid], after=after[pid],
-                           stack=dumps.get(pid), worker_id=t.worker_id, reads=tuple(between[pid]),
-                           io=io.get(pid), io_before=io_before.get(pid))
+        ProcessObservation(
+            pid=pid,
+            role=t.role,
+            before=before[pid],
+            after=after[pid],
+            stack=dumps.get(pid),
+            worker_id=t.worker_id,
+            reads=tuple(between[pid]),
+            io=io.get(pid),
+            io_before=io_before.get(pid),
+        )
         for pid, t in live.items()
     ]
-    verdict = classify_stall(observations, main_waiting_for_data=main_waiting_for_data,
-                             expected_workers=expected_workers)
+    verdict = classify_stall(
+        observations, main_waiting_for_data=main_waiting_for_data, expected_workers=expected_workers
+    )
     report["classification"] = verdict.classification
     report["classification_reason"] = verdict.reason
     by_pid = {v.pid: v for v in verdict.processes}
@@ -128,8 +147,11 @@ def investigate(report: dict[str, Any], procs: Mapping[int, TrackedProcess], *,
         if pid in after and not after[pid].gone:
             # the last read before py-spy attached (an attach turns a sleeping poll into
             # restart_syscall), keeping the slow-cadence figures of the last poll
-            slow = {k: val for k, val in (entry.get("sample") or {}).items()
-                    if k in ("fds", "uss", "pss", "shm_maps", "shm_map_bytes")}
+            slow = {
+                k: val
+                for k, val in (entry.get("sample") or {}).items()
+                if k in ("fds", "uss", "pss", "shm_maps", "shm_map_bytes")
+            }
             entry["sample"] = {k: val for k, val in after[pid].to_dict().items() if val is not None}
             entry["sample"].update(slow)
         if pid in dumps:

@@ -96,7 +96,7 @@ def _allocate(fd: int, size: int) -> None:
     os.ftruncate(fd, 0)
     view = memoryview(bytes(size))
     while view:
-        view = view[os.pwrite(fd, view, size - len(view)):]
+        view = view[os.pwrite(fd, view, size - len(view)) :]
     os.fsync(fd)
 
 
@@ -107,9 +107,25 @@ class HeartbeatWriter:
     ``HOT.pack_into(mm, HOT_OFFSET, ...)``; everything else goes through :meth:`write`.
     """
 
-    __slots__ = ("_mm", "_fd", "_pack", "mm", "cseq", "batches", "epochs", "pid", "ts_last_batch",
-                 "ts_wait_start", "total_wait_s", "last_interval_s", "epoch_start_batches", "ts_first_batch",
-                 "epoch_wait_base_s", "closed_step_s", "total_first_wait_s")
+    __slots__ = (
+        "_mm",
+        "_fd",
+        "_pack",
+        "mm",
+        "cseq",
+        "batches",
+        "epochs",
+        "pid",
+        "ts_last_batch",
+        "ts_wait_start",
+        "total_wait_s",
+        "last_interval_s",
+        "epoch_start_batches",
+        "ts_first_batch",
+        "epoch_wait_base_s",
+        "closed_step_s",
+        "total_first_wait_s",
+    )
 
     HOT = _HOT
 
@@ -184,10 +200,28 @@ class HeartbeatWriter:
     def _write(self, state: int) -> None:
         seq = self.batches
         self.cseq = cseq = self.cseq + 1
-        self._pack(self._mm, 0, MAGIC, state, seq, self.batches, self.ts_last_batch, self.total_wait_s,
-                   self.last_interval_s, seq, cseq, self.epochs, self.epoch_start_batches, self.pid,
-                   self.ts_wait_start, self.ts_first_batch, self.epoch_wait_base_s, self.closed_step_s,
-                   self.total_first_wait_s, cseq)
+        self._pack(
+            self._mm,
+            0,
+            MAGIC,
+            state,
+            seq,
+            self.batches,
+            self.ts_last_batch,
+            self.total_wait_s,
+            self.last_interval_s,
+            seq,
+            cseq,
+            self.epochs,
+            self.epoch_start_batches,
+            self.pid,
+            self.ts_wait_start,
+            self.ts_first_batch,
+            self.epoch_wait_base_s,
+            self.closed_step_s,
+            self.total_first_wait_s,
+            cseq,
+        )
 
     def mark(self, state: int) -> None:
         """Only the state byte: one store, no sequence bump (a byte cannot tear)."""
@@ -210,15 +244,45 @@ def parse(raw: bytes) -> Heartbeat | None:
     """One record from bytes read elsewhere (e.g. by attach with the target's rights); None if torn."""
     if len(raw) < SIZE:
         return None
-    (magic, state, seq, batches, ts_last, wait_s, interval_s, seq2, cseq, epochs, epoch_start, pid,
-     ts_wait, ts_first, wait_base, closed_step, first_wait_s, cseq2) = _REC.unpack(raw[:SIZE])
+    (
+        magic,
+        state,
+        seq,
+        batches,
+        ts_last,
+        wait_s,
+        interval_s,
+        seq2,
+        cseq,
+        epochs,
+        epoch_start,
+        pid,
+        ts_wait,
+        ts_first,
+        wait_base,
+        closed_step,
+        first_wait_s,
+        cseq2,
+    ) = _REC.unpack(raw[:SIZE])
     if magic != MAGIC or seq != seq2 or cseq != cseq2:
         return None
     step = closed_step
     if ts_first > 0:
         step += max(0.0, (ts_last - ts_first) - (wait_s - wait_base))
-    return Heartbeat(batches, max(0, batches - epoch_start), epochs, state, pid, ts_last, ts_wait,
-                     wait_s, step, interval_s, ts_first, first_wait_s)
+    return Heartbeat(
+        batches,
+        max(0, batches - epoch_start),
+        epochs,
+        state,
+        pid,
+        ts_last,
+        ts_wait,
+        wait_s,
+        step,
+        interval_s,
+        ts_first,
+        first_wait_s,
+    )
 
 
 def read(path: str) -> Heartbeat | None:

@@ -46,8 +46,9 @@ def _parent_started(ppid: int | None = None) -> float | None:
         return None
 
 
-def job_id(environ: Mapping[str, str] | None = None, *,
-           parent_started: float | None = None) -> tuple[str | None, str | None]:
+def job_id(
+    environ: Mapping[str, str] | None = None, *, parent_started: float | None = None
+) -> tuple[str | None, str | None]:
     """(job id, where it came from); (None, None) outside a multi-process job."""
     env = os.environ if environ is None else environ
     own = (env.get("DLWATCH_JOB_ID") or "").strip()
@@ -59,20 +60,25 @@ def job_id(environ: Mapping[str, str] | None = None, *,
     addr, port = (env.get("MASTER_ADDR") or "").strip(), (env.get("MASTER_PORT") or "").strip()
     if addr and port:
         started = parent_started if parent_started is not None else _parent_started()
-        when = (_dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-                if started else "unknown")
+        when = (
+            _dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") if started else "unknown"
+        )
         return f"{addr}:{port}@{when}"[:_MAX_ID_CHARS], "MASTER_ADDR:MASTER_PORT"
     return None, None
 
 
-def rank_info(environ: Mapping[str, str] | None = None, *,
-              parent_started: float | None = None) -> dict[str, Any]:
+def rank_info(environ: Mapping[str, str] | None = None, *, parent_started: float | None = None) -> dict[str, Any]:
     """The report's ``rank`` object: rank, local_rank, world_size, local_world_size, job_id, job_id_source."""
     env = os.environ if environ is None else environ
     jid, source = job_id(env, parent_started=parent_started)
-    return {"rank": _num(env, "RANK"), "local_rank": _num(env, "LOCAL_RANK"),
-            "world_size": _num(env, "WORLD_SIZE"), "local_world_size": _num(env, "LOCAL_WORLD_SIZE"),
-            "job_id": jid, "job_id_source": source}
+    return {
+        "rank": _num(env, "RANK"),
+        "local_rank": _num(env, "LOCAL_RANK"),
+        "world_size": _num(env, "WORLD_SIZE"),
+        "local_world_size": _num(env, "LOCAL_WORLD_SIZE"),
+        "job_id": jid,
+        "job_id_source": source,
+    }
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@:-]")

@@ -31,8 +31,11 @@ def _iterators(exc: BaseException) -> list[Any]:
         n = 0
         while tb is not None and n < MAX_FRAMES:
             obj = tb.tb_frame.f_locals.get("self")
-            if obj is not None and isinstance(getattr(obj, "_workers", None), list) \
-                    and all(o is not obj for o in found):
+            if (
+                obj is not None
+                and isinstance(getattr(obj, "_workers", None), list)
+                and all(o is not obj for o in found)
+            ):
                 found.append(obj)
             tb, n = tb.tb_next, n + 1
     return found

@@ -128,8 +128,9 @@ class Monitor:
         self.body_timeout = opts.get("body_timeout")
         self.playbook_dirs = tuple(opts.get("playbooks") or ())
         keep = opts.get("keep_runs")  # validated by config.resolve in the training process
-        self.keep_runs = keep if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0 \
-            else DEFAULT_KEEP_RUNS
+        self.keep_runs = (
+            keep if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0 else DEFAULT_KEEP_RUNS
+        )
         self.report_dir: str = self.cfg.get("report_dir") or opts.get("report_dir") or "./dlwatch-reports"
         self.loader = self.cfg.get("loader")
         self.hb_path = os.path.join(run_dir, "heartbeat")
@@ -137,8 +138,9 @@ class Monitor:
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"))
         self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=RING)
         self.notable: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
-        self.procs: dict[int, Tracked] = {self.main_pid: Tracked(self.main_pid, "main",
-                                                                 dump_path=self.cfg.get("main_dump_path"))}
+        self.procs: dict[int, Tracked] = {
+            self.main_pid: Tracked(self.main_pid, "main", dump_path=self.cfg.get("main_dump_path"))
+        }
         self.loader_pids: set[int] = set()
         self.stall = StallDetector(self.stall_timeout, self.body_timeout)
         self.stall_sites: set[tuple[Any, ...]] = set()  # one incident per stall site and run
@@ -171,7 +173,8 @@ class Monitor:
         from dlwatch import detect
 
         self.detectors: list[Detector] = detect.build(
-            {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=self.ignore)
+            {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=self.ignore
+        )
         self.warned: set[str] = set()
         self.system_probe = SystemProbe(self.main_pid)  # its cgroup found once, the limit read every 10 s
         # which rank of which job (read by the training process: see dlwatch.job)
@@ -271,9 +274,15 @@ class Monitor:
         self.ring.append({"kind": "event", **ev})
 
     def _view(self, run: dict[str, Any] | None = None) -> View:
-        return View(now=time.time(), procs=self.procs, loader=self.loader,
-                    loader_pids=frozenset(self.loader_pids), system=self.last_system, heartbeat=self.last_hb,
-                    run=run)
+        return View(
+            now=time.time(),
+            procs=self.procs,
+            loader=self.loader,
+            loader_pids=frozenset(self.loader_pids),
+            system=self.last_system,
+            heartbeat=self.last_hb,
+            run=run,
+        )
 
     def _run_detectors(self, method: str, *args: Any, run: dict[str, Any] | None = None) -> None:
         """Feed every detector; each signal it hands back becomes a threshold incident, advice is kept."""
@@ -339,8 +348,7 @@ class Monitor:
         """What a loop-body pause is judged on: the job's CPU, the main process's wait, nested progress."""
         cpu = [s.cpu_s for s in samples if not s.gone and s.cpu_s is not None]
         main = next((s for s in samples if s.pid == self.main_pid and not s.gone), None)
-        busy = main is not None and (main.state in ("R", "D")
-                                     or syscall_category(main.syscall) in ("io", "sleep"))
+        busy = main is not None and (main.state in ("R", "D") or syscall_category(main.syscall) in ("io", "sleep"))
         inner = False
         for run_dir, seen in list(self.nested.items()):
             hb = hbmod.read(os.path.join(run_dir, "heartbeat"))
@@ -396,9 +404,13 @@ class Monitor:
         self.last_gpus = self.gpu.sample()
         self.runstats.update(hb, self.procs.values(), samples, self.last_system, self.last_gpus)
         # one walk per sample, redacted on the way (not to_dict + compact + outbound: 3x the cost of /proc)
-        record = timeline_record.sample_record(now, hb.to_dict() if hb else None,
-                                               [(s, self.procs[s.pid].role) for s in samples],
-                                               self.last_system, self.last_gpus)
+        record = timeline_record.sample_record(
+            now,
+            hb.to_dict() if hb else None,
+            [(s, self.procs[s.pid].role) for s in samples],
+            self.last_system,
+            self.last_gpus,
+        )
         self.ring.append(record)
         self.timeline.append_line(timeline_record.encode(record))
         self._detect(hb, self._activity(samples))
@@ -407,12 +419,24 @@ class Monitor:
     def _poll_state(self) -> Any:
         from dlwatch.report.sinks import PollState, ProcState
 
-        procs = tuple(ProcState(t.pid, t.role, t.worker_id, t.last) for t in self.procs.values()
-                      if not t.gone and t.last is not None)
-        return PollState(now=time.time(), monotonic=time.monotonic(), pid=self.main_pid,
-                         started_at=self.started_at, rank=self.rank, heartbeat=self.last_hb, procs=procs,
-                         system=self.last_system, stalls=self.stalls, incidents=len(self.incidents),
-                         stalled=self.stalled)
+        procs = tuple(
+            ProcState(t.pid, t.role, t.worker_id, t.last)
+            for t in self.procs.values()
+            if not t.gone and t.last is not None
+        )
+        return PollState(
+            now=time.time(),
+            monotonic=time.monotonic(),
+            pid=self.main_pid,
+            started_at=self.started_at,
+            rank=self.rank,
+            heartbeat=self.last_hb,
+            procs=procs,
+            system=self.last_system,
+            stalls=self.stalls,
+            incidents=len(self.incidents),
+            stalled=self.stalled,
+        )
 
     def _feed_sinks(self) -> None:
         if not self.sinks:
@@ -457,8 +481,14 @@ class Monitor:
                 self.stalls += 1
                 self._on_stall(ev, hb)
             else:
-                self._note({"ts": time.time(), "event": "progress_resumed", "stall_s": round(ev.stall_s, 3),
-                            "batches": ev.batches})
+                self._note(
+                    {
+                        "ts": time.time(),
+                        "event": "progress_resumed",
+                        "stall_s": round(ev.stall_s, 3),
+                        "batches": ev.batches,
+                    }
+                )
         self._run_detectors("on_poll")
 
     def _threshold_incident(self, ev: dict[str, Any]) -> None:
@@ -484,15 +514,25 @@ class Monitor:
         report["progress"]["stall_s"] = round(ev.stall_s, 3)
         report["progress"]["stall_timeout_s"] = ev.timeout_s
         report["progress"]["stall_allowance"] = ev.allowance
-        stall_note = {"ts": time.time(), "event": "stall", "stall_s": round(ev.stall_s, 3),
-                      "timeout_s": ev.timeout_s, "state": ev.state, "allowance": ev.allowance}
+        stall_note = {
+            "ts": time.time(),
+            "event": "stall",
+            "stall_s": round(ev.stall_s, 3),
+            "timeout_s": ev.timeout_s,
+            "state": ev.state,
+            "allowance": ev.allowance,
+        }
         self._note(stall_note)
         extra: dict[str, bytes] = {}
         try:
             from dlwatch import forensics
 
-            extra = forensics.investigate(report, self.procs, main_waiting_for_data=(ev.state == "waiting_for_data"),
-                                          expected_workers=self._expected_workers())
+            extra = forensics.investigate(
+                report,
+                self.procs,
+                main_waiting_for_data=(ev.state == "waiting_for_data"),
+                expected_workers=self._expected_workers(),
+            )
         except ImportError:
             report["notes"].append("stack forensics unavailable in this build")
         except Exception as exc:
@@ -503,8 +543,14 @@ class Monitor:
         stall_note["classification"] = report.get("classification")
         if site in self.stall_sites:
             # the same hang again (same verdict, same waiting frames): the timeline has it, one report is enough
-            self.timeline.append({"kind": "event", "ts": time.time(), "event": "stall_repeated",
-                                  "classification": report.get("classification")})
+            self.timeline.append(
+                {
+                    "kind": "event",
+                    "ts": time.time(),
+                    "event": "stall_repeated",
+                    "classification": report.get("classification"),
+                }
+            )
             return
         self.stall_sites.add(site)
         self._write(report, extra)
@@ -556,10 +602,14 @@ class Monitor:
     def _proc_entry(self, t: Tracked) -> dict[str, Any]:
         last = t.last
         entry = build.process_entry(
-            t.pid, t.role, worker_id=t.worker_id, start_method=t.start_method,
+            t.pid,
+            t.role,
+            worker_id=t.worker_id,
+            start_method=t.start_method,
             name=last.name if last else None,
             cmdline=procfs.cmdline(t.pid) if not t.gone else None,
-            sample=build.compact(last.to_dict()) if last else None)
+            sample=build.compact(last.to_dict()) if last else None,
+        )
         if entry["sample"] is not None and "fds" not in entry["sample"] and t.last_fds is not None:
             entry["sample"]["fds"] = t.last_fds.to_dict()
         if t.crash is not None:
@@ -602,8 +652,9 @@ class Monitor:
             except Exception:
                 pass
             self._write(self._report("exception"))
-        self._write_summary("exception" if self.exception is not None else
-                            "interrupted" if self.interrupted else "clean")
+        self._write_summary(
+            "exception" if self.exception is not None else "interrupted" if self.interrupted else "clean"
+        )
         self._close(clean=True)
 
     def _finish_vanished(self) -> None:
@@ -621,11 +672,14 @@ class Monitor:
             cause = f"killed by the OOM killer (the cgroup's oom_kill count rose from {first} to {last})"
             report["exit_cause"] = "oom-kill"
         else:
-            cause = ("ended without leaving the watch block: killed by a signal (e.g. SIGKILL) "
-                     "or os._exit; the monitor cannot read its exit status")
+            cause = (
+                "ended without leaving the watch block: killed by a signal (e.g. SIGKILL) "
+                "or os._exit; the monitor cannot read its exit status"
+            )
             report["exit_cause"] = "vanished"
-        alive = [t.pid for t in self.procs.values() if t.role == "worker" and not t.gone
-                 and not procfs.read_proc(t.pid).gone]
+        alive = [
+            t.pid for t in self.procs.values() if t.role == "worker" and not t.gone and not procfs.read_proc(t.pid).gone
+        ]
         report["summary"] = f"the training process (pid {self.main_pid}) {cause}"
         if alive:
             report["notes"].append(f"worker processes still alive after the training process ended: {alive}")
@@ -645,8 +699,12 @@ class Monitor:
 
             now = time.time()
             hb = hbmod.read(self.hb_path) or self.last_hb
-            s = sm.skeleton(run_id=os.path.basename(os.path.normpath(self.run_dir)), pid=self.main_pid, now=now,
-                            started_at=self.cfg.get("started_at"))
+            s = sm.skeleton(
+                run_id=os.path.basename(os.path.normpath(self.run_dir)),
+                pid=self.main_pid,
+                now=now,
+                started_at=self.cfg.get("started_at"),
+            )
             s["ended"] = ended
             s["rank"] = self.rank  # the rank the training process read (see dlwatch.job)
             s["loader"] = self.loader
@@ -660,7 +718,9 @@ class Monitor:
             s["advice"] = sorted((to_finding(a, pbs) for a in self.advice.values()), key=lambda f: -f["confidence"])
             s["preflight"] = [to_finding(a, pbs) for a in self.preflight.values()]
             s["incidents"] = [os.path.basename(p) for p in self.incidents]
-            s["notes"] = list(self.notes) + ([f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else [])
+            s["notes"] = list(self.notes) + (
+                [f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else []
+            )
         except Exception as exc:
             self._warn_once("summary_failed", f"{type(exc).__name__}: {exc}")
             return None

@@ -48,8 +48,18 @@ __all__ = [
 ENV_VAR = "DLWATCH_PLAYBOOKS"
 ROLES = ("main", "worker", "any")
 _ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-_TOP_KEYS = {"id", "title", "summary", "signals", "thresholds", "evidence", "remediation",
-             "hints", "references", "kind"}
+_TOP_KEYS = {
+    "id",
+    "title",
+    "summary",
+    "signals",
+    "thresholds",
+    "evidence",
+    "remediation",
+    "hints",
+    "references",
+    "kind",
+}
 KINDS = ("failure", "advice")  # advice: tuning findings for the run summary and preflight, never an incident
 _REMEDIATION_KEYS = {"text", "variants"}
 
@@ -88,8 +98,7 @@ class Signal:
 
     @property
     def has_frame_condition(self) -> bool:
-        return (self.frame is not None or self.frame_function is not None
-                or self.frame_filename is not None)
+        return self.frame is not None or self.frame_function is not None or self.frame_filename is not None
 
 
 @dataclass(frozen=True)
@@ -184,8 +193,10 @@ def load_playbooks(extra_dirs: Sequence[str] = ()) -> tuple[Playbook, ...]:
         path = Path(os.path.expanduser(str(directory)))
         if not path.is_dir():
             where = f" (from ${ENV_VAR})" if str(directory) in _env_dirs() else ""
-            raise NotFoundError(f"playbook directory {str(directory)!r} does not exist{where}",
-                                help="create it or remove it from the playbook search path")
+            raise NotFoundError(
+                f"playbook directory {str(directory)!r} does not exist{where}",
+                help="create it or remove it from the playbook search path",
+            )
         loaded = load_dir(path, max_files=left)
         left -= len(loaded)
         for pb in loaded:
@@ -206,8 +217,10 @@ def _read_capped(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise PlaybookError(path, "(file)", "not a regular file (a FIFO, device or directory)")
-        too_big = (f"larger than the {MAX_PLAYBOOK_BYTES // 1024} KiB a playbook file may be; "
-                   "split it or remove it from the directory")
+        too_big = (
+            f"larger than the {MAX_PLAYBOOK_BYTES // 1024} KiB a playbook file may be; "
+            "split it or remove it from the directory"
+        )
         if st.st_size > MAX_PLAYBOOK_BYTES:
             raise PlaybookError(path, "(file)", f"{st.st_size} bytes, {too_big}")
         chunks, total = [], 0
@@ -231,13 +244,15 @@ def load_dir(directory: Any, builtin: bool = False, *, max_files: int = MAX_PLAY
 
     A user directory (not ``builtin``) may hold at most ``max_files`` of them, each read with
     :func:`_read_capped`; more files is a PlaybookError before any is parsed."""
-    entries = sorted((e for e in directory.iterdir() if e.name.endswith(".toml") and e.is_file()),
-                     key=lambda e: e.name)
+    entries = sorted((e for e in directory.iterdir() if e.name.endswith(".toml") and e.is_file()), key=lambda e: e.name)
     if not builtin and len(entries) > max_files:
-        raise PlaybookError(str(directory), "(directory)",
-                            f"{len(entries)} playbook files; dlwatch reads at most {MAX_PLAYBOOK_FILES} user playbook "
-                            f"files in all its playbook directories ({max_files} left for this one): merge or "
-                            "remove some")
+        raise PlaybookError(
+            str(directory),
+            "(directory)",
+            f"{len(entries)} playbook files; dlwatch reads at most {MAX_PLAYBOOK_FILES} user playbook "
+            f"files in all its playbook directories ({max_files} left for this one): merge or "
+            "remove some",
+        )
     seen: dict[str, str] = {}
     out = []
     for entry in entries:
@@ -306,16 +321,40 @@ def parse_playbook(data: bytes | str, path: str, builtin: bool = False) -> Playb
     if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
         raise PlaybookError(path, "references", "must be an array of strings (URLs)")
 
-    return Playbook(id=pid, title=title, summary=summary.strip(), signals=signals,
-                    thresholds=types.MappingProxyType(thresholds),
-                    evidence=types.MappingProxyType(evidence), remediation=remediation.strip(),
-                    variants=types.MappingProxyType({k: t.strip() for k, t in variants.items()}),
-                    hints=hints, references=tuple(refs), source=path, builtin=builtin, kind=kind)
+    return Playbook(
+        id=pid,
+        title=title,
+        summary=summary.strip(),
+        signals=signals,
+        thresholds=types.MappingProxyType(thresholds),
+        evidence=types.MappingProxyType(evidence),
+        remediation=remediation.strip(),
+        variants=types.MappingProxyType({k: t.strip() for k, t in variants.items()}),
+        hints=hints,
+        references=tuple(refs),
+        source=path,
+        builtin=builtin,
+        kind=kind,
+    )
 
 
-_SIGNAL_KEYS = {"name", "confidence", "description", "exception_type", "exception_text", "errno",
-                "not_errno", "from_loader", "frame", "frame_function", "frame_filename", "role",
-                "classification", "signal", "fd_at_limit"}
+_SIGNAL_KEYS = {
+    "name",
+    "confidence",
+    "description",
+    "exception_type",
+    "exception_text",
+    "errno",
+    "not_errno",
+    "from_loader",
+    "frame",
+    "frame_function",
+    "frame_filename",
+    "role",
+    "classification",
+    "signal",
+    "fd_at_limit",
+}
 _SIGNAL_CONDITIONS = _SIGNAL_KEYS - {"name", "confidence", "description", "role"}
 _HINT_KEYS = {"name", "text", "frame", "waiting_in", "frame_function", "frame_filename", "role", "native"}
 
@@ -333,8 +372,9 @@ class _Validator:
             if key not in allowed:
                 raise self.fail(f"{prefix}{key}", f"unknown key (expected one of: {', '.join(sorted(allowed))})")
 
-    def string(self, table: Mapping[str, Any], key: str, prefix: str = "", required: bool = False,
-               default: str = "") -> str:
+    def string(
+        self, table: Mapping[str, Any], key: str, prefix: str = "", required: bool = False, default: str = ""
+    ) -> str:
         if key not in table:
             if required:
                 raise self.fail(f"{prefix}{key}", "missing (required)")
@@ -389,11 +429,18 @@ class _Validator:
     def signal(self, table: Mapping[str, Any], index: int) -> Signal:
         prefix = f"signals[{index}]."
         self.unknown_keys(table, _SIGNAL_KEYS, prefix)
-        positive = [k for k in _SIGNAL_CONDITIONS if k in table and k != "not_errno"
-                    and not (k == "fd_at_limit" and table[k] is False)]
+        positive = [
+            k
+            for k in _SIGNAL_CONDITIONS
+            if k in table and k != "not_errno" and not (k == "fd_at_limit" and table[k] is False)
+        ]
         if not positive:  # a signal made only of negations would match every healthy run
-            raise self.fail(f"signals[{index}]", "has no positive condition (give at least one of: "
-                            + ", ".join(sorted(_SIGNAL_CONDITIONS - {"not_errno"})) + ")")
+            raise self.fail(
+                f"signals[{index}]",
+                "has no positive condition (give at least one of: "
+                + ", ".join(sorted(_SIGNAL_CONDITIONS - {"not_errno"}))
+                + ")",
+            )
         if "confidence" not in table:
             raise self.fail(f"{prefix}confidence", "missing (required, a number in 0..1)")
         conf = table["confidence"]
@@ -404,31 +451,42 @@ class _Validator:
         name = self.string(table, "name", prefix, default=f"signal-{index}")
         sig = self.string(table, "signal", prefix) if "signal" in table else None
         return Signal(
-            name=name, confidence=float(conf), description=self.string(table, "description", prefix),
+            name=name,
+            confidence=float(conf),
+            description=self.string(table, "description", prefix),
             exception_type=self.regex(table, "exception_type", prefix),
             exception_text=self.regex(table, "exception_text", prefix),
-            errno=self.ints(table, "errno", prefix), not_errno=self.ints(table, "not_errno", prefix),
+            errno=self.ints(table, "errno", prefix),
+            not_errno=self.ints(table, "not_errno", prefix),
             from_loader=self.boolean(table, "from_loader", prefix),
             frame=self.regex(table, "frame", prefix),
             frame_function=self.regex(table, "frame_function", prefix),
             frame_filename=self.regex(table, "frame_filename", prefix),
             role=self.role(table, prefix),
             classification=self.strings(table, "classification", prefix),
-            signal=sig, fd_at_limit=self.boolean(table, "fd_at_limit", prefix),
+            signal=sig,
+            fd_at_limit=self.boolean(table, "fd_at_limit", prefix),
         )
 
     def hint(self, table: Mapping[str, Any], index: int) -> Hint:
         prefix = f"hints[{index}]."
         self.unknown_keys(table, _HINT_KEYS, prefix)
-        hint = Hint(name=self.string(table, "name", prefix, required=True),
-                    text=self.string(table, "text", prefix, default="").strip(),
-                    frame=self.regex(table, "frame", prefix),
-                    waiting_in=self.regex(table, "waiting_in", prefix),
-                    frame_function=self.regex(table, "frame_function", prefix),
-                    frame_filename=self.regex(table, "frame_filename", prefix),
-                    role=self.role(table, prefix), native=self.boolean(table, "native", prefix))
-        if (hint.frame is None and hint.frame_function is None and hint.frame_filename is None
-                and hint.waiting_in is None):
+        hint = Hint(
+            name=self.string(table, "name", prefix, required=True),
+            text=self.string(table, "text", prefix, default="").strip(),
+            frame=self.regex(table, "frame", prefix),
+            waiting_in=self.regex(table, "waiting_in", prefix),
+            frame_function=self.regex(table, "frame_function", prefix),
+            frame_filename=self.regex(table, "frame_filename", prefix),
+            role=self.role(table, prefix),
+            native=self.boolean(table, "native", prefix),
+        )
+        if (
+            hint.frame is None
+            and hint.frame_function is None
+            and hint.frame_filename is None
+            and hint.waiting_in is None
+        ):
             raise self.fail(f"hints[{index}]", "needs frame, frame_function, frame_filename or waiting_in")
         return hint
 

@@ -49,8 +49,12 @@ def thread_info(t: threading.Thread) -> dict[str, Any]:
 # and its "dlwatch-html-reaper", which waits (at most a minute) for the child that renders the
 # report.html of an incident or run summary written in this process.  Neither is the user's: a finding about
 # them would be dlwatch accusing itself, and a worker forked beside them never touches them.
-_FORK_SAFE_TARGETS = ("multiprocessing.queues.Queue._feed", "torch.utils.data.", "dlwatch.agent.Watch._stop_monitor",
-                      "dlwatch.report.html.spawn_render.")
+_FORK_SAFE_TARGETS = (
+    "multiprocessing.queues.Queue._feed",
+    "torch.utils.data.",
+    "dlwatch.agent.Watch._stop_monitor",
+    "dlwatch.report.html.spawn_render.",
+)
 
 
 def _other_threads() -> list[dict[str, Any]]:
@@ -114,8 +118,11 @@ def start_checks(f: Mapping[str, Any]) -> list[dict[str, Any]]:
     acc = f.get("accelerator") or {}
     if nw > 0 and fork and f.get("threads"):
         threads = list(f["threads"])
-        out.append(_signal("fork-with-threads", 0.7, start_method="fork", num_threads=len(threads),
-                           threads=threads[:MAX_THREADS]))
+        out.append(
+            _signal(
+                "fork-with-threads", 0.7, start_method="fork", num_threads=len(threads), threads=threads[:MAX_THREADS]
+            )
+        )
     if nw > 0 and fork and acc.get("cuda_initialized"):
         out.append(_signal("fork-after-cuda", 0.9, start_method="fork", cuda_initialized=True))
     if f.get("pin_memory") and acc.get("cuda_available") is False and not acc.get("accelerator"):
@@ -123,9 +130,18 @@ def start_checks(f: Mapping[str, Any]) -> list[dict[str, Any]]:
     usable = (f.get("cpus") or {}).get("usable")
     if nw > 0 and isinstance(usable, (int, float)) and nw > usable:
         cpus = f.get("cpus") or {}
-        out.append(_signal("too-many-workers", 0.6, num_workers=nw, usable_cpus=usable,
-                           affinity_cpus=cpus.get("affinity"), cgroup_cpu_quota=cpus.get("cgroup_quota"),
-                           cpu_count=cpus.get("cpu_count"), suggested_num_workers=max(1, int(usable))))
+        out.append(
+            _signal(
+                "too-many-workers",
+                0.6,
+                num_workers=nw,
+                usable_cpus=usable,
+                affinity_cpus=cpus.get("affinity"),
+                cgroup_cpu_quota=cpus.get("cgroup_quota"),
+                cpu_count=cpus.get("cpu_count"),
+                suggested_num_workers=max(1, int(usable)),
+            )
+        )
     return out
 
 
@@ -179,8 +195,9 @@ def first_batch_facts(cfg: Mapping[str, Any], batch: Any, batch_bytes: int | Non
     }
 
 
-def first_batch_checks(f: Mapping[str, Any], thresholds: Mapping[str, Mapping[str, float]] | None = None
-                       ) -> list[dict[str, Any]]:
+def first_batch_checks(
+    f: Mapping[str, Any], thresholds: Mapping[str, Mapping[str, float]] | None = None
+) -> list[dict[str, Any]]:
     """fd-limit-low, shm-too-small (pure)."""
     th = thresholds or {}
     out = []
@@ -194,16 +211,36 @@ def first_batch_checks(f: Mapping[str, Any], thresholds: Mapping[str, Mapping[st
         need = batches_in_flight * tensors
         share = float((th.get("fd-limit-low") or {}).get("share", 0.8))
         if open_fds + need > share * limit:
-            out.append(_signal("fd-limit-low", 0.8, fd_limit=limit, num_fds=open_fds, tensors_per_batch=tensors,
-                               num_workers=nw, prefetch_factor=pf, fds_in_flight=need,
-                               sharing_strategy="file_descriptor"))
+            out.append(
+                _signal(
+                    "fd-limit-low",
+                    0.8,
+                    fd_limit=limit,
+                    num_fds=open_fds,
+                    tensors_per_batch=tensors,
+                    num_workers=nw,
+                    prefetch_factor=pf,
+                    fds_in_flight=need,
+                    sharing_strategy="file_descriptor",
+                )
+            )
     bb, free = f.get("batch_bytes"), f.get("shm_free")
     if isinstance(bb, int) and bb > 0 and isinstance(free, int):
         need_b = batches_in_flight * bb
         factor = float((th.get("shm-too-small") or {}).get("need_factor", 1.0))
         if need_b * factor > free:
-            out.append(_signal("shm-too-small", 0.8, batch_bytes=bb, num_workers=nw, prefetch_factor=pf,
-                               inflight_bytes=need_b, shm_free=free, shm_total=f.get("shm_total")))
+            out.append(
+                _signal(
+                    "shm-too-small",
+                    0.8,
+                    batch_bytes=bb,
+                    num_workers=nw,
+                    prefetch_factor=pf,
+                    inflight_bytes=need_b,
+                    shm_free=free,
+                    shm_total=f.get("shm_total"),
+                )
+            )
     return out
 
 
@@ -214,8 +251,11 @@ def warning_text(sig: Mapping[str, Any], title: str) -> str:
     if sig.get("threads"):
         names = ", ".join(f"{t.get('name')}" + (f" [{t['runs']}]" if t.get("runs") else "") for t in sig["threads"][:4])
         figures = f"threads: {names}" + (f"; {figures}" if figures else "")
-    return f"{sig.get('playbook')}: {title}" + (f" ({figures})" if figures else "") + \
-        f"; see `dlwatch playbooks {sig.get('playbook')}`"
+    return (
+        f"{sig.get('playbook')}: {title}"
+        + (f" ({figures})" if figures else "")
+        + f"; see `dlwatch playbooks {sig.get('playbook')}`"
+    )
 
 
 def sampler_state(loader: Any) -> dict[str, Any] | None:
@@ -232,9 +272,13 @@ def sampler_state(loader: Any) -> dict[str, Any] | None:
         if not isinstance(epoch, int) or isinstance(epoch, bool):
             return None
         cls = type(s)
-        return {"sampler": f"{cls.__module__}.{cls.__qualname__}", "sampler_epoch": epoch,
-                "shuffle": getattr(s, "shuffle", None) if isinstance(getattr(s, "shuffle", None), bool) else None,
-                "seed": getattr(s, "seed", None) if isinstance(getattr(s, "seed", None), int) else None,
-                "num_replicas": getattr(s, "num_replicas", None)
-                if isinstance(getattr(s, "num_replicas", None), int) else None}
+        return {
+            "sampler": f"{cls.__module__}.{cls.__qualname__}",
+            "sampler_epoch": epoch,
+            "shuffle": getattr(s, "shuffle", None) if isinstance(getattr(s, "shuffle", None), bool) else None,
+            "seed": getattr(s, "seed", None) if isinstance(getattr(s, "seed", None), int) else None,
+            "num_replicas": getattr(s, "num_replicas", None)
+            if isinstance(getattr(s, "num_replicas", None), int)
+            else None,
+        }
     return None

@@ -115,9 +115,21 @@ import re
 import warnings
 from typing import Any, Callable, Sequence
 
-__all__ = ["AUTH_SCHEMES", "MASK", "OPTION_ONLY_NAMES", "PASSWORD_P_CLIENTS", "SECRET_NAMES", "SECRET_SUFFIXES",
-           "SECRET_WORDS", "TOKEN_PATTERNS", "is_secret_name", "outbound", "redact", "redact_argv",
-           "warn"]
+__all__ = [
+    "AUTH_SCHEMES",
+    "MASK",
+    "OPTION_ONLY_NAMES",
+    "PASSWORD_P_CLIENTS",
+    "SECRET_NAMES",
+    "SECRET_SUFFIXES",
+    "SECRET_WORDS",
+    "TOKEN_PATTERNS",
+    "is_secret_name",
+    "outbound",
+    "redact",
+    "redact_argv",
+    "warn",
+]
 
 MASK = "***"
 
@@ -145,14 +157,49 @@ SECRET_SUFFIXES: tuple[str, ...] = ("_pass",)
 # Command-line clients whose "-p" option carries the password itself ("mysql -uroot -pS3cret",
 # "mysqldump -p S3cret db"); the command word may carry a path ("/usr/bin/mysql").
 PASSWORD_P_CLIENTS: tuple[str, ...] = (
-    "mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlcheck", "mysqlshow", "mysqlpump", "mysqlslap",
-    "mysqlbinlog", "mysqlsh", "mariadb", "mariadb-dump", "mariadb-admin", "mariadb-import", "mariadb-check",
-    "mariadb-show", "mariadb-slap", "mariadb-binlog", "mariadb-backup", "mariabackup",
+    "mysql",
+    "mysqldump",
+    "mysqladmin",
+    "mysqlimport",
+    "mysqlcheck",
+    "mysqlshow",
+    "mysqlpump",
+    "mysqlslap",
+    "mysqlbinlog",
+    "mysqlsh",
+    "mariadb",
+    "mariadb-dump",
+    "mariadb-admin",
+    "mariadb-import",
+    "mariadb-check",
+    "mariadb-show",
+    "mariadb-slap",
+    "mariadb-binlog",
+    "mariadb-backup",
+    "mariabackup",
 )
 # Authorization schemes kept visible in front of the masked credentials ("Authorization: Basic ***").
-AUTH_SCHEMES: tuple[str, ...] = ("basic", "bearer", "token", "digest", "negotiate", "ntlm", "hoba", "mutual",
-                                 "vapid", "scram-sha-1", "scram-sha-256", "aws4-hmac-sha256", "apikey", "key",
-                                 "oauth", "dpop", "gnap", "privatetoken", "sso")
+AUTH_SCHEMES: tuple[str, ...] = (
+    "basic",
+    "bearer",
+    "token",
+    "digest",
+    "negotiate",
+    "ntlm",
+    "hoba",
+    "mutual",
+    "vapid",
+    "scram-sha-1",
+    "scram-sha-256",
+    "aws4-hmac-sha256",
+    "apikey",
+    "key",
+    "oauth",
+    "dpop",
+    "gnap",
+    "privatetoken",
+    "sso",
+)
 
 _EXEMPT_VALUES = frozenset({"", "true", "false", "none", "null"})
 
@@ -197,11 +244,27 @@ _AUTH_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"|(?:" + _AUTH_SCHEME_RE.pattern 
 # Cookie: / Set-Cookie: as a header line: every pair of the list, to the end of the line (or quote).
 _COOKIE_LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|[^\s'"<](?:[^\n'"]*[^\s'"])?""")
 # "mysql ... -pS3cret" / "mysql ... -p S3cret": a client word, then its command up to ; | & or a newline.
-_P_CLIENT_RE = re.compile(r"(?<![\w.-])(?:" + "|".join(re.escape(c) for c in sorted(PASSWORD_P_CLIENTS, key=len, reverse=True))
-                          + r")(?![\w.-])")
+_P_CLIENT_RE = re.compile(
+    r"(?<![\w.-])(?:"
+    + "|".join(re.escape(c) for c in sorted(PASSWORD_P_CLIENTS, key=len, reverse=True))
+    + r")(?![\w.-])"
+)
 _COMMAND_END_RE = re.compile(r"[;|&\n]")
-_P_OPTION_RE = re.compile(r"""(?<![^\s'"])-p(?:(?P<glued>""" + _DQ + "|" + _SQ + "|" + _ARG_BARE
-                          + r""")|[ \t]+(?P<spaced>""" + _DQ + "|" + _SQ + r"|(?!-)" + _ARG_BARE + "))")
+_P_OPTION_RE = re.compile(
+    r"""(?<![^\s'"])-p(?:(?P<glued>"""
+    + _DQ
+    + "|"
+    + _SQ
+    + "|"
+    + _ARG_BARE
+    + r""")|[ \t]+(?P<spaced>"""
+    + _DQ
+    + "|"
+    + _SQ
+    + r"|(?!-)"
+    + _ARG_BARE
+    + "))"
+)
 _AWS_SECRET_VALUE_RE = re.compile(r"""["']?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])""")
 
 _QUOTED_KEY_HEAD_RE = re.compile(r"""(?<![\w*"'])(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)\s*:\s*""")
@@ -231,8 +294,11 @@ TOKEN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("openai", r"(?<![A-Za-z0-9_-])sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_]{20,}"),
     # "sk-" glued to a word ("task-", "mask-rcnn_r50_fpn_coco_2017"): only the documented key
     # shapes, whole (project/service/admin keys; or 20+ alphanumerics up to the end of the word).
-    ("openai-glued", r"(?<=[A-Za-z0-9_])sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,}"
-                     r"|[A-Za-z0-9]{20,}(?![A-Za-z0-9_-]))"),
+    (
+        "openai-glued",
+        r"(?<=[A-Za-z0-9_])sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,}"
+        r"|[A-Za-z0-9]{20,}(?![A-Za-z0-9_-]))",
+    ),
     ("stripe", r"(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}"),
     ("sendgrid", r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
     ("npm", r"npm_[A-Za-z0-9]{36,}"),
@@ -301,7 +367,7 @@ def _mask_arg_text(value: str) -> str:
     if value[:1] in ("'", '"'):
         return _mask_value(value)
     core = value.rstrip(",;)]}")
-    return MASK + value[len(core):] if core else value
+    return MASK + value[len(core) :] if core else value
 
 
 def _mask_auth(v: re.Match[str]) -> str:
@@ -312,20 +378,25 @@ def _mask_auth(v: re.Match[str]) -> str:
     m = _AUTH_SCHEME_RE.match(inner)
     if m is None:
         return value if inner.lower() in AUTH_SCHEMES else _mask_value(value)
-    rest = inner[m.end():]
+    rest = inner[m.end() :]
     if rest[:1] == "<":  # "Bearer <token>": a placeholder
         return value
     closed = bool(q) and (_DQ_CLOSED_RE if q == '"' else _SQ_CLOSED_RE).fullmatch(value) is not None
-    return q + inner[:m.end()] + MASK + (q if closed else "")
+    return q + inner[: m.end()] + MASK + (q if closed else "")
 
 
 _Pick = Callable[[str], "tuple[re.Pattern[str], Callable[[re.Match[str]], str]] | None"]
 
 
-def _form(value_rx: re.Pattern[str], masker: Callable[[re.Match[str]], str], name_ok: Callable[[str], bool] = is_secret_name,
-          cookie_rx: re.Pattern[str] | None = None) -> _Pick:
+def _form(
+    value_rx: re.Pattern[str],
+    masker: Callable[[re.Match[str]], str],
+    name_ok: Callable[[str], bool] = is_secret_name,
+    cookie_rx: re.Pattern[str] | None = None,
+) -> _Pick:
     """What a key form masks after a name: None for a name that is not secret; Authorization
     names get their scheme-aware value, Cookie names ``cookie_rx`` where given (the header line)."""
+
     def pick(name: str) -> tuple[re.Pattern[str], Callable[[re.Match[str]], str]] | None:
         if not name_ok(name):
             return None
@@ -335,6 +406,7 @@ def _form(value_rx: re.Pattern[str], masker: Callable[[re.Match[str]], str], nam
         if cookie_rx is not None and "cookie" in low:
             return cookie_rx, masker
         return value_rx, masker
+
     return pick
 
 

@@ -62,8 +62,11 @@ def snapshot(dataset: Any, depth: int = 2) -> Snapshot:
         complete = False
     if budget[0] >= MAX_NODES:
         complete = False
-    for name, read in (("global:random", _global_random), ("global:numpy", _global_numpy),
-                       ("global:torch", _global_torch)):
+    for name, read in (
+        ("global:random", _global_random),
+        ("global:numpy", _global_numpy),
+        ("global:torch", _global_torch),
+    ):
         try:
             h = read()
         except Exception:
@@ -109,8 +112,13 @@ def duplicates(fingerprints_by_worker: Mapping[int, Mapping[str, str]]) -> list[
     out = []
     for (path, _h), workers in groups.items():
         if len(set(workers)) >= 2:
-            out.append({"attribute": path, "workers": sorted(set(workers)),
-                        "kind": "global" if path.startswith("global:") else "object"})
+            out.append(
+                {
+                    "attribute": path,
+                    "workers": sorted(set(workers)),
+                    "kind": "global" if path.startswith("global:") else "object",
+                }
+            )
     out.sort(key=lambda d: (d["kind"] == "global", d["attribute"], d["workers"]))
     return out
 
@@ -201,8 +209,9 @@ def _global_torch() -> str | None:
 # --------------------------------------------------------------------------- the bounded walk
 
 
-def _walk(obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], budget: list[int],
-          objects: dict[str, Any]) -> None:
+def _walk(
+    obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], budget: list[int], objects: dict[str, Any]
+) -> None:
     if budget[0] >= MAX_NODES or id(obj) in seen or isinstance(obj, _LEAF_TYPES):
         return
     seen.add(id(obj))
@@ -234,8 +243,7 @@ def _walk(obj: Any, path: str, depth: int, out: dict[str, str], seen: set[int], 
         if not isinstance(name, str):
             continue
         transparent = name in _TRANSPARENT_ATTRS and isinstance(value, (list, tuple))
-        _walk(value, f"{path}.{name}", depth if transparent else depth - 1, out, seen, budget,
-              objects)
+        _walk(value, f"{path}.{name}", depth if transparent else depth - 1, out, seen, budget, objects)
 
 
 def _instance_dict(obj: Any) -> Mapping[str, Any] | None:
@@ -248,8 +256,14 @@ def _instance_dict(obj: Any) -> Mapping[str, Any] | None:
 
 def _is_opaque(obj: Any) -> bool:
     """Objects not to look inside: modules, classes, functions, arrays and tensors (big, no RNGs)."""
-    if isinstance(obj, type) or type(obj).__name__ in ("module", "function", "builtin_function_or_method",
-                                                        "method", "code", "frame"):
+    if isinstance(obj, type) or type(obj).__name__ in (
+        "module",
+        "function",
+        "builtin_function_or_method",
+        "method",
+        "code",
+        "frame",
+    ):
         return True
     mod = type(obj).__module__ or ""
     if mod.startswith(("numpy", "torch._C", "pandas")) or type(obj).__name__ in ("Tensor", "Parameter"):

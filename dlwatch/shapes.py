@@ -133,9 +133,15 @@ class IgnoreKeys:
 _NO_IGNORE = IgnoreKeys()
 
 
-def leaves(batch: Any, expected: int, batch_size: int, max_depth: int = MAX_DEPTH,
-           max_leaves: int = MAX_LEAVES, ignore: IgnoreKeys = _NO_IGNORE,
-           time_major: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+def leaves(
+    batch: Any,
+    expected: int,
+    batch_size: int,
+    max_depth: int = MAX_DEPTH,
+    max_leaves: int = MAX_LEAVES,
+    ignore: IgnoreKeys = _NO_IGNORE,
+    time_major: bool = False,
+) -> list[tuple[str, tuple[int, ...]]]:
     """(path, shape) of the tensors in ``batch`` whose leading dimension is the batch dimension.
 
     Skipped, because their leading dimension is not the batch's: 0-d tensors,
@@ -302,10 +308,19 @@ class BatchShapeProbe:
     stays quiet on, is in the module docstring.
     """
 
-    def __init__(self, batch_size: int | None, drop_last: bool, dataset_len: int | None = None,
-                 collate_fn_name: str = "", *, check_first: int = CHECK_FIRST,
-                 sample_every: int = SAMPLE_EVERY, confirm_batches: int = CONFIRM_BATCHES,
-                 ignore_keys: tuple[str, ...] = (), time_major: bool = False) -> None:
+    def __init__(
+        self,
+        batch_size: int | None,
+        drop_last: bool,
+        dataset_len: int | None = None,
+        collate_fn_name: str = "",
+        *,
+        check_first: int = CHECK_FIRST,
+        sample_every: int = SAMPLE_EVERY,
+        confirm_batches: int = CONFIRM_BATCHES,
+        ignore_keys: tuple[str, ...] = (),
+        time_major: bool = False,
+    ) -> None:
         self.batch_size = batch_size if isinstance(batch_size, int) and batch_size > 0 else None
         self.drop_last = bool(drop_last)
         self.dataset_len = dataset_len if isinstance(dataset_len, int) and dataset_len >= 0 else None
@@ -390,8 +405,9 @@ class BatchShapeProbe:
             if same_epoch and index > at:  # it was not the last batch: its sizes were real
                 self._clear(paths)
         expected = self.expected(index)
-        found = leaves(batch, expected or self.batch_size, self.batch_size, ignore=self._ignore,
-                       time_major=self.time_major)
+        found = leaves(
+            batch, expected or self.batch_size, self.batch_size, ignore=self._ignore, time_major=self.time_major
+        )
         if not found:
             return None
         dims = {path: shape[0] for path, shape in found}
@@ -413,12 +429,19 @@ class BatchShapeProbe:
                     suspect.count += 1
                 else:
                     reason = "inconsistent_leading_dims" if anchored else "leading_dim_mismatch"
-                    suspect = self._suspects[path] = _Suspect(k, 1, {
-                        **self._evidence(found, index, expected), "reason": reason, "leaf": path,
-                        "multiple": k, "sample_count": n})
+                    suspect = self._suspects[path] = _Suspect(
+                        k,
+                        1,
+                        {
+                            **self._evidence(found, index, expected),
+                            "reason": reason,
+                            "leaf": path,
+                            "multiple": k,
+                            "sample_count": n,
+                        },
+                    )
                 if suspect.count >= self.confirm_batches and evidence is None:
-                    evidence = {**suspect.evidence, "confirmed_batches": suspect.count,
-                                "confirmed_at_index": index}
+                    evidence = {**suspect.evidence, "confirmed_batches": suspect.count, "confirmed_at_index": index}
             elif proved:
                 self._clear((path,))
             elif suspect is not None and lead > suspect.k * n:
@@ -431,8 +454,7 @@ class BatchShapeProbe:
             return self._found(evidence)
         return None
 
-    def _sample_count(self, found: list[tuple[str, tuple[int, ...]]],
-                      expected: int | None) -> tuple[int | None, bool]:
+    def _sample_count(self, found: list[tuple[str, tuple[int, ...]]], expected: int | None) -> tuple[int | None, bool]:
         """(n, anchored): the batch's proved sample count, and whether a leaf of that length proves it."""
         leads = [shape[0] for _, shape in found]
         for n in (expected, self.batch_size):

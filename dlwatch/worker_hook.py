@@ -55,8 +55,15 @@ def _drop_own_entry(exc: BaseException) -> None:
 
 
 class WorkerHook:
-    def __init__(self, user_fn: Callable[[int], Any] | None, events_path: str, run_dir: str,
-                 start_method: str | None, monitor_pid: int | None, rng_depth: int = 2) -> None:
+    def __init__(
+        self,
+        user_fn: Callable[[int], Any] | None,
+        events_path: str,
+        run_dir: str,
+        start_method: str | None,
+        monitor_pid: int | None,
+        rng_depth: int = 2,
+    ) -> None:
         self.user_fn = user_fn
         self.events_path = events_path
         self.run_dir = run_dir
@@ -91,8 +98,14 @@ class WorkerHook:
             except Exception:
                 pass
             self._crash_dump()
-            events.emit(self.events_path, "worker_registered", worker_id=worker_id,
-                        start_method=self.start_method, ppid=os.getppid(), dump_path=dump_path)
+            events.emit(
+                self.events_path,
+                "worker_registered",
+                worker_id=worker_id,
+                start_method=self.start_method,
+                ppid=os.getppid(),
+                dump_path=dump_path,
+            )
         except Exception:
             pass
 
@@ -115,8 +128,15 @@ class WorkerHook:
             info = get_worker_info()
             dataset = info.dataset if info is not None else None
             snap = rngcheck.snapshot(dataset, depth=self.rng_depth)
-            if events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=self.epoch,
-                           stage="start", fingerprints=snap.prints, states=_pairs(snap.prints)):
+            if events.emit(
+                self.events_path,
+                "rng_fingerprint",
+                worker_id=worker_id,
+                epoch=self.epoch,
+                stage="start",
+                fingerprints=snap.prints,
+                states=_pairs(snap.prints),
+            ):
                 _start[self.events_path] = (worker_id, self.epoch, snap)
         except Exception:
             pass
@@ -168,8 +188,16 @@ class CollateHook:
             worker_id, epoch, first = start
             snap = rngcheck.snapshot(info.dataset, depth=self.rng_depth)
             drew, rebound = rngcheck.drawn(first, snap)
-            events.emit(self.events_path, "rng_fingerprint", worker_id=worker_id, epoch=epoch,
-                        stage="after_first_batch", fingerprints=snap.prints, states=_pairs(snap.prints),
-                        drawn=drew, rebound=rebound)
+            events.emit(
+                self.events_path,
+                "rng_fingerprint",
+                worker_id=worker_id,
+                epoch=epoch,
+                stage="after_first_batch",
+                fingerprints=snap.prints,
+                states=_pairs(snap.prints),
+                drawn=drew,
+                rebound=rebound,
+            )
         except Exception:
             pass

@@ -12,8 +12,11 @@ import os
 
 def parse_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--report-dir", default=os.environ.get("DLWATCH_DIR", "./dlwatch-reports"),
-                        help="where dlwatch writes incidents (default: $DLWATCH_DIR or ./dlwatch-reports)")
+    parser.add_argument(
+        "--report-dir",
+        default=os.environ.get("DLWATCH_DIR", "./dlwatch-reports"),
+        help="where dlwatch writes incidents (default: $DLWATCH_DIR or ./dlwatch-reports)",
+    )
     args = parser.parse_args()
     args.report_dir = os.path.abspath(args.report_dir)
     return args
@@ -35,8 +38,11 @@ def incidents(report_dir: str) -> set[str]:
         names = os.listdir(report_dir)
     except FileNotFoundError:
         return set()
-    return {os.path.join(report_dir, n) for n in names
-            if not n.startswith(".") and os.path.isfile(os.path.join(report_dir, n, "report.json"))}
+    return {
+        os.path.join(report_dir, n)
+        for n in names
+        if not n.startswith(".") and os.path.isfile(os.path.join(report_dir, n, "report.json"))
+    }
 
 
 def print_reports(report_dir: str, before: set[str]) -> int:
@@ -59,14 +65,19 @@ def print_summary(watch) -> list[str]:
     path = os.path.join(watch.report_dir, "runs", summary["id"])
     print(f"SUMMARY {path}", flush=True)
     loop = summary.get("loop") or {}
-    print(f"loop: {loop.get('batches')} batches, {loop.get('epochs')} epochs, steady data wait "
-          f"{loop.get('steady_data_wait_share')} of the loop", flush=True)
+    print(
+        f"loop: {loop.get('batches')} batches, {loop.get('epochs')} epochs, steady data wait "
+        f"{loop.get('steady_data_wait_share')} of the loop",
+        flush=True,
+    )
     ids = [f["playbook"] for f in summary.get("advice") or ()]
     for f in summary.get("advice") or ():
         print(f"ADVICE {f['playbook']}", flush=True)
     if not ids:
         print("no advice", flush=True)
     return ids
+
+
 IN_CGROUP = "DLWATCH_EXAMPLE_IN_CGROUP"
 
 
@@ -150,8 +161,9 @@ def wait_for_incident(report_dir: str, before: set[str], timeout_s: float) -> bo
     return bool(incidents(report_dir) - before)
 
 
-def run_torchrun(script: str, report_dir: str, *, nproc: int = 2, until_incidents: int | None = None,
-                 give_up_s: float = 60.0) -> str:
+def run_torchrun(
+    script: str, report_dir: str, *, nproc: int = 2, until_incidents: int | None = None, give_up_s: float = 60.0
+) -> str:
     """Play the job scheduler for a multi-rank example: start ``torchrun --standalone`` on ``script``,
     wait until it ends (or ``until_incidents`` new incidents are written, or ``give_up_s``), then kill
     torchrun and everything under it. Returns the job id the ranks ran under (DLWATCH_JOB_ID)."""
@@ -168,22 +180,43 @@ def run_torchrun(script: str, report_dir: str, *, nproc: int = 2, until_incident
     before = incidents(report_dir)
     here = os.path.dirname(os.path.abspath(script))
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlwatch.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1", DLWATCH_JOB_ID=job_id,
-               PYTHONPATH=os.pathsep.join(p for p in (here, package_parent, os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        DLWATCH_JOB_ID=job_id,
+        PYTHONPATH=os.pathsep.join(p for p in (here, package_parent, os.environ.get("PYTHONPATH")) if p),
+    )
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         env.pop(var, None)
-    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc_per_node", str(nproc), os.path.abspath(script), "--report-dir", report_dir],
-                             env=env, start_new_session=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            os.path.abspath(script),
+            "--report-dir",
+            report_dir,
+        ],
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + give_up_s
     try:
-        while child.poll() is None and time.monotonic() < deadline and (
-                until_incidents is None or len(incidents(report_dir) - before) < until_incidents):
+        while (
+            child.poll() is None
+            and time.monotonic() < deadline
+            and (until_incidents is None or len(incidents(report_dir) - before) < until_incidents)
+        ):
             time.sleep(0.2)
         time.sleep(0.3)  # let the monitors finish their one-line notices on stderr
         if child.poll() is None:
-            print("the job is hung and the reports are written: killing it "
-                  "(as a scheduler's time limit would)", flush=True)
+            print(
+                "the job is hung and the reports are written: killing it (as a scheduler's time limit would)",
+                flush=True,
+            )
     finally:
         _kill_job(child.pid)
         child.wait()

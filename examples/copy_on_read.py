@@ -36,15 +36,14 @@ class FloatList(Dataset):
 
     def __getitem__(self, i):
         time.sleep(0.02)  # a decode: the copy spreads over the epoch (~15 s), as in a real one
-        return sum(self.values[i * SLICE:(i + 1) * SLICE])
+        return sum(self.values[i * SLICE : (i + 1) * SLICE])
 
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
     rerun_in_memory_cgroup(LIMIT)
     before = incidents(args.report_dir)
-    loader = DataLoader(FloatList(), batch_size=4, num_workers=2, shuffle=True,
-                        persistent_workers=True)
+    loader = DataLoader(FloatList(), batch_size=4, num_workers=2, shuffle=True, persistent_workers=True)
     done = threading.Event()
     deadline = time.monotonic() + 45
     with dlwatch.watch(loader, report_dir=args.report_dir, poll_interval=0.5) as batches:

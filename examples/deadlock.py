@@ -68,8 +68,9 @@ def train(report_dir):
 def supervise(report_dir):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below still kills the child
     before = incidents(report_dir)
-    child = subprocess.Popen([sys.executable, *sys.argv], env=dict(os.environ, **{CHILD: "1"}),
-                             start_new_session=True)  # its own process group: one kill takes all of it
+    child = subprocess.Popen(
+        [sys.executable, *sys.argv], env=dict(os.environ, **{CHILD: "1"}), start_new_session=True
+    )  # its own process group: one kill takes all of it
     deadline = time.monotonic() + GIVE_UP_S
     try:
         while child.poll() is None and time.monotonic() < deadline and not (incidents(report_dir) - before):

@@ -31,10 +31,12 @@ class Detection(Dataset):
 
 def yolo_collate(samples):
     images = torch.stack([image for image, _, _, _ in samples])  # (B, 3, 64, 64)
-    targets = torch.cat([
-        torch.cat([torch.full((len(boxes), 1), float(b)), classes[:, None].float(), boxes], dim=1)
-        for b, (_, boxes, classes, _) in enumerate(samples)
-    ])  # (N, 6), N = boxes in the batch
+    targets = torch.cat(
+        [
+            torch.cat([torch.full((len(boxes), 1), float(b)), classes[:, None].float(), boxes], dim=1)
+            for b, (_, boxes, classes, _) in enumerate(samples)
+        ]
+    )  # (N, 6), N = boxes in the batch
     paths = [path for _, _, _, path in samples]
     return images, targets, paths
 

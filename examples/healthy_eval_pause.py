@@ -48,8 +48,10 @@ def main():
     train = DataLoader(Samples(256), batch_size=16, num_workers=2)
     val = DataLoader(Samples(96), batch_size=4, num_workers=1)
     model = torch.nn.Linear(3 * 16 * 16, 10)
-    with tempfile.TemporaryDirectory() as ckpt_dir, \
-            dlwatch.watch(train, report_dir=args.report_dir, poll_interval=0.2, stall_timeout=2) as batches:
+    with (
+        tempfile.TemporaryDirectory() as ckpt_dir,
+        dlwatch.watch(train, report_dir=args.report_dir, poll_interval=0.2, stall_timeout=2) as batches,
+    ):
         for step, (x, y) in enumerate(batches):
             model(x.flatten(1)).sum().backward()
             if step == 6:  # mid-epoch: evaluate (~4 s, nested watch), checkpoint, upload (~3 s)

@@ -1,6 +1,6 @@
 """A healthy loader: two workers, default collate, a quick epoch. dlwatch must stay silent.
 
-    python examples/healthy_fast.py [--report-dir DIR]
+python examples/healthy_fast.py [--report-dir DIR]
 """
 
 import torch

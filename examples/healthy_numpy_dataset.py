@@ -28,7 +28,7 @@ class FloatArray(Dataset):
 
     def __getitem__(self, i):
         time.sleep(0.005)
-        return float(self.values[i * SLICE:(i + 1) * SLICE].sum())
+        return float(self.values[i * SLICE : (i + 1) * SLICE].sum())
 
 
 def main():

@@ -1,6 +1,6 @@
 """A healthy loader without worker processes (num_workers=0): everything runs in the main process.
 
-    python examples/healthy_workers0.py [--report-dir DIR]
+python examples/healthy_workers0.py [--report-dir DIR]
 """
 
 import torch

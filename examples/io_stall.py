@@ -63,8 +63,7 @@ class RemoteShards(Dataset):
 
 
 def train(report_dir, port):
-    loader = DataLoader(RemoteShards("127.0.0.1", port), batch_size=4, num_workers=2,
-                        collate_fn=lambda xs: xs)
+    loader = DataLoader(RemoteShards("127.0.0.1", port), batch_size=4, num_workers=2, collate_fn=lambda xs: xs)
     with dlwatch.watch(loader, report_dir=report_dir, poll_interval=0.2, stall_timeout=3) as batches:
         for _ in batches:
             pass
@@ -102,8 +101,10 @@ def supervise(report_dir):
             time.sleep(0.2)
         time.sleep(0.3)  # let the monitor finish its one-line notice on stderr
         if child.poll() is None:
-            print("training is stuck on the store and the report is written: killing it "
-                  "(as a scheduler's time limit would)")
+            print(
+                "training is stuck on the store and the report is written: killing it "
+                "(as a scheduler's time limit would)"
+            )
     finally:
         if child is not None:
             try:

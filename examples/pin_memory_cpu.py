@@ -1,6 +1,6 @@
 """pin_memory=True on a machine without CUDA: a preflight warning and advice, nothing else.
 
-    python examples/pin_memory_cpu.py [--report-dir DIR]
+python examples/pin_memory_cpu.py [--report-dir DIR]
 """
 
 import time

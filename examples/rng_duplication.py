@@ -31,7 +31,7 @@ class Augmented(Dataset):
     def __init__(self):
         # BUG: one state, copied into every worker
         self.rng = np.random.default_rng(0) if np is not None else random.Random(1)
-        self.py_rng = random.Random(0)       # same problem with random.Random
+        self.py_rng = random.Random(0)  # same problem with random.Random
 
     def __len__(self):
         return 16

@@ -47,22 +47,23 @@ def reexec_in_namespace():
     unshare = shutil.which("unshare")
     if unshare is None:
         skip("the `unshare` program (util-linux) is not installed")
-    probe = subprocess.run([unshare, "--mount", "--propagation", "private", "true"],
-                           capture_output=True, text=True)
+    probe = subprocess.run([unshare, "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        skip(f"no private mount namespace here ({probe.stderr.strip() or f'exit {probe.returncode}'}); "
-             "it needs root or CAP_SYS_ADMIN")
+        skip(
+            f"no private mount namespace here ({probe.stderr.strip() or f'exit {probe.returncode}'}); "
+            "it needs root or CAP_SYS_ADMIN"
+        )
     env = dict(os.environ, **{INSIDE: "1"})
-    return subprocess.call([unshare, "--mount", "--propagation", "private",
-                            sys.executable, *sys.argv], env=env)
+    return subprocess.call([unshare, "--mount", "--propagation", "private", sys.executable, *sys.argv], env=env)
 
 
 def main():
     args = parse_args(__doc__.splitlines()[0])
     if os.environ.get(INSIDE) != "1":
         sys.exit(reexec_in_namespace())
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SHM_SIZE}", "tmpfs", "/dev/shm"],
-                           capture_output=True, text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SHM_SIZE}", "tmpfs", "/dev/shm"], capture_output=True, text=True
+    )
     if mount.returncode != 0:
         skip(f"cannot mount a small tmpfs on /dev/shm ({mount.stderr.strip()})")
     before = incidents(args.report_dir)

@@ -93,9 +93,15 @@ class Target:
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.pathsep.join([REPO, TARGETS, full_env.get("PYTHONPATH", "")])
         full_env.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, os.path.join(TARGETS, script), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
-                                     cwd=cwd, start_new_session=True, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(TARGETS, script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            text=True,
+        )
         self.pid = self.proc.pid
         self.known: set[int] = set()
 
@@ -165,6 +171,7 @@ def no_leftovers() -> Iterator[None]:
     before = {p.pid for p in descendants_of(os.getpid())}
     yield
     gc.collect()  # iterators kept alive by tracebacks hold their workers
+
     def leftovers() -> list[psutil.Process]:
         out = []
         for p in descendants_of(os.getpid()):
@@ -208,8 +215,11 @@ def batches_of(loader) -> list:
 def incidents(report_dir: str) -> list[str]:
     if not os.path.isdir(report_dir):
         return []
-    return sorted(os.path.join(report_dir, n) for n in os.listdir(report_dir)
-                  if not n.startswith(".") and os.path.exists(os.path.join(report_dir, n, "report.json")))
+    return sorted(
+        os.path.join(report_dir, n)
+        for n in os.listdir(report_dir)
+        if not n.startswith(".") and os.path.exists(os.path.join(report_dir, n, "report.json"))
+    )
 
 
 def load(incident: str) -> dict:
@@ -231,9 +241,11 @@ def fuzz_fields(base: dict, paths: list, target_dir, filename: str, load, render
 
     from dlwatch.errors import ReportError
 
-    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                          lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                          max_leaves=8)
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+        max_leaves=8,
+    )
     base = json.loads(json.dumps(base))
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
@@ -271,8 +283,9 @@ def chromium_path() -> str | None:
 def run_bounded(argv: list, *, env: dict, cwd: str, timeout: float = 120) -> tuple[int, str, str]:
     """Run a command in its own session; whatever it started is killed when it ends or outlives
     the bound (a hung DataLoader worker included). Returns (returncode, stdout, stderr)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
+    )
     known: set[int] = set()
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -294,9 +307,14 @@ def in_private_mount_namespace(cmd: str, *, env: dict, timeout: float) -> tuple[
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -319,13 +337,15 @@ def processes_with(marker: str) -> list[psutil.Process]:
     return out
 
 
-def run_to_end(argv: list, *, env: dict, marker: str, timeout: float, what: str,
-               settle_s: float = 5.0) -> tuple[int, str, str]:
+def run_to_end(
+    argv: list, *, env: dict, marker: str, timeout: float, what: str, settle_s: float = 5.0
+) -> tuple[int, str, str]:
     """Run ``argv`` in its own session until it ends by itself (the test fails after ``timeout``);
     then nothing whose command line names ``marker`` may be left after ``settle_s``.  Whatever it
     started is killed in any case, including processes in sessions of their own (torchrun's ranks)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -356,7 +376,8 @@ def cpu_starved(summary: dict) -> str | None:
         util = w.get("cpu_util")
         running = (w.get("state_share") or {}).get("running")
         if isinstance(util, (int, float)) and isinstance(running, (int, float)) and running - util > 0.25:
-            return (f"worker {w.get('worker_id')} was runnable {running:.0%} of the time but ran "
-                    f"{util:.0%}: the machine's other load had the CPUs")
+            return (
+                f"worker {w.get('worker_id')} was runnable {running:.0%} of the time but ran "
+                f"{util:.0%}: the machine's other load had the CPUs"
+            )
     return None
-

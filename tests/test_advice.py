@@ -12,8 +12,15 @@ import copy
 import pytest
 
 from dlwatch.detect import build
-from dlwatch.detect.advice import (DatasetMemoryPerWorker, InputBound, PrefetchTooDeep, SamplerEpochNotSet,
-                                   SlowEpochStart, TooManyWorkers, to_finding)
+from dlwatch.detect.advice import (
+    DatasetMemoryPerWorker,
+    InputBound,
+    PrefetchTooDeep,
+    SamplerEpochNotSet,
+    SlowEpochStart,
+    TooManyWorkers,
+    to_finding,
+)
 from dlwatch.detect.base import View
 from dlwatch.detect.runstats import RunStats, classify_interval, worker_totals
 from dlwatch.heartbeat import STATE_BODY, STATE_WAITING, Heartbeat
@@ -29,17 +36,36 @@ def thresholds(cls):
 
 
 def worker(wid, util, running, waiting=0.0, blocked=0.0, io=0.0, observed=10.0, uss=20 * MIB):
-    states = {"running": running * observed, "waiting_for_work": waiting * observed,
-              "blocked_put": blocked * observed, "io": io * observed}
-    return {"pid": 100 + wid, "worker_id": wid, "cpu_util": util, "observed_s": observed, "state_s": states,
-            "state_share": {k: v / observed for k, v in states.items()}, "rss_peak": 200 * MIB, "uss_peak": uss}
+    states = {
+        "running": running * observed,
+        "waiting_for_work": waiting * observed,
+        "blocked_put": blocked * observed,
+        "io": io * observed,
+    }
+    return {
+        "pid": 100 + wid,
+        "worker_id": wid,
+        "cpu_util": util,
+        "observed_s": observed,
+        "state_s": states,
+        "state_share": {k: v / observed for k, v in states.items()},
+        "rss_peak": 200 * MIB,
+        "uss_peak": uss,
+    }
 
 
 def run(**over):
     base = {
-        "loop": {"batches": 300, "epochs": 1, "steady_batches": 299, "steady_data_wait_share": 0.05,
-                 "steady_data_wait_s": 0.5, "body_s": 9.5, "steady_batch_s": 0.0334,
-                 "first_batch_s": {"per_epoch": [0.3], "mean_s": 0.3, "total_s": 0.3}},
+        "loop": {
+            "batches": 300,
+            "epochs": 1,
+            "steady_batches": 299,
+            "steady_data_wait_share": 0.05,
+            "steady_data_wait_s": 0.5,
+            "body_s": 9.5,
+            "steady_batch_s": 0.0334,
+            "first_batch_s": {"per_epoch": [0.3], "mean_s": 0.3, "total_s": 0.3},
+        },
         "workers": [worker(0, 0.4, 0.4, waiting=0.1, blocked=0.5), worker(1, 0.4, 0.4, waiting=0.1, blocked=0.5)],
         "main": {"pid": 1, "cpu_util": 0.9},
         "peaks": {"gpus": [], "mem_available": {"first": 16 << 30}, "cgroup_memory": {"limit": None}},
@@ -53,8 +79,13 @@ def run(**over):
     return base
 
 
-LOADER = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False,
-          "batch_bytes": 1 * MIB}
+LOADER = {
+    "num_workers": 2,
+    "prefetch_factor": 2,
+    "persistent_workers": False,
+    "pin_memory": False,
+    "batch_bytes": 1 * MIB,
+}
 
 
 def judge(cls, r, loader=LOADER):
@@ -107,11 +138,14 @@ def test_input_bound_main_process_loading():
     assert sig["cause"] == "main-process-loading" and sig["main_cpu_util"] == 0.9
 
 
-@pytest.mark.parametrize("loop", [
-    {"steady_batches": 2, "steady_data_wait_s": 0.01, "body_s": 0.01},  # a 3-batch smoke test: all cold start
-    {"steady_data_wait_s": 1.0, "body_s": 2.0},  # too short to judge
-    {"steady_data_wait_share": 0.1},  # ordinary jitter
-])
+@pytest.mark.parametrize(
+    "loop",
+    [
+        {"steady_batches": 2, "steady_data_wait_s": 0.01, "body_s": 0.01},  # a 3-batch smoke test: all cold start
+        {"steady_data_wait_s": 1.0, "body_s": 2.0},  # too short to judge
+        {"steady_data_wait_share": 0.1},  # ordinary jitter
+    ],
+)
 def test_input_bound_quiet_on_smoke_tests_short_runs_and_jitter(loop):
     assert judge(InputBound, input_bound_run(**loop)) is None
 
@@ -129,8 +163,13 @@ def test_input_bound_quiet_when_the_gpus_are_busy():
 
 
 def slow_start_run(**first):
-    return run(loop={"epochs": 3, "steady_batch_s": 0.02,
-                     "first_batch_s": {"per_epoch": [1.6, 1.5, 1.55], "mean_s": 1.55, "total_s": 4.65, **first}})
+    return run(
+        loop={
+            "epochs": 3,
+            "steady_batch_s": 0.02,
+            "first_batch_s": {"per_epoch": [1.6, 1.5, 1.55], "mean_s": 1.55, "total_s": 4.65, **first},
+        }
+    )
 
 
 def test_slow_epoch_start_measures_the_cost_per_epoch():
@@ -140,13 +179,16 @@ def test_slow_epoch_start_measures_the_cost_per_epoch():
     assert sig["first_batch_factor"] == pytest.approx(77.5)
 
 
-@pytest.mark.parametrize("loader,loop", [
-    ({**LOADER, "persistent_workers": True}, {}),  # already persistent
-    ({**LOADER, "num_workers": 0}, {}),  # no workers to keep
-    (LOADER, {"epochs": 1}),  # one epoch: nothing to save
-    (LOADER, {"first_batch_s": {"mean_s": 0.6}}),  # under a second
-    (LOADER, {"steady_batch_s": 0.5}),  # a few steady batches only
-])
+@pytest.mark.parametrize(
+    "loader,loop",
+    [
+        ({**LOADER, "persistent_workers": True}, {}),  # already persistent
+        ({**LOADER, "num_workers": 0}, {}),  # no workers to keep
+        (LOADER, {"epochs": 1}),  # one epoch: nothing to save
+        (LOADER, {"first_batch_s": {"mean_s": 0.6}}),  # under a second
+        (LOADER, {"steady_batch_s": 0.5}),  # a few steady batches only
+    ],
+)
 def test_slow_epoch_start_quiet_on_look_alikes(loader, loop):
     r = slow_start_run()
     r["loop"] = {**r["loop"], **loop}
@@ -167,10 +209,13 @@ def test_prefetch_too_deep_with_the_bytes_it_costs():
     assert sig["blocked_put_share"] == 0.5 and sig["suggested_prefetch_factor"] == 2
 
 
-@pytest.mark.parametrize("loader", [
-    {**DEEP, "prefetch_factor": 2},  # the default depth of a GPU-bound job: workers idle, nothing to lower
-    {**DEEP, "batch_bytes": 64 * 1024},  # deep but tiny batches
-])
+@pytest.mark.parametrize(
+    "loader",
+    [
+        {**DEEP, "prefetch_factor": 2},  # the default depth of a GPU-bound job: workers idle, nothing to lower
+        {**DEEP, "batch_bytes": 64 * 1024},  # deep but tiny batches
+    ],
+)
 def test_prefetch_quiet_on_default_depth_and_small_batches(loader):
     assert judge(PrefetchTooDeep, run(), loader) is None
 
@@ -192,8 +237,7 @@ def test_prefetch_quiet_when_the_workers_are_busy():
 
 
 def test_too_many_workers_cpu_bound_and_far_from_a_core():
-    r = run(cpus={"usable": 2, "affinity": 2, "cgroup_quota": None},
-            workers=[worker(i, 0.24, 0.95) for i in range(8)])
+    r = run(cpus={"usable": 2, "affinity": 2, "cgroup_quota": None}, workers=[worker(i, 0.24, 0.95) for i in range(8)])
     sig = judge(TooManyWorkers, r, {**LOADER, "num_workers": 8})
     assert sig["usable_cpus"] == 2 and sig["worker_cpu_util_mean"] == 0.24 and sig["suggested_num_workers"] == 2
 
@@ -216,8 +260,17 @@ def _sampler(values, shuffle=True):
     det = SamplerEpochNotSet(thresholds(SamplerEpochNotSet))
     view = View(now=0.0, procs={}, loader=LOADER, loader_pids=frozenset(), system=None, heartbeat=None)
     for v in values:
-        det.on_event({"event": "sampler_epoch", "sampler_epoch": v, "shuffle": shuffle, "seed": 0,
-                      "sampler": "torch.utils.data.distributed.DistributedSampler", "num_replicas": 1}, view)
+        det.on_event(
+            {
+                "event": "sampler_epoch",
+                "sampler_epoch": v,
+                "shuffle": shuffle,
+                "seed": 0,
+                "sampler": "torch.utils.data.distributed.DistributedSampler",
+                "num_replicas": 1,
+            },
+            view,
+        )
     return det.judge(run(), LOADER)
 
 
@@ -235,10 +288,14 @@ def test_sampler_quiet_with_set_epoch_without_shuffle_or_one_epoch(values, shuff
 
 
 def test_dataset_memory_per_worker_against_the_cgroup_limit():
-    r = run(workers=[worker(i, 0.5, 0.5, uss=900 * MIB) for i in range(4)],
-            peaks={"cgroup_memory": {"limit": 8 << 30}, "mem_available": {"first": 64 << 30}, "gpus": []})
+    r = run(
+        workers=[worker(i, 0.5, 0.5, uss=900 * MIB) for i in range(4)],
+        peaks={"cgroup_memory": {"limit": 8 << 30}, "mem_available": {"first": 64 << 30}, "gpus": []},
+    )
     sig = judge(DatasetMemoryPerWorker, r, {**LOADER, "num_workers": 4})
-    assert sig["memory_limit_source"] == "cgroup memory limit" and sig["share_of_limit"] == pytest.approx(0.44, abs=0.01)
+    assert sig["memory_limit_source"] == "cgroup memory limit" and sig["share_of_limit"] == pytest.approx(
+        0.44, abs=0.01
+    )
 
 
 def test_dataset_memory_quiet_for_small_workers_or_plenty_of_memory():
@@ -262,32 +319,41 @@ def test_to_finding_has_the_shape_of_an_incident_finding():
     assert other["playbook"] == "my-team-advice" and other["title"] == "my-team-advice"
     assert other["evidence"] == {"x": 1}
     # a failure playbook's advice event (worker-memory-growth's slow trend) takes that playbook's text
-    growth = to_finding({"event": "advice", "playbook": "worker-memory-growth", "confidence": 0.7,
-                         "reason": "limit_far"}, PBS)
+    growth = to_finding(
+        {"event": "advice", "playbook": "worker-memory-growth", "confidence": 0.7, "reason": "limit_far"}, PBS
+    )
     assert growth["title"] == PBS["worker-memory-growth"].title and growth["remediation"]
 
 
 def test_advice_playbooks_are_never_matched_into_incidents():
     from dlwatch.detect.match import match
 
-    report = {"events": [{"event": "advice", "playbook": "input-bound", "signal": "input-bound"}],
-              "timeline": [], "processes": []}
+    report = {
+        "events": [{"event": "advice", "playbook": "input-bound", "signal": "input-bound"}],
+        "timeline": [],
+        "processes": [],
+    }
     assert [f.playbook for f in match(report, PBS.values())] == []
 
 
 def sample(pid, ts, cpu, state="S", syscall=7, uss=None):
-    return ProcSample(pid=pid, ts=ts, state=state, cpu_s=cpu, syscall=syscall, rss=100 * MIB, uss=uss,
-                      num_fds=10, fd_limit=1024)
+    return ProcSample(
+        pid=pid, ts=ts, state=state, cpu_s=cpu, syscall=syscall, rss=100 * MIB, uss=uss, num_fds=10, fd_limit=1024
+    )
 
 
 def test_worker_interval_split_by_state():
     prev = sample(5, 0.0, 1.0)
     assert classify_interval(prev, sample(5, 1.0, 1.3), loop_in_body=True) == pytest.approx(
-        {"running": 0.3, "blocked_put": 0.7})
+        {"running": 0.3, "blocked_put": 0.7}
+    )
     assert classify_interval(prev, sample(5, 1.0, 1.3), loop_in_body=False) == pytest.approx(
-        {"running": 0.3, "waiting_for_work": 0.7})
+        {"running": 0.3, "waiting_for_work": 0.7}
+    )
     assert classify_interval(prev, sample(5, 1.0, 1.1, state="D"), False) == pytest.approx({"running": 0.1, "io": 0.9})
-    assert classify_interval(prev, sample(5, 1.0, 1.05, syscall=0), False) == pytest.approx({"running": 0.05, "io": 0.95})
+    assert classify_interval(prev, sample(5, 1.0, 1.05, syscall=0), False) == pytest.approx(
+        {"running": 0.05, "io": 0.95}
+    )
     # runnable but starved of CPU (over-subscribed): it wants to run
     assert classify_interval(prev, sample(5, 1.0, 1.2, state="R", syscall=-1), False) == {"running": 1.0}
 
@@ -302,16 +368,32 @@ def test_runstats_figures_from_polls():
     tracked = [_T(1, "main"), _T(5, "worker", 0)]
 
     def hb(batches, epochs, state, first_wait, ts_first):
-        return Heartbeat(batches=batches, epoch_batches=batches, epochs=epochs, state=state, pid=1,
-                         ts_last_batch=10.0, ts_wait_start=ts_first - first_wait, total_wait_s=4.0, total_step_s=6.0,
-                         last_interval_s=0.1, ts_first_batch=ts_first, total_first_wait_s=first_wait)
+        return Heartbeat(
+            batches=batches,
+            epoch_batches=batches,
+            epochs=epochs,
+            state=state,
+            pid=1,
+            ts_last_batch=10.0,
+            ts_wait_start=ts_first - first_wait,
+            total_wait_s=4.0,
+            total_step_s=6.0,
+            last_interval_s=0.1,
+            ts_first_batch=ts_first,
+            total_first_wait_s=first_wait,
+        )
 
     for i, (cpu, state) in enumerate([(0.0, STATE_WAITING), (0.9, STATE_WAITING), (1.0, STATE_BODY)]):
-        system = SystemSample(ts=float(i), mem_available=(10 - i) << 30, mlocked=1000 + i, shm_total=1 << 30,
-                              shm_free=(1 << 30) - i * MIB)
-        rs.update(hb(10 * (i + 1), 1, state, 1.0, 2.0), tracked,
-                  [sample(1, float(i), 0.5 * i, "R", -1), sample(5, float(i), cpu, uss=(i + 1) * MIB)], system,
-                  [GpuSample(index=0, util_percent=50 + 10 * i)])
+        system = SystemSample(
+            ts=float(i), mem_available=(10 - i) << 30, mlocked=1000 + i, shm_total=1 << 30, shm_free=(1 << 30) - i * MIB
+        )
+        rs.update(
+            hb(10 * (i + 1), 1, state, 1.0, 2.0),
+            tracked,
+            [sample(1, float(i), 0.5 * i, "R", -1), sample(5, float(i), cpu, uss=(i + 1) * MIB)],
+            system,
+            [GpuSample(index=0, util_percent=50 + 10 * i)],
+        )
     fig = rs.figures(hb(100, 2, STATE_BODY, 2.5, 5.0), ended_at=12.0)
     loop = fig["loop"]
     assert loop["batches"] == 100 and loop["data_wait_share"] == 0.4 and loop["body_share"] == 0.6

@@ -19,7 +19,9 @@ from datasets import Squares  # noqa: E402
 
 
 def test_watch_with_malformed_playbook_fails_at_the_call(tmp_path):
-    (tmp_path / "bad.toml").write_text('id = "my-playbook"\ntitle = "x"\n[[signals]]\nname = "s"\nexception_text = "("\nconfidence = 0.5\n')
+    (tmp_path / "bad.toml").write_text(
+        'id = "my-playbook"\ntitle = "x"\n[[signals]]\nname = "s"\nexception_text = "("\nconfidence = 0.5\n'
+    )
     dl = DataLoader(Squares(4), batch_size=2)
     with pytest.raises(PlaybookError) as info:
         dlwatch.watch(dl, playbooks=str(tmp_path), report_dir=tmp_path / "r")

@@ -61,16 +61,24 @@ def test_trim_cuts_names_and_keeps_the_gil_holder_among_threads():
     assert len(t.name) == bounds.MAX_NAME_CHARS
     threads = [ThreadStack(thread_id=i) for i in range(200)] + [ThreadStack(thread_id=999, owns_gil=True)]
     d = bounds.trim_dump(StackDump(pid=1, source="py-spy", threads=tuple(threads)))
-    assert len(d.threads) == bounds.MAX_THREADS_PER_PROCESS and d.threads_omitted == 201 - bounds.MAX_THREADS_PER_PROCESS
+    assert (
+        len(d.threads) == bounds.MAX_THREADS_PER_PROCESS and d.threads_omitted == 201 - bounds.MAX_THREADS_PER_PROCESS
+    )
     assert d.threads[-1].thread_id == 999  # kept, in its place
     assert [t.thread_id for t in d.threads[:-1]] == list(range(bounds.MAX_THREADS_PER_PROCESS - 1))
 
 
 def test_py_spy_json_of_a_deep_worker_is_trimmed_below_worker_loop():
     frames = [{"name": "descend", "filename": "/data/ds.py", "line": 30, "module": None}] * 4000
-    frames += [{"name": "_worker_loop", "filename": "/t/torch/utils/data/_utils/worker.py", "line": 300, "module": None},
-               {"name": "_launch", "filename": "/usr/lib/python3.11/multiprocessing/popen_fork.py", "line": 71,
-                "module": None}]
+    frames += [
+        {"name": "_worker_loop", "filename": "/t/torch/utils/data/_utils/worker.py", "line": 300, "module": None},
+        {
+            "name": "_launch",
+            "filename": "/usr/lib/python3.11/multiprocessing/popen_fork.py",
+            "line": 71,
+            "module": None,
+        },
+    ]
     dump = parse_py_spy_json(7, json.dumps([{"thread_id": 1, "frames": frames, "owns_gil": False}]))
     (t,) = dump.threads
     assert len(t.frames) == bounds.MAX_FRAMES_PER_THREAD and t.frames_omitted == 4001 - bounds.MAX_FRAMES_PER_THREAD
@@ -79,24 +87,39 @@ def test_py_spy_json_of_a_deep_worker_is_trimmed_below_worker_loop():
 
 def test_faulthandler_text_is_trimmed():
     text = "Thread 0x1 (most recent call first):\n" + '  File "/a.py", line 1 in f\n' * 5000
-    text += "".join(f"Thread 0x{i + 2:x} (most recent call first):\n  File \"/b.py\", line 2 in g\n" for i in range(300))
+    text += "".join(f'Thread 0x{i + 2:x} (most recent call first):\n  File "/b.py", line 2 in g\n' for i in range(300))
     threads = parse_faulthandler(text)
     assert len(threads) == 301 and threads[0].frames_omitted == 5000 - bounds.MAX_FRAMES_PER_THREAD
     d = bounds.trim_dump(StackDump(pid=1, source="faulthandler", threads=threads), cut_at_bytes=len(text))
-    assert len(d.threads) == bounds.MAX_THREADS_PER_PROCESS and d.threads_omitted == 301 - bounds.MAX_THREADS_PER_PROCESS
+    assert (
+        len(d.threads) == bounds.MAX_THREADS_PER_PROCESS and d.threads_omitted == 301 - bounds.MAX_THREADS_PER_PROCESS
+    )
     assert d.cut_at_bytes == len(text)
 
 
 def _big_report(workers: int) -> dict:
     report = store.skeleton(trigger="attach", pid=1, now=1.7e9)
     for pid in range(1, workers + 1):
-        threads = [bounds.trim_thread(ThreadStack(thread_id=i, frames=tuple(
-            Frame(function="f" * 300, filename=f"/very/long/{'p' * 200}.py", line=n) for n in range(4000))))
-            for i in range(4)]
-        report["processes"].append({**build.process_entry(pid, "worker" if pid > 1 else "main"),
-                                    "stack": StackDump(pid=pid, source="py-spy", threads=tuple(threads)).to_dict()})
-    report["timeline"] = [{"kind": "sample", "ts": float(i), "procs": [{"pid": p, "rss": 1} for p in range(200)]}
-                          for i in range(120)]
+        threads = [
+            bounds.trim_thread(
+                ThreadStack(
+                    thread_id=i,
+                    frames=tuple(
+                        Frame(function="f" * 300, filename=f"/very/long/{'p' * 200}.py", line=n) for n in range(4000)
+                    ),
+                )
+            )
+            for i in range(4)
+        ]
+        report["processes"].append(
+            {
+                **build.process_entry(pid, "worker" if pid > 1 else "main"),
+                "stack": StackDump(pid=pid, source="py-spy", threads=tuple(threads)).to_dict(),
+            }
+        )
+    report["timeline"] = [
+        {"kind": "sample", "ts": float(i), "procs": [{"pid": p, "rss": 1} for p in range(200)]} for i in range(120)
+    ]
     return report
 
 
@@ -114,9 +137,14 @@ def test_report_over_its_cap_is_trimmed_and_says_how():
 
 def test_report_within_its_cap_is_untouched():
     report = store.skeleton(trigger="attach", pid=1, now=1.7e9)
-    report["processes"].append({**build.process_entry(1, "main"),
-                                "stack": StackDump(pid=1, source="py-spy", threads=(
-                                    ThreadStack(thread_id=1, frames=_frames(5)),)).to_dict()})
+    report["processes"].append(
+        {
+            **build.process_entry(1, "main"),
+            "stack": StackDump(
+                pid=1, source="py-spy", threads=(ThreadStack(thread_id=1, frames=_frames(5)),)
+            ).to_dict(),
+        }
+    )
     before = json.dumps(report)
     bound_report(report)
     assert report.pop("truncated") is None and json.dumps(report) == before
@@ -146,8 +174,9 @@ time.sleep(600)
 @pytest.mark.timeout(120)
 def test_py_spy_output_over_its_cap_is_not_read():
     """40 threads 2,500 frames deep: py-spy's JSON is well over 4 MiB; it is cut off, and the dump says why."""
-    proc = subprocess.Popen([sys.executable, "-c", DEEP_THREADS], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DEEP_THREADS], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert proc.stdout.readline().strip() == "READY"
         dump = dump_stacks([proc.pid], native=False, timeout_s=60)[proc.pid]
@@ -155,7 +184,9 @@ def test_py_spy_output_over_its_cap_is_not_read():
             size = len(json.dumps(dump.to_dict()))
             pytest.fail(f"py-spy's output was read ({dump.source}, {size} bytes of report JSON): {dump.error}")
         assert "passed 4 MiB" in dump.error and dump.cut_at_bytes == bounds.MAX_PY_SPY_OUTPUT_BYTES, dump.error
-        assert proc.poll() is None and open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] in "SR"  # not left stopped
+        assert (
+            proc.poll() is None and open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] in "SR"
+        )  # not left stopped
     finally:
         kill_session(proc.pid, set())
         proc.wait()
@@ -172,8 +203,14 @@ def test_deep_stack_job_attaches_with_a_bounded_report(tmp_path):
     """4 workers hung 4,000 frames deep in a real DataLoader; `dlwatch attach` with real py-spy (--native too)."""
     job_dir, out_dir = tmp_path / "job", tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=REPO)
-    job = subprocess.Popen([sys.executable, os.path.join(STACK_TARGETS, "deep_loader.py"), str(job_dir), "4000", "4"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    job = subprocess.Popen(
+        [sys.executable, os.path.join(STACK_TARGETS, "deep_loader.py"), str(job_dir), "4000", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     known: set[int] = set()
     try:
         line = job.stdout.readline().split()
@@ -181,10 +218,27 @@ def test_deep_stack_job_attaches_with_a_bounded_report(tmp_path):
         workers = [int(p) for p in line[1:]]
         known.update(workers)
         # precondition: every worker is down its 4,000 frames, waiting on the lock (a futex)
-        assert FUTEX is None or wait_for(lambda: all(open(f"/proc/{w}/syscall").read().split()[0] == FUTEX
-                                                     for w in workers), 120), "workers never reached the lock"
-        attach = subprocess.run([sys.executable, "-m", "dlwatch", "attach", str(job.pid), "--out", str(out_dir),
-                                 "--duration", "0.5", "--json"], capture_output=True, text=True, timeout=180, env=env)
+        assert FUTEX is None or wait_for(
+            lambda: all(open(f"/proc/{w}/syscall").read().split()[0] == FUTEX for w in workers), 120
+        ), "workers never reached the lock"
+        attach = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dlwatch",
+                "attach",
+                str(job.pid),
+                "--out",
+                str(out_dir),
+                "--duration",
+                "0.5",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
         assert attach.returncode == 0, attach.stderr[-3000:]
         incident = os.path.join(out_dir, next(n for n in os.listdir(out_dir) if not n.startswith(".")))
         size = os.path.getsize(os.path.join(incident, "report.json"))
@@ -199,8 +253,10 @@ def test_deep_stack_job_attaches_with_a_bounded_report(tmp_path):
             # where it waits (innermost) and how it got there (outermost) are both kept; the middle is counted
             assert any(f["function"].endswith("descend") for f in python[:5]), python[:5]
             assert python[-1]["function"].endswith("_worker_loop"), python[-3:]
-            assert t["frames_omitted"] >= 4000 - bounds.MAX_FRAMES_PER_THREAD and \
-                t["frames_omitted_after"] == bounds.MAX_FRAMES_PER_THREAD - bounds.KEEP_OUTERMOST
+            assert (
+                t["frames_omitted"] >= 4000 - bounds.MAX_FRAMES_PER_THREAD
+                and t["frames_omitted_after"] == bounds.MAX_FRAMES_PER_THREAD - bounds.KEEP_OUTERMOST
+            )
         assert report["truncated"]["frames_omitted"] >= 4 * (4000 - bounds.MAX_FRAMES_PER_THREAD)
         assert any("left out to keep the report bounded" in n for n in report["notes"])
         md = open(os.path.join(incident, "report.md")).read()
@@ -218,8 +274,10 @@ def test_deep_stack_job_attaches_with_a_bounded_report(tmp_path):
 
 FLOOD_WORKERS, FLOOD_MIB = 8, 16
 ATTACH_RSS_CAP_MB = 256  # stated in docs/report-schema.md; measured ~47 MB (before the bounds: 874 MB)
-WRAP = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
-        "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+WRAP = (
+    "import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+    "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+)
 
 
 def _flood_and_attach(tmp_path, as_nobody: bool) -> None:
@@ -233,8 +291,9 @@ def _flood_and_attach(tmp_path, as_nobody: bool) -> None:
         os.chown(shared, NOBODY, NOBODY)
         python = shutil.which("python3", path="/usr/bin:/usr/local/bin:/bin") or sys.executable
         argv = _as_nobody(python, *argv[1:])
-    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           cwd="/")
+    job = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd="/"
+    )
     known: set[int] = set()
     try:
         line = job.stdout.readline().split()
@@ -245,17 +304,36 @@ def _flood_and_attach(tmp_path, as_nobody: bool) -> None:
         known.update(fakes)
         out_dir = tmp_path / "out"
         env = dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS="")
-        attach = subprocess.run([sys.executable, "-c", WRAP, sys.executable, "-m", "dlwatch", "attach", str(main_pid),
-                                 "--out", str(out_dir), "--duration", "0.2"], capture_output=True, text=True,
-                                timeout=300, env=env, cwd="/")
+        attach = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                WRAP,
+                sys.executable,
+                "-m",
+                "dlwatch",
+                "attach",
+                str(main_pid),
+                "--out",
+                str(out_dir),
+                "--duration",
+                "0.2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd="/",
+        )
         assert attach.returncode == 0, attach.stderr[-3000:]
         peak_mb = int(attach.stderr.split("MAXRSS_KB")[-1].split()[0]) / 1024
         incident = os.path.join(out_dir, next(n for n in os.listdir(out_dir) if not n.startswith(".")))
         report = load(incident)
         by_pid = {p["pid"]: p for p in report["processes"]}
         # precondition: the fakes answered, and their floods were read (not refused)
-        assert all(by_pid[f]["stack"]["source"] == "faulthandler" for f in fakes), \
-            [(f, by_pid[f]["stack"].get("error")) for f in fakes] + report["notes"]
+        assert all(by_pid[f]["stack"]["source"] == "faulthandler" for f in fakes), [
+            (f, by_pid[f]["stack"].get("error")) for f in fakes
+        ] + report["notes"]
         assert os.path.getsize(os.path.join(incident, "report.json")) <= MAX_REPORT_JSON_BYTES
         for f in fakes:
             stack = by_pid[f]["stack"]

@@ -74,18 +74,38 @@ MAIN_SINGLE_LOCKED = [  # num_workers=0: the dataset runs in the main process
 
 
 def stack(pid: int, frames: list[Frame], source: str = "py-spy") -> StackDump:
-    return StackDump(pid=pid, source=source,
-                     threads=(ThreadStack(thread_id=1, name="MainThread", native_tid=pid, frames=tuple(frames)),))
+    return StackDump(
+        pid=pid,
+        source=source,
+        threads=(ThreadStack(thread_id=1, name="MainThread", native_tid=pid, frames=tuple(frames)),),
+    )
 
 
-def proc(pid: int, role: str, *, cpu: tuple[float, float] = (1.0, 1.0), state: str = "S",
-         syscall: int | None = FUTEX, frames: list[Frame] | None = None, worker_id: int | None = None,
-         gone: bool = False) -> ProcessObservation:
+def proc(
+    pid: int,
+    role: str,
+    *,
+    cpu: tuple[float, float] = (1.0, 1.0),
+    state: str = "S",
+    syscall: int | None = FUTEX,
+    frames: list[Frame] | None = None,
+    worker_id: int | None = None,
+    gone: bool = False,
+) -> ProcessObservation:
     before = ProcSample(pid=pid, ts=100.0, state=state, cpu_s=cpu[0], syscall=syscall)
-    after = (ProcSample(pid=pid, ts=101.0, gone=True) if gone
-             else ProcSample(pid=pid, ts=101.0, state=state, cpu_s=cpu[1], syscall=syscall))
-    return ProcessObservation(pid=pid, role=role, before=before, after=after, worker_id=worker_id,
-                              stack=stack(pid, frames) if frames is not None else None)
+    after = (
+        ProcSample(pid=pid, ts=101.0, gone=True)
+        if gone
+        else ProcSample(pid=pid, ts=101.0, state=state, cpu_s=cpu[1], syscall=syscall)
+    )
+    return ProcessObservation(
+        pid=pid,
+        role=role,
+        before=before,
+        after=after,
+        worker_id=worker_id,
+        stack=stack(pid, frames) if frames is not None else None,
+    )
 
 
 def main_waiting(**kw) -> ProcessObservation:
@@ -101,8 +121,9 @@ def worker(i: int, **kw) -> ProcessObservation:
 
 
 def test_deadlock_fork_held_lock() -> None:
-    v = classify_stall([main_waiting(), worker(0, frames=WORKER_LOCKED), worker(1, frames=WORKER_LOCKED_NATIVE)],
-                       expected_workers=2)
+    v = classify_stall(
+        [main_waiting(), worker(0, frames=WORKER_LOCKED), worker(1, frames=WORKER_LOCKED_NATIVE)], expected_workers=2
+    )
     assert v.classification == "deadlock"
     w0, w1 = v.processes[1:]
     assert (w0.status, w0.waiting_in) == ("blocked", "lock acquire")  # from syscall 202
@@ -119,8 +140,9 @@ def test_deadlock_without_stacks_from_syscalls() -> None:
 
 
 def test_lost_batch() -> None:
-    v = classify_stall([main_waiting(), worker(0, frames=WORKER_IDLE, syscall=POLL),
-                        worker(1, frames=WORKER_IDLE, syscall=POLL)])
+    v = classify_stall(
+        [main_waiting(), worker(0, frames=WORKER_IDLE, syscall=POLL), worker(1, frames=WORKER_IDLE, syscall=POLL)]
+    )
     assert v.classification == "lost-batch"
     assert all(p.status == "idle" for p in v.processes)
     assert v.processes[1].waiting_in == "queue get"
@@ -132,8 +154,13 @@ def test_lost_batch_from_heartbeat_without_stacks() -> None:
 
 
 def test_slow_worker_burning_cpu() -> None:
-    v = classify_stall([main_waiting(), worker(0, cpu=(1.0, 1.9), state="R", syscall=-1, frames=WORKER_LOCKED),
-                        worker(1, frames=WORKER_IDLE, syscall=POLL)])
+    v = classify_stall(
+        [
+            main_waiting(),
+            worker(0, cpu=(1.0, 1.9), state="R", syscall=-1, frames=WORKER_LOCKED),
+            worker(1, frames=WORKER_IDLE, syscall=POLL),
+        ]
+    )
     assert v.classification == "slow"
     assert v.processes[1].status == "running" and v.processes[1].cpu_progress_s == pytest.approx(0.9)
 
@@ -141,9 +168,14 @@ def test_slow_worker_burning_cpu() -> None:
 def test_slow_worker_in_io_state_d() -> None:
     # D in the last read only: a disk read in passing (a D throughout the window is io-wait, below)
     o = worker(0, state="D", syscall=READ, frames=WORKER_LOCKED)
-    o = ProcessObservation(pid=o.pid, role=o.role, worker_id=0, stack=o.stack,
-                           before=ProcSample(pid=o.pid, ts=100.0, state="S", cpu_s=1.0, syscall=FUTEX),
-                           after=o.after)
+    o = ProcessObservation(
+        pid=o.pid,
+        role=o.role,
+        worker_id=0,
+        stack=o.stack,
+        before=ProcSample(pid=o.pid, ts=100.0, state="S", cpu_s=1.0, syscall=FUTEX),
+        after=o.after,
+    )
     v = classify_stall([main_waiting(), o])
     assert v.classification == "slow"
     assert (v.processes[1].status, v.processes[1].waiting_in) == ("running", "io")
@@ -192,8 +224,9 @@ def test_dead_worker_fewer_than_expected() -> None:
 
 
 def test_single_process_running_is_slow() -> None:
-    v = classify_stall([proc(10, "main", cpu=(1, 2), state="R", syscall=-1, frames=MAIN_SINGLE_LOCKED)],
-                       expected_workers=0)
+    v = classify_stall(
+        [proc(10, "main", cpu=(1, 2), state="R", syscall=-1, frames=MAIN_SINGLE_LOCKED)], expected_workers=0
+    )
     assert v.classification == "slow"
 
 
@@ -249,8 +282,7 @@ def test_state_r_without_progress_is_runnable_so_running() -> None:
 
 
 def test_state_r_without_cpu_figures_is_running() -> None:
-    o = ProcessObservation(pid=1, role="worker", before=None,
-                           after=ProcSample(pid=1, ts=1.0, state="R", syscall=-1))
+    o = ProcessObservation(pid=1, role="worker", before=None, after=ProcSample(pid=1, ts=1.0, state="R", syscall=-1))
     assert judge_process(o).status == "running" and judge_process(o).cpu_progress_s is None
 
 
@@ -286,8 +318,13 @@ def test_empty_observations() -> None:
 
 
 def test_other_role_is_ignored_for_classification() -> None:
-    v = classify_stall([main_waiting(), worker(0, frames=WORKER_IDLE, syscall=POLL),
-                        proc(30, "other", cpu=(0, 5), state="R", syscall=-1)])
+    v = classify_stall(
+        [
+            main_waiting(),
+            worker(0, frames=WORKER_IDLE, syscall=POLL),
+            proc(30, "other", cpu=(0, 5), state="R", syscall=-1),
+        ]
+    )
     assert v.classification == "lost-batch"
     assert v.processes[2].status == "running"
 
@@ -295,16 +332,31 @@ def test_other_role_is_ignored_for_classification() -> None:
 # --------------------------------------------------------------------------- syscalls and stacks
 
 
-@pytest.mark.parametrize("machine,nr,kind", [
-    ("x86_64", 202, "lock acquire"), ("x86_64", 7, "poll"), ("x86_64", 271, "poll"),
-    ("x86_64", 23, "poll"), ("x86_64", 232, "poll"), ("x86_64", 281, "poll"),
-    ("x86_64", 230, "sleep"), ("x86_64", 0, "io"), ("x86_64", -1, None), ("x86_64", None, None),
-    ("aarch64", 98, "lock acquire"), ("aarch64", 73, "poll"), ("aarch64", 72, "poll"),
-    ("aarch64", 22, "poll"), ("aarch64", 115, "sleep"), ("aarch64", 63, "io"),
-    ("aarch64", 202, "io"),  # accept on aarch64 is futex's number on x86_64
-    ("arm64", 98, "lock acquire"), ("AMD64", 202, "lock acquire"),
-    ("riscv64", 98, None),
-])
+@pytest.mark.parametrize(
+    "machine,nr,kind",
+    [
+        ("x86_64", 202, "lock acquire"),
+        ("x86_64", 7, "poll"),
+        ("x86_64", 271, "poll"),
+        ("x86_64", 23, "poll"),
+        ("x86_64", 232, "poll"),
+        ("x86_64", 281, "poll"),
+        ("x86_64", 230, "sleep"),
+        ("x86_64", 0, "io"),
+        ("x86_64", -1, None),
+        ("x86_64", None, None),
+        ("aarch64", 98, "lock acquire"),
+        ("aarch64", 73, "poll"),
+        ("aarch64", 72, "poll"),
+        ("aarch64", 22, "poll"),
+        ("aarch64", 115, "sleep"),
+        ("aarch64", 63, "io"),
+        ("aarch64", 202, "io"),  # accept on aarch64 is futex's number on x86_64
+        ("arm64", 98, "lock acquire"),
+        ("AMD64", 202, "lock acquire"),
+        ("riscv64", 98, None),
+    ],
+)
 def test_syscall_category(machine: str, nr: int | None, kind: str | None) -> None:
     assert syscall_category(nr, machine) == kind
 
@@ -327,18 +379,40 @@ def test_waiting_in_from_stack() -> None:
     assert waiting_in_from_stack(thread(WORKER_LOCKED_NATIVE)) == "lock acquire"
     assert waiting_in_from_stack(thread(WORKER_LOCKED)) is None  # C call under user code: use syscall
     assert waiting_in_from_stack(thread([native("clock_nanosleep"), native("time_sleep"), *MAIN_IN_BODY])) == "sleep"
-    assert waiting_in_from_stack(thread([native("0x7f01"), native("cv::resize", "/x/libopencv.so"),
-                                         *MAIN_IN_BODY])) == "native: cv::resize"
-    assert waiting_in_from_stack(thread([py("Condition.wait", f"{STDLIB}/threading.py", 327),
-                                         py("Queue.get", f"{STDLIB}/queue.py", 180),
-                                         *MAIN_IN_BODY])) == "queue get"
-    assert waiting_in_from_stack(thread([py("Event.wait", f"{STDLIB}/threading.py", 600),
-                                         *MAIN_IN_BODY])) == "lock acquire"
-    assert waiting_in_from_stack(thread([py("socket.recv_into", f"{STDLIB}/socket.py", 706),
-                                         *MAIN_IN_BODY])) == "io"
-    assert waiting_in_from_stack(thread([native("poll"), native("select_poll_poll_impl", "/x/select.so"),
-                                         py("_PollLikeSelector.select", f"{STDLIB}/selectors.py"),
-                                         *MAIN_IN_BODY])) == "poll"
+    assert (
+        waiting_in_from_stack(thread([native("0x7f01"), native("cv::resize", "/x/libopencv.so"), *MAIN_IN_BODY]))
+        == "native: cv::resize"
+    )
+    assert (
+        waiting_in_from_stack(
+            thread(
+                [
+                    py("Condition.wait", f"{STDLIB}/threading.py", 327),
+                    py("Queue.get", f"{STDLIB}/queue.py", 180),
+                    *MAIN_IN_BODY,
+                ]
+            )
+        )
+        == "queue get"
+    )
+    assert (
+        waiting_in_from_stack(thread([py("Event.wait", f"{STDLIB}/threading.py", 600), *MAIN_IN_BODY]))
+        == "lock acquire"
+    )
+    assert waiting_in_from_stack(thread([py("socket.recv_into", f"{STDLIB}/socket.py", 706), *MAIN_IN_BODY])) == "io"
+    assert (
+        waiting_in_from_stack(
+            thread(
+                [
+                    native("poll"),
+                    native("select_poll_poll_impl", "/x/select.so"),
+                    py("_PollLikeSelector.select", f"{STDLIB}/selectors.py"),
+                    *MAIN_IN_BODY,
+                ]
+            )
+        )
+        == "poll"
+    )
     assert waiting_in_from_stack(None) is None
     assert waiting_in_from_stack(thread([])) is None
 
@@ -352,12 +426,15 @@ def test_is_waiting_for_data() -> None:
 
 def test_faulthandler_stack_main_thread_is_last() -> None:
     # faulthandler has no names or tids: the "Current thread" (printed last) is the main thread
-    dump = StackDump(pid=10, source="faulthandler", threads=(
-        ThreadStack(thread_id=2, frames=(py("Queue._feed", f"{STDLIB}/multiprocessing/queues.py"),)),
-        ThreadStack(thread_id=1, frames=tuple(MAIN_WAITING)),
-    ))
-    o = ProcessObservation(pid=10, role="main", before=main_waiting().before, after=main_waiting().after,
-                           stack=dump)
+    dump = StackDump(
+        pid=10,
+        source="faulthandler",
+        threads=(
+            ThreadStack(thread_id=2, frames=(py("Queue._feed", f"{STDLIB}/multiprocessing/queues.py"),)),
+            ThreadStack(thread_id=1, frames=tuple(MAIN_WAITING)),
+        ),
+    )
+    o = ProcessObservation(pid=10, role="main", before=main_waiting().before, after=main_waiting().after, stack=dump)
     v = classify_stall([o, worker(0, frames=WORKER_IDLE, syscall=POLL)])
     assert v.classification == "lost-batch"
 
@@ -376,10 +453,18 @@ def test_where_skips_dlwatch_own_frames_but_not_shipped_examples():
     from dlwatch.detect.classify import _where
 
     pkg = os.path.dirname(os.path.abspath(dlwatch.__file__))
-    thread = ThreadStack(thread_id=1, name="MainThread", frames=(
-        Frame("_TimedIterator.__next__", os.path.join(pkg, "agent.py"), 480),
-        Frame("train", "/home/me/train.py", 12)))
+    thread = ThreadStack(
+        thread_id=1,
+        name="MainThread",
+        frames=(
+            Frame("_TimedIterator.__next__", os.path.join(pkg, "agent.py"), 480),
+            Frame("train", "/home/me/train.py", 12),
+        ),
+    )
     assert _where(thread) == "train (train.py:12)"
-    example = ThreadStack(thread_id=1, name="MainThread", frames=(
-        Frame("CachedSamples.__getitem__", os.path.join(pkg, "_examples", "deadlock.py"), 46),))
+    example = ThreadStack(
+        thread_id=1,
+        name="MainThread",
+        frames=(Frame("CachedSamples.__getitem__", os.path.join(pkg, "_examples", "deadlock.py"), 46),),
+    )
     assert _where(example) == "CachedSamples.__getitem__ (deadlock.py:46)"

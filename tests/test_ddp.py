@@ -28,8 +28,9 @@ RUN_TIMEOUT_S = 120
 
 
 def _run(argv: list[str], marker: str) -> tuple[int, str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS, os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1"
+    )
     for var in ("DLWATCH_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "DLWATCH_JOB_ID"):
         env.pop(var, None)
     # torchrun puts each rank in a session of its own: run_to_end finds them by the marker
@@ -38,10 +39,11 @@ def _run(argv: list[str], marker: str) -> tuple[int, str, str]:
 
 def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:
     report_dir = str(tmp_path / "reports")
-    rc, out, err = _run([sys.executable, os.path.join(REPO, "examples", "ddp_deadlock.py"),
-                         "--report-dir", report_dir], report_dir)
+    rc, out, err = _run(
+        [sys.executable, os.path.join(REPO, "examples", "ddp_deadlock.py"), "--report-dir", report_dir], report_dir
+    )
     assert rc == 0, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
-    reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
+    reports = [line[len("REPORT ") :] for line in out.splitlines() if line.startswith("REPORT ")]
     assert len(reports) == 2, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
     by_rank = {}
     for path in reports:
@@ -51,7 +53,7 @@ def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:
     assert set(by_rank) == {0, 1}
     r0, r1 = by_rank[0], by_rank[1]
     job_line = next(line for line in out.splitlines() if line.startswith("JOB "))
-    assert r0["rank"]["job_id"] == r1["rank"]["job_id"] == job_line[len("JOB "):]
+    assert r0["rank"]["job_id"] == r1["rank"]["job_id"] == job_line[len("JOB ") :]
     assert r0["rank"]["world_size"] == 2 and r1["rank"]["local_world_size"] == 2
     assert "-r1-" in r1["id"] and "-r0-" in r0["id"]
     # rank 1: its own failure
@@ -75,8 +77,20 @@ def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:
 @pytest.mark.parametrize("factor,stragglers", [(3.0, [1]), (1.0, [])])
 def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) -> None:
     report_dir = str(tmp_path / "reports")
-    rc, out, err = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                         os.path.join(TARGETS, "ddp_steps.py"), report_dir, str(factor)], report_dir)
+    rc, out, err = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            os.path.join(TARGETS, "ddp_steps.py"),
+            report_dir,
+            str(factor),
+        ],
+        report_dir,
+    )
     assert rc == 0, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
     assert "DONE 0 120" in out and "DONE 1 120" in out
     # runs/ holds the run summaries (one per rank's watched block), never an incident
@@ -98,10 +112,11 @@ def test_ddp_straggler_rank_and_healthy_lookalike(tmp_path, factor, stragglers) 
 
 def test_ddp_straggler_example(tmp_path) -> None:
     report_dir = str(tmp_path / "reports")
-    rc, out, err = _run([sys.executable, os.path.join(REPO, "examples", "ddp_straggler.py"),
-                         "--report-dir", report_dir], report_dir)
+    rc, out, err = _run(
+        [sys.executable, os.path.join(REPO, "examples", "ddp_straggler.py"), "--report-dir", report_dir], report_dir
+    )
     assert rc == 0 and "no incident" in out, f"stdout:\n{out}\nstderr:\n{err[-4000:]}"
-    job_id = next(line for line in out.splitlines() if line.startswith("JOB "))[len("JOB "):]
+    job_id = next(line for line in out.splitlines() if line.startswith("JOB "))[len("JOB ") :]
     view = jobview.job_view(report_dir, job_id)
     assert view["incidents"] == [], view["incidents"]
     # Precondition: each rank's monitor read its workers often enough for an idle share to count
@@ -112,8 +127,12 @@ def test_ddp_straggler_example(tmp_path) -> None:
     need = straggler.thresholds()["min_worker_reads"]
     short = [r for r in view["ranks"] if (r.get("worker_reads") or 0) < need]
     if short:
-        pytest.skip(f"the machine starved the monitors: worker reads {[r.get('worker_reads') for r in short]} "
-                    f"< {need} (the straggler rule needs them)")
-    figures = [{k: r.get(k) for k in ("rank", "batches", "data_wait_share", "worker_idle_share", "worker_reads")}
-               for r in view["ranks"]]
+        pytest.skip(
+            f"the machine starved the monitors: worker reads {[r.get('worker_reads') for r in short]} "
+            f"< {need} (the straggler rule needs them)"
+        )
+    figures = [
+        {k: r.get(k) for k in ("rank", "batches", "data_wait_share", "worker_idle_share", "worker_reads")}
+        for r in view["ranks"]
+    ]
     assert [s["rank"] for s in view["stragglers"]] == [1], figures

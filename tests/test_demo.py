@@ -42,8 +42,13 @@ def test_every_playbook_has_an_example():
 
     # advice playbooks have an example each, except the preflight-only checks (test_summary.py covers
     # them: a CUDA device, a low fd limit or a tiny /dev/shm are not for a demo on any machine)
-    preflight_only = {"fork-with-threads", "fork-after-cuda", "fd-limit-low", "shm-too-small",
-                      "dataset-memory-per-worker"}
+    preflight_only = {
+        "fork-with-threads",
+        "fork-after-cuda",
+        "fd-limit-low",
+        "shm-too-small",
+        "dataset-memory-per-worker",
+    }
     shown = {p for p in EXAMPLES.values() if p} | {p for p in ADVICE.values() if p}
     assert {pb.id for pb in load_playbooks(())} - preflight_only <= shown
 
@@ -79,8 +84,13 @@ def test_no_examples_anywhere_is_not_found(tmp_path, monkeypatch):
 def test_table_lines():
     outcomes = [
         Outcome("deadlock", "worker-deadlock", reports=["/r/a"], top_findings=["worker-deadlock"], seconds=6.21),
-        Outcome("fd_exhaustion", "fd-exhaustion", reports=["/r/b", "/r/c"],
-                top_findings=["fd-exhaustion", "shm-exhaustion"], seconds=3.0),
+        Outcome(
+            "fd_exhaustion",
+            "fd-exhaustion",
+            reports=["/r/b", "/r/c"],
+            top_findings=["fd-exhaustion", "shm-exhaustion"],
+            seconds=3.0,
+        ),
         Outcome("shm_exhaustion", "shm-exhaustion", skipped="no namespace", seconds=0.1),
         Outcome("healthy_fast", None, seconds=1.5),
         Outcome("healthy_slow", None, reports=["/r/d"], top_findings=[None], seconds=4.0),
@@ -113,9 +123,14 @@ def test_outcome_of_an_example_that_fails_is_not_a_match():
 def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     report_dir = tmp_path / "reports"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "dlwatch", "demo", "cat_collate", "--report-dir", str(report_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlwatch", "demo", "cat_collate", "--report-dir", str(report_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=60)
     finally:
@@ -124,7 +139,7 @@ def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     (incident,) = [n for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"]  # runs: summaries
     path = os.path.join(report_dir, incident)
     assert f"  | REPORT {path}" in out  # the example's own output, passed through
-    assert f"THRESHOLD: " in out and f"incident {incident}," in out  # the rendered report, headline first
+    assert "THRESHOLD: " in out and f"incident {incident}," in out  # the rendered report, headline first
     assert "finding: batch-dim-mismatch" in out
     assert f"full report: {os.path.join(path, 'report.md')}" in out
     assert f"charts: dlwatch report {path} --html" in out  # the way to the page with the charts
@@ -157,8 +172,13 @@ def _venv_without_numpy(root) -> str:
     env_dir = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=60)
     python = str(env_dir / "bin" / "python")
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
     with open(os.path.join(purelib, "dlwatch-test.pth"), "w") as f:
         f.write(f"{REPO}\n{farm}\n")  # read by site at start-up, as an install's would be
     return python
@@ -171,12 +191,17 @@ def test_the_demo_shows_no_torch_warning_without_numpy(tmp_path):
     python = _venv_without_numpy(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONWARNINGS", "DLWATCH_DIR")}
     # the precondition: in this venv, importing torch does warn
-    rc, out, err = run_bounded([python, "-c", "import torch, dlwatch; print(dlwatch.__file__)"], env=env,
-                               cwd=str(tmp_path), timeout=120)
+    rc, out, err = run_bounded(
+        [python, "-c", "import torch, dlwatch; print(dlwatch.__file__)"], env=env, cwd=str(tmp_path), timeout=120
+    )
     assert rc == 0 and "Failed to initialize NumPy" in err, err
     assert out.strip() == os.path.join(REPO, "dlwatch", "__init__.py")  # this dlwatch
-    rc, out, err = run_bounded([python, "-m", "dlwatch", "demo", "--report-dir", str(tmp_path / "reports")],
-                               env=env, cwd=str(tmp_path), timeout=180)
+    rc, out, err = run_bounded(
+        [python, "-m", "dlwatch", "demo", "--report-dir", str(tmp_path / "reports")],
+        env=env,
+        cwd=str(tmp_path),
+        timeout=180,
+    )
     assert rc == 0, (out[-2000:], err[-2000:])
     assert "STALL (deadlock)" in out  # the demo ran and showed its report
     assert "Failed to initialize NumPy" not in out + err and "UserWarning" not in out + err, out[:3000]

@@ -26,37 +26,104 @@ def deadlock_report() -> dict:
     """A stall report with the evidence shapes the worker-deadlock and fd-exhaustion matchers produce."""
     r = store.skeleton(trigger="stall", pid=31492, now=time.time())
     r["classification"] = "deadlock"
-    r["progress"] = {"batches": 120, "epochs": 1, "data_wait_s": 4.5, "step_s": 130.0, "stall_s": 301.2,
-                     "stall_timeout_s": 300.0}
-    frames = ["0x7f1c4be44f16 (/usr/lib/x86_64-linux-gnu/libc.so.6)",
-              "PyThread_acquire_lock_timed (/usr/lib/libpython3.11.so.1.0)",
-              "select_poll_poll_impl (/build/Python-3.11.7/Modules/selectmodule.c:655)",
-              "CachedSamples.__getitem__ (/home/u/proj/data/deadlock.py:46)",
-              "_MapDatasetFetcher.fetch (/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py:54)"]
-    r["findings"] = [{
-        "playbook": "worker-deadlock", "title": "DataLoader workers deadlocked", "confidence": 0.9,
-        "evidence": {
-            "matched": [{"signal": "stall-deadlock", "confidence": 0.9, "description": "workers blocked"}],
-            "workers": [{"pid": 31516 + i, "worker_id": i, "status": "blocked", "state": "S", "syscall": 202,
-                         "wchan": "futex_do_wait", "waiting_in": "lock acquire", "cpu_progress_s": 0.0,
-                         "frames": frames} for i in range(2)],
-            "main": {"pid": 31492, "status": "idle", "waiting_in": "queue get", "cpu_progress_s": 0.0, "frames": frames[2:]},
-            "multiprocessing_context": "fork", "timeout": 0,
-            "fds": {"file": 116, "shm": 2, "socket": 1, "pipe": 9, "other": 2, "shm_bytes": 3 << 20},
-            "top_files": [["/data/shard-00.tar", 113], ["/data/shard-01.tar", 2]],
-            "need_bytes": 5 << 30, "shm_free": 1 << 29, "stall_s": 301.2,
-            "ignored_keys": [],
+    r["progress"] = {
+        "batches": 120,
+        "epochs": 1,
+        "data_wait_s": 4.5,
+        "step_s": 130.0,
+        "stall_s": 301.2,
+        "stall_timeout_s": 300.0,
+    }
+    frames = [
+        "0x7f1c4be44f16 (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        "PyThread_acquire_lock_timed (/usr/lib/libpython3.11.so.1.0)",
+        "select_poll_poll_impl (/build/Python-3.11.7/Modules/selectmodule.c:655)",
+        "CachedSamples.__getitem__ (/home/u/proj/data/deadlock.py:46)",
+        "_MapDatasetFetcher.fetch (/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py:54)",
+    ]
+    r["findings"] = [
+        {
+            "playbook": "worker-deadlock",
+            "title": "DataLoader workers deadlocked",
+            "confidence": 0.9,
+            "evidence": {
+                "matched": [{"signal": "stall-deadlock", "confidence": 0.9, "description": "workers blocked"}],
+                "workers": [
+                    {
+                        "pid": 31516 + i,
+                        "worker_id": i,
+                        "status": "blocked",
+                        "state": "S",
+                        "syscall": 202,
+                        "wchan": "futex_do_wait",
+                        "waiting_in": "lock acquire",
+                        "cpu_progress_s": 0.0,
+                        "frames": frames,
+                    }
+                    for i in range(2)
+                ],
+                "main": {
+                    "pid": 31492,
+                    "status": "idle",
+                    "waiting_in": "queue get",
+                    "cpu_progress_s": 0.0,
+                    "frames": frames[2:],
+                },
+                "multiprocessing_context": "fork",
+                "timeout": 0,
+                "fds": {"file": 116, "shm": 2, "socket": 1, "pipe": 9, "other": 2, "shm_bytes": 3 << 20},
+                "top_files": [["/data/shard-00.tar", 113], ["/data/shard-01.tar", 2]],
+                "need_bytes": 5 << 30,
+                "shm_free": 1 << 29,
+                "stall_s": 301.2,
+                "ignored_keys": [],
+            },
+            "remediation": "**The workers wait on a lock.** A lock held at fork is held forever.\n\n- Use spawn.\n",
+        }
+    ]
+    r["processes"] = [
+        build.process_entry(
+            31492,
+            "main",
+            sample={
+                "state": "S",
+                "num_fds": 17,
+                "fd_limit": 1024,
+                "rss": 236646400,
+                "uss": 14909440,
+                "cpu_s": 1.4,
+                "fds": {"file": 3, "shm": 0, "socket": 0, "pipe": 13, "other": 1, "shm_bytes": 0},
+            },
+        )
+    ]
+    w = build.process_entry(
+        31516,
+        "worker",
+        worker_id=0,
+        sample={"state": "S", "num_fds": 1021, "fd_limit": 1024, "rss": 171814912, "uss": 13271040},
+    )
+    w.update(
+        status="blocked",
+        waiting_in="lock acquire",
+        cpu_progress_s=0.0,
+        stack={
+            "source": "py-spy",
+            "threads": [
+                {
+                    "name": "MainThread",
+                    "frames": [
+                        {"function": "__getitem__", "filename": "/home/u/proj/ds.py", "line": 46, "native": False},
+                        {
+                            "function": "fetch",
+                            "filename": "/venv/torch/utils/data/_utils/fetch.py",
+                            "line": 54,
+                            "native": False,
+                        },
+                    ],
+                }
+            ],
         },
-        "remediation": "**The workers wait on a lock.** A lock held at fork is held forever.\n\n- Use spawn.\n"}]
-    r["processes"] = [build.process_entry(31492, "main", sample={"state": "S", "num_fds": 17, "fd_limit": 1024,
-                                                                 "rss": 236646400, "uss": 14909440, "cpu_s": 1.4,
-                                                                 "fds": {"file": 3, "shm": 0, "socket": 0, "pipe": 13, "other": 1, "shm_bytes": 0}})]
-    w = build.process_entry(31516, "worker", worker_id=0, sample={"state": "S", "num_fds": 1021, "fd_limit": 1024,
-                                                                   "rss": 171814912, "uss": 13271040})
-    w.update(status="blocked", waiting_in="lock acquire", cpu_progress_s=0.0,
-             stack={"source": "py-spy", "threads": [{"name": "MainThread", "frames": [
-                 {"function": "__getitem__", "filename": "/home/u/proj/ds.py", "line": 46, "native": False},
-                 {"function": "fetch", "filename": "/venv/torch/utils/data/_utils/fetch.py", "line": 54, "native": False}]}]})
+    )
     r["processes"].append(w)
     return r
 
@@ -87,7 +154,7 @@ def test_markdown_is_tables_and_units_not_reprs():
 
 def test_terminal_headline_first_then_detail():
     lines = list(render.terminal_view(deadlock_report(), color=False))
-    head = lines[:render.HEADLINE_LINES]
+    head = lines[: render.HEADLINE_LINES]
     assert head[0].startswith("STALL (deadlock): ")
     assert any(line.startswith("  finding: worker-deadlock (90%) DataLoader workers deadlocked") for line in head)
     assert any(line.startswith("  -> The workers wait on a lock.") for line in head)
@@ -96,8 +163,21 @@ def test_terminal_headline_first_then_detail():
     assert not REPR.search(text) and "\x1b" not in text
     assert "signals" not in text  # plumbing stays in report.md
     row = next(line for line in lines if line.strip().startswith("31516  worker 0"))
-    assert row.split() == ["31516", "worker", "0", "blocked", "lock", "acquire", "0.00", "s", "1021/1024",
-                           "163.9", "MiB", "12.7", "MiB"]
+    assert row.split() == [
+        "31516",
+        "worker",
+        "0",
+        "blocked",
+        "lock",
+        "acquire",
+        "0.00",
+        "s",
+        "1021/1024",
+        "163.9",
+        "MiB",
+        "12.7",
+        "MiB",
+    ]
     assert all(len(line) <= 100 for line in lines)
 
 
@@ -110,12 +190,12 @@ def test_colour_only_on_a_tty_and_never_with_no_color(tmp_path):
         env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
         env.update(env_extra)
         if not tty:
-            return subprocess.run([sys.executable, "-m", "dlwatch", "report", inc], capture_output=True,
-                                  env=env, timeout=60).stdout
+            return subprocess.run(
+                [sys.executable, "-m", "dlwatch", "report", inc], capture_output=True, env=env, timeout=60
+            ).stdout
         master, slave = pty.openpty()
         try:
-            p = subprocess.Popen([sys.executable, "-m", "dlwatch", "report", inc], stdout=slave, stderr=slave,
-                                 env=env)
+            p = subprocess.Popen([sys.executable, "-m", "dlwatch", "report", inc], stdout=slave, stderr=slave, env=env)
             os.close(slave)
             out = b""
             while True:
@@ -150,23 +230,45 @@ def test_hostile_strings_in_tables_stay_text():
 
 def test_memory_evidence_reads_as_sizes_rates_and_shares():
     """The shapes of the memory-growth, pinned-memory and worker-killed evidence (hand-built)."""
-    fit = {"rate_bytes_per_s": 1 << 20, "late_rate_bytes_per_s": 1 << 20, "rise_bytes": 300 << 20,
-           "window_s": 300.0, "points": 30, "first": 100 << 20, "last": 400 << 20}
-    ev = {"rate_bytes_per_s": 3 << 20, "headroom_bytes": 5 << 30, "limit": "cgroup memory limit",
-          "limit_in_s": 1800.0, "copy_on_read": True, "memory_share": 0.93,
-          "growth": [{"pid": 11, "worker_id": 0, "uss": fit, "rss_first": 1 << 30, "rss_last": 1 << 30}],
-          "memory": [{"ts": 1.0, "rss": 1 << 30, "uss": 1 << 28}, {"ts": 2.0, "rss": 2 << 30, "uss": 1 << 29}],
-          "lockers": [{"pid": 3, "vm_lck": 1 << 30, "memlock_limit": 2 << 30, "memlock_share": 0.5}]}
+    fit = {
+        "rate_bytes_per_s": 1 << 20,
+        "late_rate_bytes_per_s": 1 << 20,
+        "rise_bytes": 300 << 20,
+        "window_s": 300.0,
+        "points": 30,
+        "first": 100 << 20,
+        "last": 400 << 20,
+    }
+    ev = {
+        "rate_bytes_per_s": 3 << 20,
+        "headroom_bytes": 5 << 30,
+        "limit": "cgroup memory limit",
+        "limit_in_s": 1800.0,
+        "copy_on_read": True,
+        "memory_share": 0.93,
+        "growth": [{"pid": 11, "worker_id": 0, "uss": fit, "rss_first": 1 << 30, "rss_last": 1 << 30}],
+        "memory": [{"ts": 1.0, "rss": 1 << 30, "uss": 1 << 28}, {"ts": 2.0, "rss": 2 << 30, "uss": 1 << 29}],
+        "lockers": [{"pid": 3, "vm_lck": 1 << 30, "memlock_limit": 2 << 30, "memlock_share": 0.5}],
+    }
     items = dict(display.evidence_items(ev))
     assert items["rate"] == "3.0 MiB/s" and items["headroom"] == "5.0 GiB" and items["time to limit"] == "30.0 min"
     assert items["copy on read"] == "yes" and items["memory share"] == "93%"
     assert items["memory"] == "RSS 1.0 GiB -> 2.0 GiB, USS 256.0 MiB -> 512.0 MiB (2 samples)"
-    assert items["growth"].rows[0] == ("11", "0", "+300.0 MiB over 5.0 min at 1.0 MiB/s (lately 1.0 MiB/s) "
-                                       "from 100.0 MiB to 400.0 MiB", "1.0 GiB", "1.0 GiB")
+    assert items["growth"].rows[0] == (
+        "11",
+        "0",
+        "+300.0 MiB over 5.0 min at 1.0 MiB/s (lately 1.0 MiB/s) from 100.0 MiB to 400.0 MiB",
+        "1.0 GiB",
+        "1.0 GiB",
+    )
     assert items["lockers"].headers == ("pid", "VmLck", "RLIMIT_MEMLOCK", "memlock share")
     assert items["lockers"].rows[0] == ("3", "1.0 GiB", "2.0 GiB", "50%")
-    md = render.render_markdown({**deadlock_report(), "findings": [{"playbook": "worker-memory-growth", "title": "t",
-                                                                    "confidence": 0.8, "evidence": ev}]})
+    md = render.render_markdown(
+        {
+            **deadlock_report(),
+            "findings": [{"playbook": "worker-memory-growth", "title": "t", "confidence": 0.8, "evidence": ev}],
+        }
+    )
     assert not REPR.search(md)
 
 
@@ -187,18 +289,34 @@ def test_run_summary_evidence_is_for_people_too():
         stop.set()
         t.join(5)
     s = sm.skeleton(run_id="20261201T101010-42-abcdef", pid=42, now=time.time())
-    s["advice"] = [{"playbook": "input-bound", "title": "The loop waits for data", "confidence": 0.8,
-                    "evidence": {"steady_data_wait_share": 0.8377, "cause": "cpu-saturated", "num_workers": 2,
-                                 "workers": [{"pid": 7, "worker_id": 0, "cpu_util": 0.98}]},
-                    "remediation": "**The workers are saturated on CPU.** Make each sample cheaper.\n"}]
-    s["preflight"] = [{"playbook": "fork-with-threads", "title": "Workers forked beside threads", "confidence": 0.7,
-                       "evidence": {"start_method": "fork", "num_threads": 1, "threads": [thread]},
-                       "remediation": "Start threads after the workers.\n"}]
+    s["advice"] = [
+        {
+            "playbook": "input-bound",
+            "title": "The loop waits for data",
+            "confidence": 0.8,
+            "evidence": {
+                "steady_data_wait_share": 0.8377,
+                "cause": "cpu-saturated",
+                "num_workers": 2,
+                "workers": [{"pid": 7, "worker_id": 0, "cpu_util": 0.98}],
+            },
+            "remediation": "**The workers are saturated on CPU.** Make each sample cheaper.\n",
+        }
+    ]
+    s["preflight"] = [
+        {
+            "playbook": "fork-with-threads",
+            "title": "Workers forked beside threads",
+            "confidence": 0.7,
+            "evidence": {"start_method": "fork", "num_threads": 1, "threads": [thread]},
+            "remediation": "Start threads after the workers.\n",
+        }
+    ]
     md = sm.render_markdown(s)
     term = "\n".join(sm.terminal_lines(s))
     for text in (md, term):
         found = REPR.search(text)
-        assert not found, text[max(0, found.start() - 80):found.end() + 80]
+        assert not found, text[max(0, found.start() - 80) : found.end() + 80]
         assert "steady data wait share: 84%" in text and "uploader" in text
     assert "| name | daemon | ident | runs |" in md  # the threads as a table
     assert any(line.split()[:2] == ["name", "daemon"] for line in term.splitlines())

@@ -45,17 +45,25 @@ def run_example(name: str, report_dir: str) -> Run:
     env.pop("DLWATCH_DIR", None)
     t0 = time.monotonic()
     # nothing may outlive the example (a monitor exits within a poll or two of its training process)
-    returncode, out, err = run_to_end([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
-                                      env=env, marker=report_dir, timeout=EXAMPLE_TIMEOUT_S, what=name)
+    returncode, out, err = run_to_end(
+        [sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
+        env=env,
+        marker=report_dir,
+        timeout=EXAMPLE_TIMEOUT_S,
+        what=name,
+    )
     seconds = time.monotonic() - t0
     assert returncode == 0, f"{name} exited {returncode}\nstdout:\n{out}\nstderr:\n{err[-3000:]}"
-    reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
+    reports = [line[len("REPORT ") :] for line in out.splitlines() if line.startswith("REPORT ")]
     for path in reports:
         assert os.path.isfile(os.path.join(path, "report.json")) and os.path.isfile(os.path.join(path, "report.md"))
     # the script names every incident in its report dir, and nothing else
     # (runs/ holds the run summaries: never an incident)
-    listed = {os.path.join(report_dir, n) for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"} \
-        if os.path.isdir(report_dir) else set()
+    listed = (
+        {os.path.join(report_dir, n) for n in os.listdir(report_dir) if not n.startswith(".") and n != "runs"}
+        if os.path.isdir(report_dir)
+        else set()
+    )
     assert set(reports) == listed
     return Run(returncode, out, err, reports, seconds)
 
@@ -141,7 +149,7 @@ def test_shm_exhaustion(report_dir):
     skip = [line for line in run.stdout.splitlines() if line.startswith("SKIP: ")]
     if skip:
         assert not run.reports
-        pytest.skip(skip[0][len("SKIP: "):])
+        pytest.skip(skip[0][len("SKIP: ") :])
     _only_playbook(run, "shm-exhaustion")
     r = run.report(-1)
     assert r["trigger"] == "exception"
@@ -199,7 +207,7 @@ def _skip_if_said(run: Run) -> None:
     skip = [line for line in run.stdout.splitlines() if line.startswith("SKIP: ")]
     if skip:
         assert not run.reports
-        pytest.skip(skip[0][len("SKIP: "):])
+        pytest.skip(skip[0][len("SKIP: ") :])
 
 
 def test_worker_segfault(report_dir):
@@ -273,17 +281,30 @@ def test_pinned_growth(report_dir):
     assert locker["role"] == "main" and locker["vm_lck_rise"] >= 64 << 20
 
 
-@pytest.mark.parametrize("name", ["healthy_fast", "healthy_slow", "healthy_workers0", "healthy_eval_pause",
-                                  "healthy_detection_collate", "healthy_numpy_dataset", "healthy_warmup",
-                                  "healthy_pinned_flat"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "healthy_fast",
+        "healthy_slow",
+        "healthy_workers0",
+        "healthy_eval_pause",
+        "healthy_detection_collate",
+        "healthy_numpy_dataset",
+        "healthy_warmup",
+        "healthy_pinned_flat",
+    ],
+)
 def test_healthy_examples_raise_nothing(name, report_dir):
     run = run_example(name, report_dir)
     assert run.reports == []
     # no incident notice, no warning; the one line a run summary with advice prints is neither
     # (these loops have no step at all: waiting for data is most of their time, and input-bound
     # may say so, measured; advice is never an incident)
-    notices = [ln for ln in run.stderr.splitlines()
-               if "dlwatch:" in ln and not ln.startswith("dlwatch: run summary with advice (")]
+    notices = [
+        ln
+        for ln in run.stderr.splitlines()
+        if "dlwatch:" in ln and not ln.startswith("dlwatch: run summary with advice (")
+    ]
     assert notices == []
     assert "no incident" in run.stdout
 
@@ -293,7 +314,7 @@ def test_healthy_examples_raise_nothing(name, report_dir):
 
 def _summary(run: Run) -> dict:
     (line,) = [ln for ln in run.stdout.splitlines() if ln.startswith("SUMMARY ")]
-    with open(os.path.join(line[len("SUMMARY "):], "summary.json")) as f:
+    with open(os.path.join(line[len("SUMMARY ") :], "summary.json")) as f:
         return json.load(f)
 
 

@@ -39,7 +39,7 @@ def _check(rc: int, out: str, err: str) -> list[str]:
     assert rc == 0, (out, err)
     epochs = [json.loads(line.split(" ", 2)[2]) for line in out.splitlines() if line.startswith("EPOCH ")]
     assert epochs == [EXPECTED, EXPECTED], out
-    warned = [line[len("WARNING "):] for line in out.splitlines() if line.startswith("WARNING ")]
+    warned = [line[len("WARNING ") :] for line in out.splitlines() if line.startswith("WARNING ")]
     assert f"WARNINGS {len(warned)}" in out
     return warned
 
@@ -47,8 +47,13 @@ def _check(rc: int, out: str, err: str) -> list[str]:
 @pytest.mark.parametrize("form", ["plain", "as"])
 def test_working_directory_removed(tmp_path, form):
     # the default report dir (./dlwatch-reports) cannot be made: reports go to a private dir in TMPDIR
-    rc, out, err = run_to_end([sys.executable, SCRIPT, "cwd-deleted", form], env=_env(tmp_path),
-                              marker=SCRIPT, timeout=120, what="the fail-open target")
+    rc, out, err = run_to_end(
+        [sys.executable, SCRIPT, "cwd-deleted", form],
+        env=_env(tmp_path),
+        marker=SCRIPT,
+        timeout=120,
+        what="the fail-open target",
+    )
     warned = _check(rc, out, err)
     assert len(warned) == 1, warned
     assert "report directory" in warned[0] and "instead" in warned[0]
@@ -56,21 +61,32 @@ def test_working_directory_removed(tmp_path, form):
 
 @pytest.mark.parametrize("form", ["plain", "as"])
 def test_monitor_cannot_be_started(tmp_path, form):
-    rc, out, err = run_to_end([sys.executable, SCRIPT, "no-spawn", form], env=_env(tmp_path),
-                              marker=SCRIPT, timeout=120, what="the fail-open target")
+    rc, out, err = run_to_end(
+        [sys.executable, SCRIPT, "no-spawn", form],
+        env=_env(tmp_path),
+        marker=SCRIPT,
+        timeout=120,
+        what="the fail-open target",
+    )
     warned = _check(rc, out, err)
     assert len(warned) == 1, warned
     assert "could not start monitoring" in warned[0] and "training continues unwatched" in warned[0]
     assert os.listdir(tmp_path / "tmp") == [] or not any(  # nothing half-made left in the report dir
-        os.listdir(os.path.join(tmp_path / "tmp", d, "runs")) for d in os.listdir(tmp_path / "tmp")
-        if os.path.isdir(os.path.join(tmp_path / "tmp", d, "runs")))
+        os.listdir(os.path.join(tmp_path / "tmp", d, "runs"))
+        for d in os.listdir(tmp_path / "tmp")
+        if os.path.isdir(os.path.join(tmp_path / "tmp", d, "runs"))
+    )
 
 
 @pytest.mark.parametrize("form", ["plain", "as"])
 def test_heartbeat_cannot_be_allocated(tmp_path, form):
-    rc, out, err = run_to_end([sys.executable, SCRIPT, "heartbeat", form],
-                              env=_env(tmp_path, DLWATCH_DIR=str(tmp_path / "reports")),
-                              marker=SCRIPT, timeout=120, what="the fail-open target")
+    rc, out, err = run_to_end(
+        [sys.executable, SCRIPT, "heartbeat", form],
+        env=_env(tmp_path, DLWATCH_DIR=str(tmp_path / "reports")),
+        marker=SCRIPT,
+        timeout=120,
+        what="the fail-open target",
+    )
     warned = _check(rc, out, err)
     assert len(warned) == 1, warned
     assert "could not start monitoring" in warned[0] and "training continues unwatched" in warned[0]
@@ -83,9 +99,11 @@ def test_full_filesystem_for_reports_and_tmpdir(tmp_path, form):
     env = _env(tmp_path, DLWATCH_DIR=str(mnt / "reports"))
     env["TMPDIR"] = str(mnt / "tmp")
     # fill the tiny tmpfs to the last page: no run directory, no heartbeat, no fallback can be written
-    cmd = (f"mount -t tmpfs -o size=64k tmpfs {mnt} && mkdir {mnt}/tmp && "
-           f"(dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) && "
-           f"{sys.executable} {SCRIPT} as-is {form}")
+    cmd = (
+        f"mount -t tmpfs -o size=64k tmpfs {mnt} && mkdir {mnt}/tmp && "
+        f"(dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) && "
+        f"{sys.executable} {SCRIPT} as-is {form}"
+    )
     rc, out, err = in_private_mount_namespace(cmd, env=env, timeout=120)
     warned = _check(rc, out, err)
     assert len(warned) == 1, warned
@@ -108,16 +126,20 @@ def test_full_filesystem_heartbeat_is_an_error_not_sigbus(tmp_path):
     store kill the process with SIGBUS."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    probe = ("import errno,sys\n"
-             "from dlwatch.heartbeat import HeartbeatWriter\n"
-             "try:\n"
-             f"    hb = HeartbeatWriter({str(mnt / 'heartbeat')!r})\n"
-             "except OSError as exc:\n"
-             "    print('REFUSED', errno.errorcode[exc.errno]); sys.exit(0)\n"
-             "hb.begin_epoch(); hb.first_batch(1.0, 2.0); hb.close(); print('WROTE')\n")
-    cmd = (f"mount -t tmpfs -o size=16k tmpfs {mnt} && "
-           f"(dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) && "
-           f"{sys.executable} -c {shlex.quote(probe)}")
+    probe = (
+        "import errno,sys\n"
+        "from dlwatch.heartbeat import HeartbeatWriter\n"
+        "try:\n"
+        f"    hb = HeartbeatWriter({str(mnt / 'heartbeat')!r})\n"
+        "except OSError as exc:\n"
+        "    print('REFUSED', errno.errorcode[exc.errno]); sys.exit(0)\n"
+        "hb.begin_epoch(); hb.first_batch(1.0, 2.0); hb.close(); print('WROTE')\n"
+    )
+    cmd = (
+        f"mount -t tmpfs -o size=16k tmpfs {mnt} && "
+        f"(dd if=/dev/zero of={mnt}/filler bs=4k 2>/dev/null; true) && "
+        f"{sys.executable} -c {shlex.quote(probe)}"
+    )
     rc, out, err = in_private_mount_namespace(cmd, env=_env(tmp_path), timeout=60)
     assert rc == 0, (rc, out, err)  # -7 (SIGBUS) before the fix
     assert out.strip() == "REFUSED ENOSPC", (out, err)

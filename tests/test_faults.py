@@ -74,9 +74,11 @@ def test_ptrace_denied_for_real(tmp_path, target):
     venv_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     spy = shutil.which("py-spy") or venv_spy
     wrapper = tmp_path / "py-spy-denied"
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {os.path.join(TARGETS, 'seccomp_exec.py')} {spy} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {os.path.join(TARGETS, "seccomp_exec.py")} {spy} "$@"\n')
     wrapper.chmod(0o755)
-    probe = subprocess.run([str(wrapper), "dump", "--pid", str(os.getpid())], capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(
+        [str(wrapper), "dump", "--pid", str(os.getpid())], capture_output=True, text=True, timeout=30
+    )
     if probe.returncode == 0:
         pytest.skip("seccomp filter not enforced here; py-spy still attached")
     t = target("hang.py", "deadlock", str(tmp_path / "r"), env={"DLWATCH_PY_SPY": str(wrapper)})
@@ -97,8 +99,10 @@ def _nvidia_driver_present() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/proc/driver/nvidia/version")
 
 
-@pytest.mark.skipif(_nvidia_driver_present(), reason="an NVIDIA driver is present: NVML is not absent here "
-                    "(test_nvml_on_a_real_gpu checks the probe instead)")
+@pytest.mark.skipif(
+    _nvidia_driver_present(),
+    reason="an NVIDIA driver is present: NVML is not absent here (test_nvml_on_a_real_gpu checks the probe instead)",
+)
 def test_nvml_absent_is_quiet(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -107,8 +111,10 @@ def test_nvml_absent_is_quiet(monkeypatch):
     assert probe.unavailable
 
 
-@pytest.mark.skipif(not _nvidia_driver_present(), reason="no NVIDIA driver on this machine: the probe's "
-                    "logic is covered by test_nvml_logic_with_a_stand_in")
+@pytest.mark.skipif(
+    not _nvidia_driver_present(),
+    reason="no NVIDIA driver on this machine: the probe's logic is covered by test_nvml_logic_with_a_stand_in",
+)
 def test_nvml_on_a_real_gpu():
     probe = GpuProbe()
     try:
@@ -127,15 +133,24 @@ def test_nvml_logic_with_a_stand_in(monkeypatch):
     import types
 
     fake = types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
-        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: b"Fake GPU",
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"Fake GPU",
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=37 + h),
-        nvmlDeviceGetMemoryInfo=lambda h: (_ for _ in ()).throw(RuntimeError("no memory info")) if h else
-        types.SimpleNamespace(used=1 << 30, total=16 << 30))
+        nvmlDeviceGetMemoryInfo=lambda h: (
+            (_ for _ in ()).throw(RuntimeError("no memory info"))
+            if h
+            else types.SimpleNamespace(used=1 << 30, total=16 << 30)
+        ),
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     samples = GpuProbe().sample()
     assert [(g.index, g.name, g.util_percent, g.memory_used) for g in samples] == [
-        (0, "Fake GPU", 37, 1 << 30), (1, "Fake GPU", 38, None)]
+        (0, "Fake GPU", 37, 1 << 30),
+        (1, "Fake GPU", 38, None),
+    ]
 
 
 def test_proc_vanishing_between_reads():
@@ -170,9 +185,11 @@ def _in_private_mount(tmp_path, mount_opts: str, script: str, *args: str, timeou
     mnt.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), TMPDIR=str(tmp_path / "tmp"))
     os.makedirs(env["TMPDIR"])
-    cmd = (f"mount -t tmpfs -o {mount_opts} tmpfs {mnt} && "
-           f"{sys.executable} {os.path.join(TARGETS, script)} {mnt}/reports {' '.join(args)}; "
-           f"rc=$?; echo TREE; find {mnt} | sort; exit $rc")
+    cmd = (
+        f"mount -t tmpfs -o {mount_opts} tmpfs {mnt} && "
+        f"{sys.executable} {os.path.join(TARGETS, script)} {mnt}/reports {' '.join(args)}; "
+        f"rc=$?; echo TREE; find {mnt} | sort; exit $rc"
+    )
     returncode, out, err = in_private_mount_namespace(cmd, env=env, timeout=timeout)
     return returncode, out, err, env["TMPDIR"]
 
@@ -209,8 +226,14 @@ def test_full_report_dir(tmp_path):
     tree = out.split("TREE", 1)[1].split()
     # never a half-written report: no temporary directory, no incident without its report.json
     assert not [p for p in tree if "/.tmp-" in p]
-    incident_dirs = {p for p in tree if p.count("/reports/") and p.split("/reports/")[1].count("/") == 0
-                     and not os.path.basename(p).startswith(".") and os.path.basename(p) != "runs"}
+    incident_dirs = {
+        p
+        for p in tree
+        if p.count("/reports/")
+        and p.split("/reports/")[1].count("/") == 0
+        and not os.path.basename(p).startswith(".")
+        and os.path.basename(p) != "runs"
+    }
     assert all(any(q == d + "/report.json" for q in tree) for d in incident_dirs)
     # runs/ holds run summaries (never incidents): none half-written either
     summaries = {p for p in tree if "/reports/runs/" in p and p.split("/reports/runs/")[1].count("/") == 0}
@@ -274,8 +297,14 @@ def test_oom_kill_gives_exit_incident(tmp_path):
                 pytest.skip("this kernel's memory cgroup does not count OOM kills")
         wrapper = f"echo $$ > {cg}/cgroup.procs && exec {sys.executable} {os.path.join(TARGETS, 'oom.py')} {tmp_path}"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]))
-        proc = subprocess.Popen(["sh", "-c", wrapper], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            ["sh", "-c", wrapper],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             proc.communicate(timeout=120)
             found = wait_for(lambda: incidents(str(tmp_path)), timeout=20)

@@ -106,8 +106,10 @@ def test_attach_uses_watched_runs_heartbeat(tmp_path, target, capsys):
     assert {w["worker_id"] for w in workers(report)} == {0, 1}
 
 
-@pytest.mark.parametrize("pid,code,text", [
-    ("999999", 3, "no process"), ("1", 4, "init process"), ("2", 4, "kernel thread"), ("x", 2, "must be a number")])
+@pytest.mark.parametrize(
+    "pid,code,text",
+    [("999999", 3, "no process"), ("1", 4, "init process"), ("2", 4, "kernel thread"), ("x", 2, "must be a number")],
+)
 def test_attach_bad_pids(pid, code, text, capsys):
     assert main(["attach", pid]) == code
     err = capsys.readouterr().err

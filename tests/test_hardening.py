@@ -23,7 +23,7 @@ from test_security import NOBODY, _as_nobody, _need_two_uids
 
 # nobody's fake "watched job": a Python process that maps a run directory's heartbeat (so attach
 # reads that run directory) and names one fake worker, a child that catches the dump signal.
-FAKE_JOB = r'''
+FAKE_JOB = r"""
 import faulthandler, json, mmap, os, signal, sys, time
 run_dir = sys.argv[1]
 os.makedirs(os.path.join(run_dir, "dumps"))
@@ -48,7 +48,7 @@ with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
                         "dump_path": os.path.join(run_dir, "dumps", f"{worker}.txt")}) + "\n")
 print("READY", worker, flush=True)
 time.sleep(300)
-'''
+"""
 
 # root's `dlwatch attach`, the real code path, with one hook: right after the helper (nobody's, which
 # nobody could SIGSTOP for as long as it takes) has read the worker's dump file, and before the dump
@@ -124,8 +124,14 @@ def test_attach_never_signals_a_pid_recycled_by_a_root_process(tmp_path, mode):
     run_dir = os.path.join(shared, ".runs", "20260101T000000-1-abcdef")
     os.makedirs(os.path.dirname(run_dir))
     os.chown(os.path.dirname(run_dir), NOBODY, NOBODY)
-    job = subprocess.Popen(_as_nobody(sys.executable, "-I", "-c", FAKE_JOB, run_dir), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
+    job = subprocess.Popen(
+        _as_nobody(sys.executable, "-I", "-c", FAKE_JOB, run_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        start_new_session=True,
+    )
     try:
         line = job.stdout.readline()
         if not line.startswith("READY"):
@@ -133,15 +139,19 @@ def test_attach_never_signals_a_pid_recycled_by_a_root_process(tmp_path, mode):
         worker = int(line.split()[1])
         out = tmp_path / "out"
         env = dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS="")
-        rc, stdout, stderr = run_bounded([sys.executable, "-c", DRIVER, str(job.pid), str(worker), str(out), mode],
-                                         env=env, cwd=str(tmp_path), timeout=120)
+        rc, stdout, stderr = run_bounded(
+            [sys.executable, "-c", DRIVER, str(job.pid), str(worker), str(out), mode],
+            env=env,
+            cwd=str(tmp_path),
+            timeout=120,
+        )
         assert rc == 0, stderr[-3000:]
-        result = json.loads(stdout[stdout.rindex("RESULT ") + 7:])
+        result = json.loads(stdout[stdout.rindex("RESULT ") + 7 :])
         if not result["swapped"]:
             pytest.skip("no root process could be placed at the worker's pid (other forks kept winning)")
         # the root process holding the recycled pid got no signal: it still ran when attach ended
         assert result["victim_exit"] is None, f"the dump signal reached root's process: {result}"
-        report = json.loads(stdout[:stdout.rindex("RESULT ")])
+        report = json.loads(stdout[: stdout.rindex("RESULT ")])
         worker_entry = next(p for p in report["processes"] if p["pid"] == worker)
         notes = "\n".join(report["notes"])
         assert worker_entry["stack"]["source"] == "none"
@@ -194,7 +204,7 @@ SWAP = "import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.moved'); os.symli
 
 # root's `dlwatch report TARGET --html --force`, the real code path; the hook runs nobody's swap right
 # after root has read report.json (summary.json): the window the attack uses, made certain
-HTML_DRIVER = r'''
+HTML_DRIVER = r"""
 import os, subprocess, sys
 from dlwatch.cli import main
 from dlwatch.report import store
@@ -217,7 +227,7 @@ store.load_summary = hooked(store.load_summary)
 rc = main(["report", target, "--html", "--force"])
 print("SWAPPED", done)
 sys.exit(rc)
-'''
+"""
 
 
 def _nobody_owns(path: str) -> None:
@@ -254,9 +264,12 @@ def test_report_html_as_root_never_writes_where_the_owner_points(tmp_path, kind)
         private_tmp = tmp_path / "tmp"
         private_tmp.mkdir(mode=0o700)
         env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=str(private_tmp))
-        rc, out, err = run_bounded([sys.executable, "-c", HTML_DRIVER, target, str(chosen),
-                                    *_as_nobody(sys.executable, "-I", "-c", SWAP)],
-                                   env=env, cwd=str(tmp_path), timeout=120)
+        rc, out, err = run_bounded(
+            [sys.executable, "-c", HTML_DRIVER, target, str(chosen), *_as_nobody(sys.executable, "-I", "-c", SWAP)],
+            env=env,
+            cwd=str(tmp_path),
+            timeout=120,
+        )
         assert "SWAPPED [0]" in out, (out, err)  # the swap happened, as nobody, after the read
         assert os.path.islink(target)
         assert rc == 0, err
@@ -275,7 +288,7 @@ def test_report_html_as_root_never_writes_where_the_owner_points(tmp_path, kind)
 
 # --------------------------------------------------------------------------- item 5: pruning never crosses a mount
 
-PRUNE_IN_NAMESPACE = r'''
+PRUNE_IN_NAMESPACE = r"""
 set -e
 mount --bind "$DATA" "$OLD1/bound"                      # nobody's data, same filesystem: st_dev alike
 mount -t tmpfs -o size=1m dlwatch-test "$OLD2/scratch"  # another filesystem
@@ -283,7 +296,7 @@ echo "scratch file" > "$OLD2/scratch/kept.txt"
 "$PY" -c 'import sys, logging; logging.basicConfig(); from dlwatch.report import store; print("REMOVED", store.prune_runs(sys.argv[1], 1))' "$REPORTS"
 test -f "$OLD2/scratch/kept.txt" && echo "TMPFS KEPT"
 ls "$OLD1" "$OLD2"
-'''
+"""
 
 
 def test_pruning_never_deletes_files_of_a_bind_mount_inside_an_old_summary(tmp_path):
@@ -303,8 +316,9 @@ def test_pruning_never_deletes_files_of_a_bind_mount_inside_an_old_summary(tmp_p
         (data / rel).write_text("nobody's data\n")
     _nobody_owns(str(data))
     before = sorted((p.relative_to(data), p.read_bytes()) for p in data.rglob("*") if p.is_file())
-    env = dict(os.environ, PYTHONPATH=REPO, DATA=str(data), OLD1=old1, OLD2=old2, REPORTS=str(reports),
-               PY=sys.executable)
+    env = dict(
+        os.environ, PYTHONPATH=REPO, DATA=str(data), OLD1=old1, OLD2=old2, REPORTS=str(reports), PY=sys.executable
+    )
     rc, out, err = in_private_mount_namespace(PRUNE_IN_NAMESPACE, env=env, timeout=120)
     if rc != 0 and ("mount" in err and ("denied" in err or "not permitted" in err)):
         pytest.skip(f"cannot mount in a private namespace here: {err.strip()[-300:]}")
@@ -321,6 +335,7 @@ def test_pruning_never_deletes_files_of_a_bind_mount_inside_an_old_summary(tmp_p
 
 
 # --------------------------------------------------------------------------- item 3: the Prometheus textfile directory
+
 
 def _prom_state():
     from test_prom import _state
@@ -349,8 +364,9 @@ def test_prometheus_textfile_dir_of_another_user_is_refused_and_cannot_redirect_
         except UnsafeDirError as exc:
             refused = str(exc)
         # nobody swaps the directory for a link to a root-only one while the run goes on
-        swap = subprocess.run(_as_nobody(sys.executable, "-I", "-c", SWAP, textdir, str(chosen)),
-                              capture_output=True, timeout=60)
+        swap = subprocess.run(
+            _as_nobody(sys.executable, "-I", "-c", SWAP, textdir, str(chosen)), capture_output=True, timeout=60
+        )
         assert swap.returncode == 0 and os.path.islink(textdir)
         landed = []
         if sink is not None:
@@ -366,9 +382,18 @@ def test_prometheus_textfile_dir_of_another_user_is_refused_and_cannot_redirect_
         shutil.rmtree(shared, ignore_errors=True)
 
 
-@pytest.mark.parametrize("owner, mode, ok", [("self", 0o700, True), ("root", 0o755, True), ("self", 0o1777, True),
-                                             ("self", 0o770, False), ("self", 0o777, False), ("nobody", 0o755, False),
-                                             ("nobody", 0o1777, False)])
+@pytest.mark.parametrize(
+    "owner, mode, ok",
+    [
+        ("self", 0o700, True),
+        ("root", 0o755, True),
+        ("self", 0o1777, True),
+        ("self", 0o770, False),
+        ("self", 0o777, False),
+        ("nobody", 0o755, False),
+        ("nobody", 0o1777, False),
+    ],
+)
 def test_prometheus_textfile_dir_rules(tmp_path, owner, mode, ok):
     """Yours or root's, not writable by group or others unless sticky; a refusal is one warning, the run goes on."""
     pytest.importorskip("prometheus_client")
@@ -382,8 +407,12 @@ def test_prometheus_textfile_dir_rules(tmp_path, owner, mode, ok):
         os.chown(textdir, NOBODY, NOBODY)
     os.chmod(textdir, mode)
     warnings = []
-    built = sinks.build({"pid": os.getpid(), "prometheus": {"file": str(textdir / "dlwatch.prom")}}, str(tmp_path),
-                        {}, lambda event, text: warnings.append((event, text)))
+    built = sinks.build(
+        {"pid": os.getpid(), "prometheus": {"file": str(textdir / "dlwatch.prom")}},
+        str(tmp_path),
+        {},
+        lambda event, text: warnings.append((event, text)),
+    )
     if ok:
         assert [type(s).__name__ for s in built] == ["PromSink"] and warnings == []
         built[0].on_poll(_prom_state())
@@ -400,7 +429,7 @@ PLAYBOOK = 'id = "p{n}"\ntitle = "P {n}"\n[[signals]]\nexception_text = "boom{n}
 
 # the load in a process whose address space is capped well below the file: reading it whole would be
 # a MemoryError, not the PlaybookError; no timing involved
-LOAD_CAPPED = r'''
+LOAD_CAPPED = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 from dlwatch.errors import PlaybookError
@@ -409,7 +438,7 @@ try:
     load_playbooks([sys.argv[1]])
 except PlaybookError as exc:
     print("ERROR", str(exc).splitlines()[0])
-'''
+"""
 
 
 def test_a_huge_sparse_playbook_fails_at_once_with_one_line(tmp_path):
@@ -418,10 +447,16 @@ def test_a_huge_sparse_playbook_fails_at_once_with_one_line(tmp_path):
     (d / "a.toml").write_text(PLAYBOOK.format(n=1))
     with open(d / "huge.toml", "wb") as f:
         f.truncate(3 << 30)  # 3 GiB, sparse: nothing on disk
-    rc, out, err = run_bounded([sys.executable, "-c", LOAD_CAPPED, str(d)], env=dict(os.environ, PYTHONPATH=REPO),
-                               cwd=str(tmp_path), timeout=120)
+    rc, out, err = run_bounded(
+        [sys.executable, "-c", LOAD_CAPPED, str(d)],
+        env=dict(os.environ, PYTHONPATH=REPO),
+        cwd=str(tmp_path),
+        timeout=120,
+    )
     assert rc == 0, err
-    assert out.count("\n") == 1 and out.startswith(f"ERROR playbook {d / 'huge.toml'}: field '(file)': 3221225472 bytes")
+    assert out.count("\n") == 1 and out.startswith(
+        f"ERROR playbook {d / 'huge.toml'}: field '(file)': 3221225472 bytes"
+    )
     assert "split it or remove it" in out
 
 
@@ -460,8 +495,9 @@ def test_too_many_playbook_files_fail_before_any_is_parsed(tmp_path, monkeypatch
     assert len(load_playbooks([str(one)])) >= MAX_PLAYBOOK_FILES
     (two / "a-malformed.toml").write_text("id = ")  # parsed first if anything were parsed
     # one more file in all the directories: the count is the error, naming the directory
-    with pytest.raises(PlaybookError, match=f"field '\\(directory\\)': 1 playbook files; dlwatch reads at most "
-                                            f"{MAX_PLAYBOOK_FILES}"):
+    with pytest.raises(
+        PlaybookError, match=f"field '\\(directory\\)': 1 playbook files; dlwatch reads at most {MAX_PLAYBOOK_FILES}"
+    ):
         load_playbooks([str(one), str(two)])
     for n in range(3000):
         (two / f"q{n:04d}.toml").write_text(PLAYBOOK.format(n=n))
@@ -479,6 +515,7 @@ def test_too_many_playbook_files_fail_before_any_is_parsed(tmp_path, monkeypatch
 
 
 # --------------------------------------------------------------------------- item 10: scripts allowed by hash only
+
 
 def _page_scripts(page: str) -> tuple[str, list[str]]:
     import re
@@ -506,12 +543,15 @@ def test_the_policy_allows_exactly_the_pages_own_scripts_as_written(tmp_path):
     assert directives["default-src"] == "'none'" and "unsafe" not in directives["script-src"]
     assert len(scripts) == 2
     assert directives["script-src"].split() == [
-        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'" for s in scripts]
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'" for s in scripts
+    ]
 
 
 def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
     """The page draws its charts with no CSP violation; markup injected past the escaping does not run."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     from conftest import chromium_path
     from dlwatch.report import html
     from test_html import sampled_report
@@ -520,8 +560,11 @@ def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
     if browser_path is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium)")
     clean = html.render_html(sampled_report())
-    injected = clean.replace("<h1>", "<script>window.__pwned = 1; document.title = 'PWNED'</script>"
-                                      "<img src=x onerror=\"window.__pwned = 2\"><h1>", 1)
+    injected = clean.replace(
+        "<h1>",
+        "<script>window.__pwned = 1; document.title = 'PWNED'</script><img src=x onerror=\"window.__pwned = 2\"><h1>",
+        1,
+    )
     pages = {"clean": clean, "injected": injected}
     seen = {}
     with sync_api.sync_playwright() as p:
@@ -537,9 +580,12 @@ def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
                 tab.goto(f"file://{path}")
                 tab.wait_for_function("document.body.getAttribute('data-charts-drawn') !== null", timeout=30_000)
                 pwned = tab.evaluate("window.__pwned === undefined ? null : window.__pwned")
-                seen[name] = {"messages": messages, "pwned": pwned,
-                              "title": tab.title(),
-                              "drawn": int(tab.evaluate("document.body.getAttribute('data-charts-drawn')"))}
+                seen[name] = {
+                    "messages": messages,
+                    "pwned": pwned,
+                    "title": tab.title(),
+                    "drawn": int(tab.evaluate("document.body.getAttribute('data-charts-drawn')")),
+                }
                 tab.close()
         finally:
             browser.close()
@@ -555,7 +601,7 @@ def test_only_the_pages_own_scripts_run_in_headless_chromium(tmp_path):
 
 # --------------------------------------------------------------------------- item 11: the run bootstrap in other interpreters
 
-SPAWNS_OTHER = r'''
+SPAWNS_OTHER = r"""
 import os, subprocess, sys
 other = sys.argv[1]
 env = dict(os.environ)
@@ -567,19 +613,20 @@ print(r.stdout.strip())
 sys.stderr.write(r.stderr)
 import torch.utils.data as d
 print("HOOKED", getattr(d.DataLoader.__iter__, "_dlwatch_run", False))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory):
     """The same Python in a fresh virtualenv: dlwatch is not importable there."""
     where = tmp_path_factory.mktemp("bare") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120, capture_output=True
+    )
     exe = str(where / "bin" / "python")
-    probe = subprocess.run([exe, "-c", "import dlwatch"], capture_output=True, cwd="/",
-                           env={"PATH": os.environ["PATH"]},
-                           timeout=60)
+    probe = subprocess.run(
+        [exe, "-c", "import dlwatch"], capture_output=True, cwd="/", env={"PATH": os.environ["PATH"]}, timeout=60
+    )
     if probe.returncode == 0:
         pytest.skip("dlwatch is importable even in a fresh virtualenv here")
     return exe
@@ -597,8 +644,12 @@ def test_the_run_bootstrap_stays_silent_in_an_interpreter_it_does_not_belong_to(
         args.append(str(fake.parent))
     env = dict(os.environ, PYTHONPATH="")
     env.pop("DLWATCH_DISABLE", None)
-    rc, out, err = run_bounded([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), *args],
-                               env=env, cwd=str(tmp_path), timeout=180)
+    rc, out, err = run_bounded(
+        [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), *args],
+        env=env,
+        cwd=str(tmp_path),
+        timeout=180,
+    )
     assert rc == 0, err
     # the other interpreter ran as without dlwatch: nothing imported, nothing printed
     assert "CHILD RAN False" in out

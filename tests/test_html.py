@@ -22,19 +22,53 @@ def sampled_report(n: int = 60) -> dict:
     r = store.skeleton(trigger="stall", pid=100, now=now)
     r["summary"] = "no batch progress for 30 s <script>alert(1)</script>"
     r["progress"] = {"batches": 40, "epochs": 1, "stall_s": 30.0, "data_wait_s": 3.0, "step_s": 9.0}
-    r["findings"] = [{"playbook": "fd-exhaustion", "title": "Too many open files </script><b>x</b>", "confidence": 0.9,
-                      "evidence": {"num_fds": 1000, "fd_limit": 1024, "top_files": [["/d/a</script>.bin", 900]]},
-                      "remediation": "Close your files."}]
-    r["processes"] = [build.process_entry(100, "main", sample={"num_fds": 20, "fd_limit": 1024, "rss": 1 << 30}),
-                      build.process_entry(101, "worker", worker_id=0, sample={"num_fds": 1000, "fd_limit": 1024})]
+    r["findings"] = [
+        {
+            "playbook": "fd-exhaustion",
+            "title": "Too many open files </script><b>x</b>",
+            "confidence": 0.9,
+            "evidence": {"num_fds": 1000, "fd_limit": 1024, "top_files": [["/d/a</script>.bin", 900]]},
+            "remediation": "Close your files.",
+        }
+    ]
+    r["processes"] = [
+        build.process_entry(100, "main", sample={"num_fds": 20, "fd_limit": 1024, "rss": 1 << 30}),
+        build.process_entry(101, "worker", worker_id=0, sample={"num_fds": 1000, "fd_limit": 1024}),
+    ]
     t0 = now - n
-    r["timeline"] = [{"kind": "sample", "ts": t0 + i, "heartbeat": {
-        "batches": min(i, 40), "data_wait_s": 0.05 * min(i, 40), "step_s": 0.2 * min(i, 40), "last_interval_s": 0.25},
-        "procs": [{"pid": 100, "role": "main", "num_fds": 20, "fd_limit": 1024, "rss": (1 << 30) + i * (1 << 20), "uss": 1 << 28},
-                  {"pid": 101, "role": "worker", "num_fds": 30 + 16 * i, "fd_limit": 1024, "rss": 1 << 29,
-                   "uss": (1 << 26) + i * (1 << 21)}],
-        "system": {"shm_total": 8 << 30, "shm_free": (8 << 30) - i * (1 << 26), "mlocked": 1 << 24}, "gpus": []}
-        for i in range(n)]
+    r["timeline"] = [
+        {
+            "kind": "sample",
+            "ts": t0 + i,
+            "heartbeat": {
+                "batches": min(i, 40),
+                "data_wait_s": 0.05 * min(i, 40),
+                "step_s": 0.2 * min(i, 40),
+                "last_interval_s": 0.25,
+            },
+            "procs": [
+                {
+                    "pid": 100,
+                    "role": "main",
+                    "num_fds": 20,
+                    "fd_limit": 1024,
+                    "rss": (1 << 30) + i * (1 << 20),
+                    "uss": 1 << 28,
+                },
+                {
+                    "pid": 101,
+                    "role": "worker",
+                    "num_fds": 30 + 16 * i,
+                    "fd_limit": 1024,
+                    "rss": 1 << 29,
+                    "uss": (1 << 26) + i * (1 << 21),
+                },
+            ],
+            "system": {"shm_total": 8 << 30, "shm_free": (8 << 30) - i * (1 << 26), "mlocked": 1 << 24},
+            "gpus": [],
+        }
+        for i in range(n)
+    ]
     return r
 
 
@@ -83,13 +117,20 @@ def test_report_html_command(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 def test_real_incident_page_in_headless_chromium(tmp_path):
     """A real fd-exhaustion run; its report.html opened in Chromium: no request, no error, charts drawn."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     browser_path = chromium_path()
     if browser_path is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run installs it)")
     reports = tmp_path / "reports"
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "demo", "fd_exhaustion", "--report-dir", str(reports)],
-                         capture_output=True, text=True, timeout=300, start_new_session=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "demo", "fd_exhaustion", "--report-dir", str(reports)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (incident,) = [p for p in incidents(str(reports)) if "exception" in p]
     page = os.path.join(incident, "report.html")
@@ -129,10 +170,26 @@ def test_real_incident_page_in_headless_chromium(tmp_path):
 def test_any_field_of_any_type_renders_or_is_called_damaged(tmp_path):
     """Wrong types anywhere the page looks (a report edited or damaged): a page, or a ReportError."""
     base = sampled_report(5)
-    paths = [("summary",), ("progress",), ("progress", "stall_s"), ("findings",), ("findings", 0, "evidence"),
-             ("processes",), ("processes", 0), ("timeline",), ("timeline", 0), ("timeline", 0, "procs"),
-             ("timeline", 0, "procs", 0), ("timeline", 0, "system"), ("timeline", 0, "heartbeat"),
-             ("timeline", 0, "gpus"), ("timeline", 0, "ts"), ("created_at",), ("notes",), ("exception",)]
+    paths = [
+        ("summary",),
+        ("progress",),
+        ("progress", "stall_s"),
+        ("findings",),
+        ("findings", 0, "evidence"),
+        ("processes",),
+        ("processes", 0),
+        ("timeline",),
+        ("timeline", 0),
+        ("timeline", 0, "procs"),
+        ("timeline", 0, "procs", 0),
+        ("timeline", 0, "system"),
+        ("timeline", 0, "heartbeat"),
+        ("timeline", 0, "gpus"),
+        ("timeline", 0, "ts"),
+        ("created_at",),
+        ("notes",),
+        ("exception",),
+    ]
     target = tmp_path / "one"
     target.mkdir()
     fuzz_fields(base, paths, target, "report.json", store.load_report, html.render_html)
@@ -205,8 +262,10 @@ def test_few_fds_under_a_high_limit_get_their_own_scale():
     # within reach (a quarter of the limit or more), the limit is drawn as before
     near = sampled_report()  # worker 0 climbs to 974 of 1024 fds; /dev/shm fills to about 46%
     titles = {c["id"]: (c["title"], [s["label"] for s in c["series"]]) for c in html.chart_data(near)["charts"]}
-    assert titles["fds"] == ("Open file descriptors against the limit, per process",
-                             ["main (100)", "worker 0 (101)", "fd limit"])
+    assert titles["fds"] == (
+        "Open file descriptors against the limit, per process",
+        ["main (100)", "worker 0 (101)", "fd limit"],
+    )
     assert titles["shm"] == ("/dev/shm used against its size", ["/dev/shm used", "/dev/shm size"])
     # a share of a few percent is said as such
     assert html._share_text(0.034) == "3%" and html._peak_share([(None, 5.0), (3.0, 0.0), (2.0, 8.0)]) == (0.25, 8.0)
@@ -215,7 +274,9 @@ def test_few_fds_under_a_high_limit_get_their_own_scale():
 @pytest.mark.slow
 def test_fd_chart_in_chromium_shows_the_fds_not_the_limit(tmp_path):
     """Both pages in headless Chromium: the fd lines (and /dev/shm's) span most of their plot's height."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     browser_path = chromium_path()
     if browser_path is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run installs it)")

@@ -28,8 +28,9 @@ SCRIPT = os.path.join(TARGETS, "interrupt.py")
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     out: list[str] = []
     try:
         for line in proc.stdout:  # bounded: the target sleeps 30 s at most before READY is printed
@@ -78,11 +79,12 @@ def _frames(stderr: str) -> str:
 @pytest.mark.parametrize("where", ["body", "next"])
 def test_ctrl_c_ends_the_program_as_bare(tmp_path, where):
     results = {}
-    for mode, argv in [("bare", [sys.executable, SCRIPT, "bare", where]),
-                       ("plain", [sys.executable, SCRIPT, "plain", where]),
-                       ("as", [sys.executable, SCRIPT, "as", where]),
-                       ("run", [sys.executable, "-m", "dlwatch", "run", "--poll-interval", "0.2",
-                                SCRIPT, "bare", where])]:
+    for mode, argv in [
+        ("bare", [sys.executable, SCRIPT, "bare", where]),
+        ("plain", [sys.executable, SCRIPT, "plain", where]),
+        ("as", [sys.executable, SCRIPT, "as", where]),
+        ("run", [sys.executable, "-m", "dlwatch", "run", "--poll-interval", "0.2", SCRIPT, "bare", where]),
+    ]:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), DLWATCH_DIR=str(tmp_path / mode))
         results[mode] = _run(argv, env)
     rc, out, err = results["bare"]

@@ -178,7 +178,7 @@ def ready_or_skip(t, timeout: float) -> None:
             if not line:
                 break
             if line.startswith("SKIP: "):
-                pytest.skip(line[len("SKIP: "):].strip())
+                pytest.skip(line[len("SKIP: ") :].strip())
             if line.startswith("READY"):
                 t.remember()
                 return

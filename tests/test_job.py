@@ -33,8 +33,7 @@ MAIN_ALL_REDUCE = [
     native("0x7f3a1c2d3e4f"),
     native("pthread_cond_wait"),
     native("std::condition_variable::wait(std::unique_lock<std::mutex>&)", "/usr/lib/libstdc++.so.6"),
-    native("c10d::ProcessGroupGloo::AsyncWork::wait(std::chrono::duration<long, std::ratio<1l, 1000l> >)",
-           TORCH_LIB),
+    native("c10d::ProcessGroupGloo::AsyncWork::wait(std::chrono::duration<long, std::ratio<1l, 1000l> >)", TORCH_LIB),
     py("all_reduce", DIST, 3252),
     py("_exception_logger.<locals>.wrapper", LOGGER, 83),
     py("train_step", "/home/user/train/train.py", 40),
@@ -56,22 +55,36 @@ def thread(frames: list[Frame]) -> ThreadStack:
 # --------------------------------------------------------------------------- rank and job id
 
 
-TORCHRUN_ENV = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                "TORCHELASTIC_RUN_ID": "f467e341-16cd-43d2-bc26-d80687b18339",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+TORCHRUN_ENV = {
+    "RANK": "1",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "2",
+    "TORCHELASTIC_RUN_ID": "f467e341-16cd-43d2-bc26-d80687b18339",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
 
 
 def test_rank_info_under_torchrun() -> None:
     info = rank_info(TORCHRUN_ENV)
-    assert info == {"rank": 1, "local_rank": 1, "world_size": 2, "local_world_size": 2,
-                    "job_id": "f467e341-16cd-43d2-bc26-d80687b18339", "job_id_source": "TORCHELASTIC_RUN_ID"}
+    assert info == {
+        "rank": 1,
+        "local_rank": 1,
+        "world_size": 2,
+        "local_world_size": 2,
+        "job_id": "f467e341-16cd-43d2-bc26-d80687b18339",
+        "job_id_source": "TORCHELASTIC_RUN_ID",
+    }
 
 
 def test_job_id_fallbacks() -> None:
     # torchrun's placeholder run id ("none", multi-node static rendezvous): address plus the agent's start
     env = dict(TORCHRUN_ENV, TORCHELASTIC_RUN_ID="none")
-    assert job_id(env, parent_started=1_764_576_000.0) == ("127.0.0.1:29500@20251201T080000Z",
-                                                           "MASTER_ADDR:MASTER_PORT")
+    assert job_id(env, parent_started=1_764_576_000.0) == (
+        "127.0.0.1:29500@20251201T080000Z",
+        "MASTER_ADDR:MASTER_PORT",
+    )
     assert job_id(dict(env, DLWATCH_JOB_ID=" 4242 ")) == ("4242", "DLWATCH_JOB_ID")  # the user's own id wins
     assert job_id({}) == (None, None)  # a plain single-process run is no job
     assert rank_info({"RANK": "x", "WORLD_SIZE": "-1"})["rank"] is None
@@ -120,8 +133,11 @@ def test_lookalikes_are_not_collective_waits() -> None:
 
 def test_rank_waiting_in_all_reduce_is_main_blocked_with_a_healthy_loader() -> None:
     main = proc(10, "main", syscall=202, frames=MAIN_ALL_REDUCE)
-    v = classify_stall([main, worker(0, frames=WORKER_IDLE, syscall=POLL), worker(1, frames=WORKER_IDLE, syscall=POLL)],
-                       main_waiting_for_data=False, expected_workers=2)
+    v = classify_stall(
+        [main, worker(0, frames=WORKER_IDLE, syscall=POLL), worker(1, frames=WORKER_IDLE, syscall=POLL)],
+        main_waiting_for_data=False,
+        expected_workers=2,
+    )
     assert v.classification == "main-blocked"
     assert v.processes[0].waiting_in == "collective: all_reduce"
     assert v.processes[0].where == "train_step (train.py:40)"
@@ -129,39 +145,70 @@ def test_rank_waiting_in_all_reduce_is_main_blocked_with_a_healthy_loader() -> N
 
 
 def test_own_deadlock_still_deadlock_and_loop_body_still_main_blocked() -> None:
-    locked = classify_stall([proc(10, "main", syscall=POLL, frames=MAIN_WAITING), worker(0, frames=WORKER_LOCKED)],
-                            expected_workers=1)
+    locked = classify_stall(
+        [proc(10, "main", syscall=POLL, frames=MAIN_WAITING), worker(0, frames=WORKER_LOCKED)], expected_workers=1
+    )
     assert locked.classification == "deadlock"
-    body = classify_stall([proc(10, "main", frames=MAIN_IN_BODY), worker(0, frames=WORKER_IDLE, syscall=POLL)],
-                          main_waiting_for_data=False)
+    body = classify_stall(
+        [proc(10, "main", frames=MAIN_IN_BODY), worker(0, frames=WORKER_IDLE, syscall=POLL)],
+        main_waiting_for_data=False,
+    )
     assert body.classification == "main-blocked" and "collective" not in body.reason
 
 
-def _stall_report(rank: int, job: str, *, main_frames_waiting: str | None, classification: str, findings=(),
-                  last_batch_ts: float | None = None, created: float | None = None) -> dict:
+def _stall_report(
+    rank: int,
+    job: str,
+    *,
+    main_frames_waiting: str | None,
+    classification: str,
+    findings=(),
+    last_batch_ts: float | None = None,
+    created: float | None = None,
+) -> dict:
     created = created or time.time()
     r = store.skeleton(trigger="stall", pid=100 + rank, now=created)
-    r["rank"] = {"rank": rank, "local_rank": rank, "world_size": 2, "local_world_size": 2, "job_id": job,
-                 "job_id_source": "TORCHELASTIC_RUN_ID"}
+    r["rank"] = {
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": 2,
+        "local_world_size": 2,
+        "job_id": job,
+        "job_id_source": "TORCHELASTIC_RUN_ID",
+    }
     r["id"] = store.new_incident_id("stall", 100 + rank, created, rank=rank)
     r["classification"] = classification
-    r["progress"] = {"batches": 3 if last_batch_ts else 0, "stall_s": 3.0,
-                     **({"last_batch_ts": last_batch_ts} if last_batch_ts else {})}
-    r["processes"] = [{"pid": 100 + rank, "role": "main", "status": "blocked", "waiting_in": main_frames_waiting},
-                      {"pid": 200 + rank, "role": "worker", "worker_id": 0, "status": "idle",
-                       "waiting_in": "queue get"}]
+    r["progress"] = {
+        "batches": 3 if last_batch_ts else 0,
+        "stall_s": 3.0,
+        **({"last_batch_ts": last_batch_ts} if last_batch_ts else {}),
+    }
+    r["processes"] = [
+        {"pid": 100 + rank, "role": "main", "status": "blocked", "waiting_in": main_frames_waiting},
+        {"pid": 200 + rank, "role": "worker", "worker_id": 0, "status": "idle", "waiting_in": "queue get"},
+    ]
     r["findings"] = [dict(f) for f in findings]
     r["config"] = {"report_dir": "/reports"}
     return r
 
 
-DEADLOCK_FINDING = {"playbook": "worker-deadlock", "title": "DataLoader workers deadlocked", "confidence": 0.9,
-                    "evidence": {}, "remediation": "spawn"}
+DEADLOCK_FINDING = {
+    "playbook": "worker-deadlock",
+    "title": "DataLoader workers deadlocked",
+    "confidence": 0.9,
+    "evidence": {},
+    "remediation": "spawn",
+}
 
 
 def test_annotate_waiting_rank_drops_dataloader_findings() -> None:
-    r = _stall_report(0, "j1", main_frames_waiting="collective: all_reduce", classification="main-blocked",
-                      findings=[DEADLOCK_FINDING])
+    r = _stall_report(
+        0,
+        "j1",
+        main_frames_waiting="collective: all_reduce",
+        classification="main-blocked",
+        findings=[DEADLOCK_FINDING],
+    )
     jobview.annotate(r)
     assert r["job"]["role"] == "waiting" and r["job"]["waiting_in"] == "collective: all_reduce"
     assert r["job"]["view"] == "dlwatch report --job /reports --job-id j1"
@@ -171,8 +218,9 @@ def test_annotate_waiting_rank_drops_dataloader_findings() -> None:
 
 def test_annotate_lookalikes_keep_their_findings() -> None:
     # main-blocked in its own loop body (no collective): its own problem, findings kept
-    r = _stall_report(0, "j1", main_frames_waiting="lock acquire", classification="main-blocked",
-                      findings=[DEADLOCK_FINDING])
+    r = _stall_report(
+        0, "j1", main_frames_waiting="lock acquire", classification="main-blocked", findings=[DEADLOCK_FINDING]
+    )
     jobview.annotate(r)
     assert r["job"]["role"] == "own" and r["findings"]
     # in a collective but its own workers are deadlocked: not only waiting
@@ -182,15 +230,20 @@ def test_annotate_lookalikes_keep_their_findings() -> None:
     assert r["job"]["role"] == "own"
     # a dataset's own network error that reads like a collective's (no torch.distributed frame)
     e = store.skeleton(trigger="exception", pid=5, now=time.time())
-    e["exception"] = {"type": "ConnectionError", "message": "Connection closed by peer",
-                      "traceback": 'File "/home/user/data.py", line 3, in fetch'}
+    e["exception"] = {
+        "type": "ConnectionError",
+        "message": "Connection closed by peer",
+        "traceback": 'File "/home/user/data.py", line 3, in fetch',
+    }
     jobview.annotate(e)
     assert "job" not in e  # no job, no collective: untouched
     # the real thing: gloo's error raised from all_reduce
     g = store.skeleton(trigger="exception", pid=5, now=time.time())
-    g["exception"] = {"type": "torch.distributed.DistBackendError",
-                      "message": "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
-                      "traceback": f'File "{DIST}", line 3252, in all_reduce'}
+    g["exception"] = {
+        "type": "torch.distributed.DistBackendError",
+        "message": "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+        "traceback": f'File "{DIST}", line 3252, in all_reduce',
+    }
     jobview.annotate(g)
     assert g["job"]["role"] == "waiting" and g["job"]["waiting_in"] == "collective error: DistBackendError"
 
@@ -203,16 +256,45 @@ def _write(rdir: str, r: dict) -> str:
     return build.write(r, rdir)
 
 
-def _figures(rdir: str, job: str, rank: int, *, share: float, rate: float, batches: int = 100,
-             first: float | None = 1.0, idle: float | None = 0.1) -> None:
+def _figures(
+    rdir: str,
+    job: str,
+    rank: int,
+    *,
+    share: float,
+    rate: float,
+    batches: int = 100,
+    first: float | None = 1.0,
+    idle: float | None = 0.1,
+) -> None:
     d = os.path.join(rdir, rankfigures.JOBS_DIR, safe_name(job))
     os.makedirs(d, mode=0o700, exist_ok=True)
-    rec = {"kind": "dlwatch-rank-figures", "version": 1, "job_id": job, "rank": rank, "local_rank": rank,
-           "world_size": 2, "host": f"node{rank}", "pid": 100 + rank, "started_at": 1.0,
-           "updated_at": time.time(), "ended": True, "batches": batches, "epochs": 1, "data_wait_s": 1.0,
-           "step_s": 1.0, "data_wait_share": share, "batch_rate_per_s": rate, "first_batch_s": first,
-           "first_batch_exact": True, "stalls": 0, "incidents": 0, "stalled": False,
-           "worker_idle_share": idle, "worker_reads": 40 if idle is not None else 0}
+    rec = {
+        "kind": "dlwatch-rank-figures",
+        "version": 1,
+        "job_id": job,
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": 2,
+        "host": f"node{rank}",
+        "pid": 100 + rank,
+        "started_at": 1.0,
+        "updated_at": time.time(),
+        "ended": True,
+        "batches": batches,
+        "epochs": 1,
+        "data_wait_s": 1.0,
+        "step_s": 1.0,
+        "data_wait_share": share,
+        "batch_rate_per_s": rate,
+        "first_batch_s": first,
+        "first_batch_exact": True,
+        "stalls": 0,
+        "incidents": 0,
+        "stalled": False,
+        "worker_idle_share": idle,
+        "worker_reads": 40 if idle is not None else 0,
+    }
     replace_private(os.path.join(d, f"rank{rank}-node{rank}-{100 + rank}.json"), json.dumps(rec).encode())
 
 
@@ -221,13 +303,35 @@ def test_job_view_names_origin_and_waiters(tmp_path) -> None:
     store.prepare_report_dir(rdir)
     now = time.time()
     # an older job in the same directory must not be mixed in
-    _write(rdir, _stall_report(1, "old", main_frames_waiting=None, classification="deadlock",
-                               findings=[DEADLOCK_FINDING], created=now - 3600))
+    _write(
+        rdir,
+        _stall_report(
+            1,
+            "old",
+            main_frames_waiting=None,
+            classification="deadlock",
+            findings=[DEADLOCK_FINDING],
+            created=now - 3600,
+        ),
+    )
     # rank 0 wrote first (it noticed sooner), but rank 1 stopped progressing first and has a cause of its own
-    _write(rdir, _stall_report(0, "new", main_frames_waiting="collective: all_reduce", classification="main-blocked",
-                               last_batch_ts=now - 5, created=now - 1))
-    _write(rdir, _stall_report(1, "new", main_frames_waiting=None, classification="deadlock",
-                               findings=[DEADLOCK_FINDING], created=now))
+    _write(
+        rdir,
+        _stall_report(
+            0,
+            "new",
+            main_frames_waiting="collective: all_reduce",
+            classification="main-blocked",
+            last_batch_ts=now - 5,
+            created=now - 1,
+        ),
+    )
+    _write(
+        rdir,
+        _stall_report(
+            1, "new", main_frames_waiting=None, classification="deadlock", findings=[DEADLOCK_FINDING], created=now
+        ),
+    )
     v = jobview.job_view(rdir)
     assert v["job_id"] == "new" and v["other_jobs"] == ["old"]
     assert v["origin"]["rank"] == 1 and v["origin"]["top_finding"] == "worker-deadlock"
@@ -293,8 +397,18 @@ def ranks(*rows: tuple) -> list[dict]:
     for i, row in enumerate(rows):
         s, r, f = row[:3]
         idle = row[3] if len(row) > 3 else 0.1
-        out.append({"rank": i, "host": f"node{i}", "batches": 200, "data_wait_share": s, "batch_rate_per_s": r,
-                    "first_batch_s": f, "worker_idle_share": idle, "worker_reads": 0 if idle is None else 100})
+        out.append(
+            {
+                "rank": i,
+                "host": f"node{i}",
+                "batches": 200,
+                "data_wait_share": s,
+                "batch_rate_per_s": r,
+                "first_batch_s": f,
+                "worker_idle_share": idle,
+                "worker_reads": 0 if idle is None else 100,
+            }
+        )
     return out
 
 
@@ -316,21 +430,24 @@ def test_straggler_rank_three_times_slower_data() -> None:
     assert [f["rank"] for f in found] == [1] and "first batch" in found[0]["reason"]
 
 
-@pytest.mark.parametrize("rows", [
-    # eight balanced ranks with ordinary noise
-    [(0.10 + 0.02 * (i % 3), 4.0 + 0.3 * (i % 2), 1.0 + 0.4 * (i % 4)) for i in range(8)],
-    # rank 0 logs, evaluates and checkpoints in its loop body: slower, but not waiting for data
-    [(0.02, 2.0, 1.0), (0.10, 4.1, 1.0), (0.11, 4.0, 1.2), (0.09, 4.2, 0.9)],
-    # every rank input-bound alike (a slow shared store): slow, but nobody straggles
-    [(0.80, 1.0, 5.0), (0.82, 1.0, 5.5), (0.78, 1.1, 4.8)],
-    # first-batch jitter of seconds (worker start-up under load)
-    [(0.1, 4.0, 0.5), (0.1, 4.0, 2.4), (0.1, 4.0, 0.6)],
-    # lock-step ranks whose data is equally slow: one rank a hair behind always waits for data, the
-    # other in all_reduce; nobody's workers idle (figures as measured by test_ddp.py's even run)
-    [(0.08, 40.0, 0.2, 0.04), (0.68, 40.0, 0.2, 0.02)],
-    # the same, with the idle noise one even run showed (one rank's workers idle in 25% of the reads)
-    [(0.67, 44.8, 0.2, 0.0), (0.08, 44.4, 0.2, 0.25)],
-])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        # eight balanced ranks with ordinary noise
+        [(0.10 + 0.02 * (i % 3), 4.0 + 0.3 * (i % 2), 1.0 + 0.4 * (i % 4)) for i in range(8)],
+        # rank 0 logs, evaluates and checkpoints in its loop body: slower, but not waiting for data
+        [(0.02, 2.0, 1.0), (0.10, 4.1, 1.0), (0.11, 4.0, 1.2), (0.09, 4.2, 0.9)],
+        # every rank input-bound alike (a slow shared store): slow, but nobody straggles
+        [(0.80, 1.0, 5.0), (0.82, 1.0, 5.5), (0.78, 1.1, 4.8)],
+        # first-batch jitter of seconds (worker start-up under load)
+        [(0.1, 4.0, 0.5), (0.1, 4.0, 2.4), (0.1, 4.0, 0.6)],
+        # lock-step ranks whose data is equally slow: one rank a hair behind always waits for data, the
+        # other in all_reduce; nobody's workers idle (figures as measured by test_ddp.py's even run)
+        [(0.08, 40.0, 0.2, 0.04), (0.68, 40.0, 0.2, 0.02)],
+        # the same, with the idle noise one even run showed (one rank's workers idle in 25% of the reads)
+        [(0.67, 44.8, 0.2, 0.0), (0.08, 44.4, 0.2, 0.25)],
+    ],
+)
 def test_straggler_lookalikes_stay_quiet(rows) -> None:
     assert straggler.judge(ranks(*rows)) == []
 
@@ -408,15 +525,37 @@ def test_rank_figures_and_run_summary_share_one_steady_definition(tmp_path) -> N
     from dlwatch.report.sinks import PollState
 
     def hb(batches: int, epochs: int, wait: float, step: float, first: float, state: int = STATE_BODY) -> Heartbeat:
-        return Heartbeat(batches=batches, epoch_batches=batches, epochs=epochs, state=state, pid=1,
-                         ts_last_batch=10.0, ts_wait_start=9.0, total_wait_s=wait, total_step_s=step,
-                         last_interval_s=0.1, ts_first_batch=1.0, total_first_wait_s=first)
+        return Heartbeat(
+            batches=batches,
+            epoch_batches=batches,
+            epochs=epochs,
+            state=state,
+            pid=1,
+            ts_last_batch=10.0,
+            ts_wait_start=9.0,
+            total_wait_s=wait,
+            total_step_s=step,
+            last_interval_s=0.1,
+            ts_first_batch=1.0,
+            total_first_wait_s=first,
+        )
 
     sink = RankFiguresSink(str(tmp_path), {"job_id": "one", "rank": 0, "world_size": 1}, pid=os.getpid())
 
     def poll(h: Heartbeat, *, end: bool = False) -> dict:
-        st = PollState(now=time.time(), monotonic=time.monotonic(), pid=os.getpid(), started_at=0.0,
-                       rank=sink.rank, heartbeat=h, procs=(), system=None, stalls=0, incidents=0, stalled=False)
+        st = PollState(
+            now=time.time(),
+            monotonic=time.monotonic(),
+            pid=os.getpid(),
+            started_at=0.0,
+            rank=sink.rank,
+            heartbeat=h,
+            procs=(),
+            system=None,
+            stalls=0,
+            incidents=0,
+            stalled=False,
+        )
         sink.close(st, clean=True) if end else sink.on_poll(st)
         with open(sink.path) as f:
             return json.load(f)

@@ -66,16 +66,26 @@ class Detection(Dataset):
 def yolo_collate(samples):
     """Images stacked; targets concatenated as rows of [image index in batch, class, x, y, w, h]."""
     images = torch.stack([s[0] for s in samples])
-    targets = torch.cat([torch.cat([torch.full((len(t["boxes"]), 1), float(b)), t["labels"][:, None].float(),
-                                    t["boxes"]], dim=1) for b, (_, t, _) in enumerate(samples)])
+    targets = torch.cat(
+        [
+            torch.cat([torch.full((len(t["boxes"]), 1), float(b)), t["labels"][:, None].float(), t["boxes"]], dim=1)
+            for b, (_, t, _) in enumerate(samples)
+        ]
+    )
     return images, targets, [s[2] for s in samples]
 
 
 def ultralytics_collate(samples):
     """The dict layout of ultralytics' YOLO: one row per box in batch_idx, cls and bboxes."""
     images, targets, files = yolo_collate(samples)
-    return {"img": images, "batch_idx": targets[:, 0], "cls": targets[:, 1:2], "bboxes": targets[:, 2:],
-            "im_file": files, "ori_shape": [(32, 32)] * len(files)}
+    return {
+        "img": images,
+        "batch_idx": targets[:, 0],
+        "cls": targets[:, 1:2],
+        "bboxes": targets[:, 2:],
+        "im_file": files,
+        "ori_shape": [(32, 32)] * len(files),
+    }
 
 
 def torchvision_collate(samples):
@@ -108,8 +118,13 @@ def pack_collate(samples):
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
     input_ids = torch.cat(samples)[None]
     position_ids = torch.cat([torch.arange(len(s)) for s in samples])[None]
-    return {"input_ids": input_ids, "position_ids": position_ids, "labels": input_ids.clone(),
-            "cu_seqlens": cu_seqlens, "max_seqlen": int(lengths.max())}
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "labels": input_ids.clone(),
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": int(lengths.max()),
+    }
 
 
 def test_packed_sequences(tmp_path, no_leftovers):
@@ -137,10 +152,13 @@ def graph_collate(samples):
     """The layout of a PyG Batch as a dict: node features concatenated, a batch vector and ptr."""
     sizes = torch.tensor([len(s["x"]) for s in samples])
     ptr = torch.nn.functional.pad(torch.cumsum(sizes, 0), (1, 0))
-    return {"x": torch.cat([s["x"] for s in samples]),
-            "edge_index": torch.cat([s["edge_index"] + ptr[b] for b, s in enumerate(samples)], dim=1),
-            "batch": torch.repeat_interleave(torch.arange(len(samples)), sizes),
-            "ptr": ptr, "y": torch.stack([s["y"] for s in samples])}
+    return {
+        "x": torch.cat([s["x"] for s in samples]),
+        "edge_index": torch.cat([s["edge_index"] + ptr[b] for b, s in enumerate(samples)], dim=1),
+        "batch": torch.repeat_interleave(torch.arange(len(samples)), sizes),
+        "ptr": ptr,
+        "y": torch.stack([s["y"] for s in samples]),
+    }
 
 
 def graph_collate_without_ptr(samples):
@@ -220,8 +238,8 @@ def pad_collate(samples):
     ids = torch.zeros(len(samples), longest, dtype=torch.long)
     mask = torch.zeros(len(samples), longest, dtype=torch.long)
     for b, s in enumerate(samples):
-        ids[b, :len(s)] = s
-        mask[b, :len(s)] = 1
+        ids[b, : len(s)] = s
+        mask[b, : len(s)] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([len(s) % 2 for s in samples])}
 
 
@@ -262,11 +280,14 @@ def cat_alone(samples):
     return torch.cat([s[0] for s in samples])
 
 
-@pytest.mark.parametrize("collate,path,others", [
-    (cat_tuple, "batch[0]", {"batch[1]": [4]}),
-    (cat_dict, "batch['image']", {"batch['label']": [4]}),
-    (cat_alone, "batch", {}),
-])
+@pytest.mark.parametrize(
+    "collate,path,others",
+    [
+        (cat_tuple, "batch[0]", {"batch[1]": [4]}),
+        (cat_dict, "batch['image']", {"batch['label']": [4]}),
+        (cat_alone, "batch", {}),
+    ],
+)
 def test_seed_case_is_caught(collate, path, others, tmp_path, no_leftovers):
     loader = DataLoader(Images(), batch_size=4, num_workers=2, collate_fn=collate)
     n, events, probe = watched_run(loader, tmp_path, epochs=1)  # 10 batches: found in the first epoch
@@ -324,14 +345,17 @@ def time_major_with_lengths(samples):
 
 def time_major_with_labels(samples, batch_first=True):
     """(T, B) tokens padded to 12 (or (B, T)), next to (B,) labels: no lengths in the batch."""
-    padded = torch.nn.utils.rnn.pad_sequence([torch.nn.functional.pad(s, (0, 12 - len(s))) for s in samples],
-                                             batch_first=batch_first)
+    padded = torch.nn.utils.rnn.pad_sequence(
+        [torch.nn.functional.pad(s, (0, 12 - len(s))) for s in samples], batch_first=batch_first
+    )
     return padded, torch.tensor([len(s) % 2 for s in samples])
 
 
-@pytest.mark.parametrize("collate", [time_major_with_lengths,
-                                     functools.partial(time_major_with_labels, batch_first=False)],
-                         ids=["lengths-vector", "batch_first-False-collate"])
+@pytest.mark.parametrize(
+    "collate",
+    [time_major_with_lengths, functools.partial(time_major_with_labels, batch_first=False)],
+    ids=["lengths-vector", "batch_first-False-collate"],
+)
 def test_real_time_major_batches_stay_quiet(collate, tmp_path, no_leftovers):
     """A healthy look-alike: (12, 4) every batch, marked time-major by its lengths or by its collate."""
     loader = DataLoader(FixedLongest(), batch_size=4, num_workers=2, collate_fn=collate)

@@ -25,9 +25,9 @@ def test_parse_stat_truncated_or_garbled(cut, junk):
 
 
 def test_parse_stat_comm_with_spaces_and_parens():
-    text = REAL_STAT.replace(f"({REAL_STAT[REAL_STAT.find('(') + 1:REAL_STAT.rfind(')')]})", "(a) b (c")
+    text = REAL_STAT.replace(f"({REAL_STAT[REAL_STAT.find('(') + 1 : REAL_STAT.rfind(')')]})", "(a) b (c")
     text = text.replace("(a) b (c", "(a) b (c)") if text.count(")") < 2 else text
-    out = procfs.parse_stat(f"123 (evil ) R 1 x) {REAL_STAT[REAL_STAT.rfind(')') + 2:]}")
+    out = procfs.parse_stat(f"123 (evil ) R 1 x) {REAL_STAT[REAL_STAT.rfind(')') + 2 :]}")
     assert out["name"] == "evil ) R 1 x"
 
 
@@ -67,9 +67,11 @@ def test_shm_mappings(cut, junk):
 
 
 def test_shm_mappings_counts_torch_segments():
-    maps = ("7f0000000000-7f0000100000 rw-s 00000000 00:1a 12 /dev/shm/torch_5_123_0 (deleted)\n"
-            "7f0000100000-7f0000300000 rw-s 00000000 00:1a 13 /dev/shm/torch_5_124_0 (deleted)\n"
-            "7f0000300000-7f0000400000 r-xp 00000000 08:01 99 /usr/lib/libc.so.6\n")
+    maps = (
+        "7f0000000000-7f0000100000 rw-s 00000000 00:1a 12 /dev/shm/torch_5_123_0 (deleted)\n"
+        "7f0000100000-7f0000300000 rw-s 00000000 00:1a 13 /dev/shm/torch_5_124_0 (deleted)\n"
+        "7f0000300000-7f0000400000 r-xp 00000000 08:01 99 /usr/lib/libc.so.6\n"
+    )
     assert procfs.shm_mappings(maps) == (2, 0x100000 + 0x200000)
 
 
@@ -91,19 +93,49 @@ from hypothesis import HealthCheck  # noqa: E402
 
 from dlwatch import events as events_mod  # noqa: E402
 
-EVENT_NAMES = ["exception", "worker_registered", "loader_workers", "rng_fingerprint", "batch_shape",
-               "batch_bytes", "threshold", "stop-not", "unknown", ""]
+EVENT_NAMES = [
+    "exception",
+    "worker_registered",
+    "loader_workers",
+    "rng_fingerprint",
+    "batch_shape",
+    "batch_bytes",
+    "threshold",
+    "stop-not",
+    "unknown",
+    "",
+]
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=12)
-FIELDS = ["ts", "pid", "ppid", "worker_id", "exception", "pids", "fingerprints", "dump_path", "start_method",
-          "batch_bytes", "signal", "batch_index", "num_fds", "fd_limit", "duplicates"]
+    max_leaves=12,
+)
+FIELDS = [
+    "ts",
+    "pid",
+    "ppid",
+    "worker_id",
+    "exception",
+    "pids",
+    "fingerprints",
+    "dump_path",
+    "start_method",
+    "batch_bytes",
+    "signal",
+    "batch_index",
+    "num_fds",
+    "fd_limit",
+    "duplicates",
+]
 events_st = st.builds(
     lambda name, extra: {"event": name, **extra},
     st.sampled_from(EVENT_NAMES) | json_values,
-    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6))
+    st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6),
+)
 lines_st = st.one_of(
     events_st.map(lambda e: json.dumps(e).encode()),
     json_values.map(lambda v: json.dumps(v).encode()),  # a list, a string, null where an object belongs
@@ -119,8 +151,15 @@ def _monitor_on(tmp: str, **options):
     run_dir = os.path.join(tmp, "run")
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "report_dir": os.path.join(tmp, "reports"),
-                   "options": {"poll_interval": 0.1, **options}, "loader": {"num_workers": 2}}, f)
+        json.dump(
+            {
+                "pid": os.getpid(),
+                "report_dir": os.path.join(tmp, "reports"),
+                "options": {"poll_interval": 0.1, **options},
+                "loader": {"num_workers": 2},
+            },
+            f,
+        )
     return Monitor(run_dir)
 
 
@@ -160,7 +199,7 @@ def test_no_line_stops_the_monitor(lines, later):
             f.write(data[: len(data) // 2])
         monitor._drain_events()
         with open(path, "ab") as f:
-            f.write(data[len(data) // 2:])
+            f.write(data[len(data) // 2 :])
             f.write(b'{"event": "worker_registered", "pid": 4194304, "worker_id": 0}\n')
         monitor._drain_events()
         assert monitor.procs[4194304].role == "worker"  # the reader kept going
@@ -171,20 +210,34 @@ def test_no_line_stops_the_monitor(lines, later):
 def test_deeply_nested_and_mistyped_lines_are_skipped(tmp_path):
     monitor = _monitor_on(str(tmp_path))
     path = os.path.join(monitor.run_dir, "events.jsonl")
-    hostile = [b"[" * 500_000 + b"]" * 500_000, b'{"event": "worker_registered", "pid": null}',
-               b'{"event": "worker_registered", "pid": "12"}', b'{"event": "loader_workers", "pids": "1,2"}',
-               b'{"event": "loader_workers", "pids": [1, null, "x", 2.5, true]}',
-               b'{"event": "exception", "exception": "boom"}', b'{"event": "rng_fingerprint", "worker_id": []}',
-               b'{"event": "rng_fingerprint", "worker_id": 0, "fingerprints": {"a": 1}}',
-               b'{"event": "batch_bytes", "batch_bytes": {"x": 1}}', b"\xff\xfe", b'"a string"', b"null",
-               b'{"event": "x"' + b', "k": {"k": ' * 200 + b"1" + b"}" * 201, b"x" * (2 << 20)]
+    hostile = [
+        b"[" * 500_000 + b"]" * 500_000,
+        b'{"event": "worker_registered", "pid": null}',
+        b'{"event": "worker_registered", "pid": "12"}',
+        b'{"event": "loader_workers", "pids": "1,2"}',
+        b'{"event": "loader_workers", "pids": [1, null, "x", 2.5, true]}',
+        b'{"event": "exception", "exception": "boom"}',
+        b'{"event": "rng_fingerprint", "worker_id": []}',
+        b'{"event": "rng_fingerprint", "worker_id": 0, "fingerprints": {"a": 1}}',
+        b'{"event": "batch_bytes", "batch_bytes": {"x": 1}}',
+        b"\xff\xfe",
+        b'"a string"',
+        b"null",
+        b'{"event": "x"' + b', "k": {"k": ' * 200 + b"1" + b"}" * 201,
+        b"x" * (2 << 20),
+    ]
     with open(path, "wb") as f:
         f.write(b"\n".join(hostile) + b"\n")
         f.write(b'{"event": "exception", "exception": {"type": "builtins.ValueError", "message": 5}}\n')
     monitor._drain_events()
     assert set(monitor.procs) == {os.getpid(), 1} and monitor.loader_pids == {1}  # only the good pid kept
-    assert monitor.exception == {"type": "builtins.ValueError", "message": "5", "errno": None,
-                                 "traceback": None, "from_loader": False}
+    assert monitor.exception == {
+        "type": "builtins.ValueError",
+        "message": "5",
+        "errno": None,
+        "traceback": None,
+        "from_loader": False,
+    }
     assert not monitor.notes
     monitor._close()
 
@@ -209,10 +262,14 @@ def test_real_monitor_survives_hostile_lines_and_still_reports(tmp_path, no_left
                 if i == 2:
                     path = os.path.join(batches.run_dir, "events.jsonl")
                     with open(path, "ab") as f:
-                        f.write(b"[" * 300_000 + b"\n" + b'{"event": "worker_registered", "pid": null}\n'
-                                + b'{"event": "loader_workers", "pids": {"a": 1}}\n'
-                                + b'{"event": "exception", "exception": "not an object"}\n'
-                                + b'{"event": "rng_fingerprint", "worker_id": "0", "fingerprints": []}\n')
+                        f.write(
+                            b"[" * 300_000
+                            + b"\n"
+                            + b'{"event": "worker_registered", "pid": null}\n'
+                            + b'{"event": "loader_workers", "pids": {"a": 1}}\n'
+                            + b'{"event": "exception", "exception": "not an object"}\n'
+                            + b'{"event": "rng_fingerprint", "worker_id": "0", "fingerprints": []}\n'
+                        )
                     timeline = os.path.join(batches.run_dir, "timeline.jsonl")
 
                     def size() -> int:
@@ -232,10 +289,12 @@ def test_real_monitor_survives_hostile_lines_and_still_reports(tmp_path, no_left
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.integers(min_value=0, max_value=255), st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=5,
-                                                         max_size=5),
-       st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=8, max_size=8),
-       st.integers(min_value=0, max_value=2**32 - 1))
+@given(
+    st.integers(min_value=0, max_value=255),
+    st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=5, max_size=5),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=8, max_size=8),
+    st.integers(min_value=0, max_value=2**32 - 1),
+)
 def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
     """The other channel the monitor reads every poll: any record with a valid frame is taken without raising."""
     from dlwatch import heartbeat
@@ -245,9 +304,26 @@ def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
     with tempfile.TemporaryDirectory() as tmp:
         monitor = _monitor_on(tmp, stall_timeout=1e12)  # a stall would dump this test's own stacks
         # the two-part layout: hot (state, seq, batches, ts_last, wait, interval, seq), then cold
-        raw = heartbeat._REC.pack(heartbeat.MAGIC, state, seq, batches, ts_last, wait_s, interval_s, seq,
-                                  cseq, epochs, epoch_start, pid, ts_wait, ts_first, wait_base, closed_step,
-                                  first_wait_s, cseq)
+        raw = heartbeat._REC.pack(
+            heartbeat.MAGIC,
+            state,
+            seq,
+            batches,
+            ts_last,
+            wait_s,
+            interval_s,
+            seq,
+            cseq,
+            epochs,
+            epoch_start,
+            pid,
+            ts_wait,
+            ts_first,
+            wait_base,
+            closed_step,
+            first_wait_s,
+            cseq,
+        )
         with open(monitor.hb_path, "wb") as f:
             f.write(raw)
         for _ in range(2):

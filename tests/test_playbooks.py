@@ -15,12 +15,32 @@ from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
-FAILURE_IDS = {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication",
-               "io-stall", "worker-killed", "worker-memory-growth", "pinned-memory-growth", "straggler-rank"}
+FAILURE_IDS = {
+    "fd-exhaustion",
+    "shm-exhaustion",
+    "worker-deadlock",
+    "batch-dim-mismatch",
+    "rng-duplication",
+    "io-stall",
+    "worker-killed",
+    "worker-memory-growth",
+    "pinned-memory-growth",
+    "straggler-rank",
+}
 # advice (the run summary) and preflight ids: found by code, never matched into an incident
-ADVICE_IDS = {"input-bound", "slow-epoch-start", "prefetch-too-deep", "too-many-workers", "pin-memory-without-cuda",
-              "sampler-epoch-not-set", "dataset-memory-per-worker", "fork-with-threads", "fork-after-cuda",
-              "fd-limit-low", "shm-too-small"}
+ADVICE_IDS = {
+    "input-bound",
+    "slow-epoch-start",
+    "prefetch-too-deep",
+    "too-many-workers",
+    "pin-memory-without-cuda",
+    "sampler-epoch-not-set",
+    "dataset-memory-per-worker",
+    "fork-with-threads",
+    "fork-after-cuda",
+    "fd-limit-low",
+    "shm-too-small",
+}
 IDS = FAILURE_IDS | ADVICE_IDS
 
 MINIMAL = """
@@ -67,8 +87,15 @@ def test_remediation_content_is_specific() -> None:
     assert "with open(" in fd.variants["regular-files"] and "RLIMIT_NOFILE" in fd.variants["regular-files"]
     assert 'set_sharing_strategy("file_system")' in fd.variants["shm-fds"] and "ulimit -n" in fd.variants["shm-fds"]
     shm = pbs["shm-exhaustion"].remediation
-    for needle in ("--shm-size", "--ipc=host", "medium: Memory", "file_system", "prefetch_factor",
-                   "/dev/shm/torch_", "Windows"):
+    for needle in (
+        "--shm-size",
+        "--ipc=host",
+        "medium: Memory",
+        "file_system",
+        "prefetch_factor",
+        "/dev/shm/torch_",
+        "Windows",
+    ):
         assert needle in shm, needle
     dl = pbs["worker-deadlock"]
     text = dl.remediation + "".join(h.text for h in dl.hints)
@@ -77,7 +104,12 @@ def test_remediation_content_is_specific() -> None:
     bd = pbs["batch-dim-mismatch"].remediation
     assert "torch.stack" in bd and "torch.cat" in bd and "assert" in bd and "DDP" in bd
     rng = pbs["rng-duplication"].remediation
-    for needle in ("get_worker_info()", "info.seed", "np.random.default_rng", "generator=torch.Generator().manual_seed"):
+    for needle in (
+        "get_worker_info()",
+        "info.seed",
+        "np.random.default_rng",
+        "generator=torch.Generator().manual_seed",
+    ):
         assert needle in rng, needle
 
 
@@ -90,7 +122,10 @@ def test_thresholds_are_data() -> None:
 
 def test_user_dir_adds_and_overrides(tmp_path: Path) -> None:
     write(tmp_path, "mine.toml", MINIMAL)
-    write(tmp_path, "fd.toml", """
+    write(
+        tmp_path,
+        "fd.toml",
+        """
         id = "fd-exhaustion"
         title = "Site-specific fd advice"
         [[signals]]
@@ -98,7 +133,8 @@ def test_user_dir_adds_and_overrides(tmp_path: Path) -> None:
         confidence = 0.9
         [remediation]
         text = "call the ops team"
-    """)
+    """,
+    )
     pbs = load_playbooks([str(tmp_path)])
     by_id = {p.id: p for p in pbs}
     assert set(by_id) == IDS | {"my-thing"}
@@ -123,36 +159,67 @@ def test_missing_dir_is_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         load_playbooks()
 
 
-@pytest.mark.parametrize("body, field, problem", [
-    ('title = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "id", "missing"),
-    ('id = "Bad_Id"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "id", "kebab"),
-    ('id = "x"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "title", "missing"),
-    ('id = "x"\ntitle = 3\n[[signals]]\nerrno = 24\nconfidence = 0.5', "title", "string"),
-    ('id = "x"\ntitle = "t"', "signals", "at least one"),
-    ('id = "x"\ntitle = "t"\nkind = "hint"', "kind", "not one of"),
-    ('id = "x"\ntitle = "t"\nkind = "advice"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "signals", "found by code"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nexception_text = "(unclosed"\nconfidence = 0.5',
-     "signals[0].exception_text", "bad regular expression"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 1.5', "signals[0].confidence", "outside 0..1"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = -0.1', "signals[0].confidence", "outside 0..1"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24', "signals[0].confidence", "missing"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = "24"\nconfidence = 0.5', "signals[0].errno", "integer"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\nfoo = 1', "signals[0].foo", "unknown key"),
-    ('id = "x"\ntitle = "t"\ncolour = "red"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "colour", "unknown key"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nconfidence = 0.5', "signals[0]", "no positive condition"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nnot_errno = 24\nconfidence = 0.5', "signals[0]", "no positive condition"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nfd_at_limit = false\nconfidence = 0.5', "signals[0]", "no positive"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nframe = "x"\nrole = "gpu"\nconfidence = 0.5', "signals[0].role", "not one of"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[thresholds]\nfd_share = "high"',
-     "thresholds.fd_share", "number"),
-    ('id = "x"\ntitle = "t"\nreferences = "http://x"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "references", "array"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[remediation]\ntxt = "a"',
-     "remediation.txt", "unknown key"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[[hints]]\nname = "h"', "hints[0]", "needs"),
-    ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[[hints]]\nname = "h"\nframe = "["',
-     "hints[0].frame", "bad regular expression"),
-    ('id = "x"\ntitle = [unclosed', "(toml)", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "body, field, problem",
+    [
+        ('title = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "id", "missing"),
+        ('id = "Bad_Id"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "id", "kebab"),
+        ('id = "x"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "title", "missing"),
+        ('id = "x"\ntitle = 3\n[[signals]]\nerrno = 24\nconfidence = 0.5', "title", "string"),
+        ('id = "x"\ntitle = "t"', "signals", "at least one"),
+        ('id = "x"\ntitle = "t"\nkind = "hint"', "kind", "not one of"),
+        (
+            'id = "x"\ntitle = "t"\nkind = "advice"\n[[signals]]\nerrno = 24\nconfidence = 0.5',
+            "signals",
+            "found by code",
+        ),
+        (
+            'id = "x"\ntitle = "t"\n[[signals]]\nexception_text = "(unclosed"\nconfidence = 0.5',
+            "signals[0].exception_text",
+            "bad regular expression",
+        ),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 1.5', "signals[0].confidence", "outside 0..1"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = -0.1', "signals[0].confidence", "outside 0..1"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24', "signals[0].confidence", "missing"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = "24"\nconfidence = 0.5', "signals[0].errno", "integer"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\nfoo = 1', "signals[0].foo", "unknown key"),
+        ('id = "x"\ntitle = "t"\ncolour = "red"\n[[signals]]\nerrno = 24\nconfidence = 0.5', "colour", "unknown key"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nconfidence = 0.5', "signals[0]", "no positive condition"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nnot_errno = 24\nconfidence = 0.5', "signals[0]", "no positive condition"),
+        ('id = "x"\ntitle = "t"\n[[signals]]\nfd_at_limit = false\nconfidence = 0.5', "signals[0]", "no positive"),
+        (
+            'id = "x"\ntitle = "t"\n[[signals]]\nframe = "x"\nrole = "gpu"\nconfidence = 0.5',
+            "signals[0].role",
+            "not one of",
+        ),
+        (
+            'id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[thresholds]\nfd_share = "high"',
+            "thresholds.fd_share",
+            "number",
+        ),
+        (
+            'id = "x"\ntitle = "t"\nreferences = "http://x"\n[[signals]]\nerrno = 24\nconfidence = 0.5',
+            "references",
+            "array",
+        ),
+        (
+            'id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[remediation]\ntxt = "a"',
+            "remediation.txt",
+            "unknown key",
+        ),
+        (
+            'id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[[hints]]\nname = "h"',
+            "hints[0]",
+            "needs",
+        ),
+        (
+            'id = "x"\ntitle = "t"\n[[signals]]\nerrno = 24\nconfidence = 0.5\n[[hints]]\nname = "h"\nframe = "["',
+            "hints[0].frame",
+            "bad regular expression",
+        ),
+        ('id = "x"\ntitle = [unclosed', "(toml)", "not valid TOML"),
+    ],
+)
 def test_malformed_file_names_file_and_field(tmp_path: Path, body: str, field: str, problem: str) -> None:
     path = write(tmp_path, "bad.toml", body)
     with pytest.raises(PlaybookError) as info:

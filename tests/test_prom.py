@@ -18,8 +18,14 @@ from dlwatch.model import ProcSample, SystemSample  # noqa: E402
 from dlwatch.report.prom import PromSink, prom_options, textfile_path  # noqa: E402
 from dlwatch.report.sinks import PollState, ProcState  # noqa: E402
 
-RANK = {"rank": 1, "local_rank": 0, "world_size": 2, "local_world_size": 1, "job_id": "job-x",
-        "job_id_source": "DLWATCH_JOB_ID"}
+RANK = {
+    "rank": 1,
+    "local_rank": 0,
+    "world_size": 2,
+    "local_world_size": 1,
+    "job_id": "job-x",
+    "job_id_source": "DLWATCH_JOB_ID",
+}
 
 
 def samples(text: str) -> list:
@@ -33,14 +39,37 @@ def find(all_samples: list, name: str, **labels: str) -> list:
 def _state(batches: int = 7) -> PollState:
     from dlwatch.heartbeat import Heartbeat
 
-    hb = Heartbeat(batches=batches, epoch_batches=batches, epochs=1, state=2, pid=10, ts_last_batch=1.0,
-                   ts_wait_start=1.0, total_wait_s=1.0, total_step_s=3.0, last_interval_s=0.1)
-    procs = (ProcState(10, "main", None, ProcSample(pid=10, ts=1.0, num_fds=40, fd_limit=1024, rss=5 << 20, uss=4 << 20)),
-             ProcState(11, "worker", 0, ProcSample(pid=11, ts=1.0, num_fds=12, fd_limit=1024, rss=3 << 20,
-                                                   shm_map_bytes=1 << 20)))
-    return PollState(now=1.0, monotonic=1.0, pid=10, started_at=0.0, rank=RANK, heartbeat=hb, procs=procs,
-                     system=SystemSample(ts=1.0, shm_total=64 << 20, shm_free=60 << 20), stalls=1, incidents=2,
-                     stalled=True)
+    hb = Heartbeat(
+        batches=batches,
+        epoch_batches=batches,
+        epochs=1,
+        state=2,
+        pid=10,
+        ts_last_batch=1.0,
+        ts_wait_start=1.0,
+        total_wait_s=1.0,
+        total_step_s=3.0,
+        last_interval_s=0.1,
+    )
+    procs = (
+        ProcState(10, "main", None, ProcSample(pid=10, ts=1.0, num_fds=40, fd_limit=1024, rss=5 << 20, uss=4 << 20)),
+        ProcState(
+            11, "worker", 0, ProcSample(pid=11, ts=1.0, num_fds=12, fd_limit=1024, rss=3 << 20, shm_map_bytes=1 << 20)
+        ),
+    )
+    return PollState(
+        now=1.0,
+        monotonic=1.0,
+        pid=10,
+        started_at=0.0,
+        rank=RANK,
+        heartbeat=hb,
+        procs=procs,
+        system=SystemSample(ts=1.0, shm_total=64 << 20, shm_free=60 << 20),
+        stalls=1,
+        incidents=2,
+        stalled=True,
+    )
 
 
 def test_textfile_has_every_metric_with_job_and_rank(tmp_path) -> None:
@@ -97,8 +126,14 @@ def test_real_run_exports_textfile_and_http(target, tmp_path, no_leftovers) -> N
     textdir.mkdir(mode=0o700)
     port = _free_port()
     stop = tmp_path / "stop"
-    env = {"DLWATCH_PROM_FILE": str(textdir / "dlwatch.prom"), "DLWATCH_PROM_PORT": str(port),
-           "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "DLWATCH_JOB_ID": "job-x"}
+    env = {
+        "DLWATCH_PROM_FILE": str(textdir / "dlwatch.prom"),
+        "DLWATCH_PROM_PORT": str(port),
+        "RANK": "1",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "DLWATCH_JOB_ID": "job-x",
+    }
     t = target("prom_target.py", str(tmp_path / "reports"), str(stop), env=env)
     t.wait_line("READY", timeout=60)
     path = textdir / f"dlwatch.rank1.{t.pid}.prom"

@@ -35,8 +35,9 @@ def run_id(second: int, tag: str | None = None, pid: int = PID, utc: bool = True
     """A run id as store.new_run_id makes it (``utc=False``: as older dlwatch did, local time
     without Z), at a chosen second of 2026-01-01."""
     z = "Z" if utc else ""
-    return (f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}{z}-{pid}-"
-            f"{tag or secrets.token_hex(3)}")
+    return (
+        f"20260101T{second // 3600:02d}{second // 60 % 60:02d}{second % 60:02d}{z}-{pid}-{tag or secrets.token_hex(3)}"
+    )
 
 
 def write(report_dir, rid: str) -> str:
@@ -213,8 +214,15 @@ def test_hostile_look_alikes_are_left_alone_and_not_counted(tmp_path, caplog):
     plain_file = run_id(4, "dddddd")
     (runs / plain_file).write_text("not a directory")
     # names that are not exactly a run id, each a directory with a summary.json
-    odd = ["notes", run_id(5, "ABCDEF"), run_id(6, "eeeeee") + ".bak", "x" + run_id(7, "eeeeee"),
-           "20260101T000008-12-abcdef0", "20260101T000009z-12-abcdef", "20261399T000000Z-12-abcdef"]
+    odd = [
+        "notes",
+        run_id(5, "ABCDEF"),
+        run_id(6, "eeeeee") + ".bak",
+        "x" + run_id(7, "eeeeee"),
+        "20260101T000008-12-abcdef0",
+        "20260101T000009z-12-abcdef",
+        "20261399T000000Z-12-abcdef",
+    ]
     # a summary being written right now
     odd.append(store.TMP_PREFIX + run_id(8, "ffffff") + "-k2j3h4")
     for name in odd:
@@ -346,8 +354,10 @@ def test_a_removal_that_keeps_failing_is_one_log_line_never_raised(tmp_path, mon
 # --------------------------------------------------------------------------- options
 
 
-@pytest.mark.parametrize("value, kind", [(-1, ValueError), (2.0, TypeError), (True, TypeError),
-                                         ("many", ValueError), ("-3", ValueError), ([2], TypeError)])
+@pytest.mark.parametrize(
+    "value, kind",
+    [(-1, ValueError), (2.0, TypeError), (True, TypeError), ("many", ValueError), ("-3", ValueError), ([2], TypeError)],
+)
 def test_bad_keep_runs_keyword_names_the_keyword(value, kind):
     with pytest.raises(kind) as info:
         config.resolve(keep_runs=value, environ={})
@@ -385,15 +395,19 @@ def _cli(args, cwd, timeout=120, **extra):
     return run_bounded([sys.executable, "-m", "dlwatch", *args], env=env, cwd=str(cwd), timeout=timeout)
 
 
-@pytest.mark.parametrize("args, extra, text", [
-    (["--keep-runs", "-1"], {}, "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)"),
-    (["--keep-runs", "2.5"], {}, "got '2.5' (--keep-runs)"),
-    ([], {"DLWATCH_KEEP_RUNS": "lots"}, "got 'lots' (environment variable DLWATCH_KEEP_RUNS)"),
-])
+@pytest.mark.parametrize(
+    "args, extra, text",
+    [
+        (["--keep-runs", "-1"], {}, "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)"),
+        (["--keep-runs", "2.5"], {}, "got '2.5' (--keep-runs)"),
+        ([], {"DLWATCH_KEEP_RUNS": "lots"}, "got 'lots' (environment variable DLWATCH_KEEP_RUNS)"),
+    ],
+)
 def test_run_bad_keep_runs_one_line_exit_2(tmp_path, args, extra, text):
     script = os.path.join(TARGETS, "plain_train.py")
-    rc, out, err = _cli(["run", "--report-dir", str(tmp_path / "r"), *args, script, "ok"], tmp_path,
-                        timeout=60, **extra)
+    rc, out, err = _cli(
+        ["run", "--report-dir", str(tmp_path / "r"), *args, script, "ok"], tmp_path, timeout=60, **extra
+    )
     assert rc == 2  # a usage error (see `dlwatch --help`)
     assert err.count("\n") == 1 and err.startswith("dlwatch: error: ") and text in err, err
     assert out == "" and not (tmp_path / "r").exists()  # refused before the program started
@@ -452,8 +466,11 @@ def test_the_training_process_prunes_when_it_writes_the_summary_itself(tmp_path,
 def test_dlwatch_run_keep_runs_2_lists_two(tmp_path):
     """plain_train.py ok: two epochs of train and val loaders, four watched iterations."""
     reports = tmp_path / "reports"
-    rc, out, err = _cli(["run", "--report-dir", str(reports), "--keep-runs", "2",
-                         os.path.join(TARGETS, "plain_train.py"), "ok"], tmp_path, timeout=180)
+    rc, out, err = _cli(
+        ["run", "--report-dir", str(reports), "--keep-runs", "2", os.path.join(TARGETS, "plain_train.py"), "ok"],
+        tmp_path,
+        timeout=180,
+    )
     assert rc == 0, err
     assert out.count("ITER") == 4  # four watched blocks wrote a summary each
     assert len([e for e in entries(reports) if not e.startswith(".")]) == 2
@@ -487,9 +504,16 @@ print("DONE", n)
 def test_two_processes_writing_and_pruning_at_once(tmp_path):
     reports = tmp_path / "reports"
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, REPO, str(reports), str(go), "40", "3"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, REPO, str(reports), str(go), "40", "3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
     try:
         go.write_text("")
         results = [p.communicate(timeout=120) for p in procs]
@@ -517,8 +541,22 @@ def write_job(report_dir, job_id: str, *, rank: int = 0, pid: int = PID, age_s: 
     store.prepare_report_dir(str(report_dir))
     sink = RankFiguresSink(str(report_dir), {"job_id": job_id, "rank": rank, "world_size": 2}, pid=pid)
     now = time.time()
-    sink.close(PollState(now=now, monotonic=time.monotonic(), pid=pid, started_at=now - 5, rank=sink.rank,
-                         heartbeat=None, procs=(), system=None, stalls=0, incidents=0, stalled=False), clean=True)
+    sink.close(
+        PollState(
+            now=now,
+            monotonic=time.monotonic(),
+            pid=pid,
+            started_at=now - 5,
+            rank=sink.rank,
+            heartbeat=None,
+            procs=(),
+            system=None,
+            stalls=0,
+            incidents=0,
+            stalled=False,
+        ),
+        clean=True,
+    )
     if age_s is not None:
         os.utime(sink.path, (now - age_s, now - age_s))
     return os.path.dirname(sink.path)
@@ -603,10 +641,23 @@ def test_a_job_made_by_another_user_is_never_removed(tmp_path):
         os.chmod(reports, 0o711)
         os.chmod(root, 0o777)
         try:
-            out = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c",
-                                  'mkdir -m 700 "$1/theirs" && echo {} > "$1/theirs/rank0-host-1.json" && '
-                                  'touch -d @1 "$1/theirs/rank0-host-1.json"', "sh", root],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [
+                    "setpriv",
+                    f"--reuid={NOBODY}",
+                    f"--regid={NOBODY}",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                    'mkdir -m 700 "$1/theirs" && echo {} > "$1/theirs/rank0-host-1.json" && '
+                    'touch -d @1 "$1/theirs/rank0-host-1.json"',
+                    "sh",
+                    root,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         finally:
             os.chmod(root, 0o700)
             os.chmod(reports, 0o700)
@@ -639,8 +690,10 @@ def test_jobs_on_another_filesystem_are_not_pruned(tmp_path):
     root = reports / store.JOBS_DIR
     env = dict(os.environ, PYTHONPATH=REPO)
     # job0, the oldest, is a tmpfs with a figures file on it; job1 goes, job0 stays and does not count
-    cmd = (f'mount -t tmpfs -o size=1m none "{root}/job0" && echo x > "{root}/job0/rank0-h-1.json" && '
-           f'"{sys.executable}" -c \'{MOUNTED}\' "{REPO}" "{reports}" && ls "{root}/job0"')
+    cmd = (
+        f'mount -t tmpfs -o size=1m none "{root}/job0" && echo x > "{root}/job0/rank0-h-1.json" && '
+        f'"{sys.executable}" -c \'{MOUNTED}\' "{REPO}" "{reports}" && ls "{root}/job0"'
+    )
     rc, out, err = in_private_mount_namespace(cmd, env=env, timeout=60)
     assert rc == 0, err
     assert out.split("\n")[:2] == ["['job1']", "rank0-h-1.json"], out
@@ -648,9 +701,11 @@ def test_jobs_on_another_filesystem_are_not_pruned(tmp_path):
     assert os.listdir(first) == own_files  # under the mount, job0's own files were never touched
     # .jobs/ itself a mount point (another filesystem than the report directory): nothing is pruned
     write_job(reports, "job3")
-    cmd = (f'mkdir -p "{tmp_path}/other" && mount -t tmpfs -o size=1m none "{tmp_path}/other" && '
-           f'cp -a "{root}/." "{tmp_path}/other/" && mount --bind "{tmp_path}/other" "{root}" && '
-           f'"{sys.executable}" -c \'{MOUNTED}\' "{REPO}" "{reports}" && ls "{root}"')
+    cmd = (
+        f'mkdir -p "{tmp_path}/other" && mount -t tmpfs -o size=1m none "{tmp_path}/other" && '
+        f'cp -a "{root}/." "{tmp_path}/other/" && mount --bind "{tmp_path}/other" "{root}" && '
+        f'"{sys.executable}" -c \'{MOUNTED}\' "{REPO}" "{reports}" && ls "{root}"'
+    )
     rc, out, err = in_private_mount_namespace(cmd, env=env, timeout=60)
     assert rc == 0, err
     assert out.split("\n")[0] == "[]" and sorted(out.split("\n")[1:4]) == ["job0", "job2", "job3"], (out, err)

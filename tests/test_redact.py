@@ -227,12 +227,40 @@ def test_idempotent_examples(text: str) -> None:
 
 def test_redact_argv() -> None:
     argv = [
-        "python", "train.py", "--password", "hunter2", "--api-token=abc=def", "--token", "--epochs", "3",
-        "HF_TOKEN=hf_x y", "--url", "https://u:pw@h/x", GH, "--use-auth-token", "true", "--tokenizer-path", "/p",
+        "python",
+        "train.py",
+        "--password",
+        "hunter2",
+        "--api-token=abc=def",
+        "--token",
+        "--epochs",
+        "3",
+        "HF_TOKEN=hf_x y",
+        "--url",
+        "https://u:pw@h/x",
+        GH,
+        "--use-auth-token",
+        "true",
+        "--tokenizer-path",
+        "/p",
     ]
     assert redact_argv(argv) == [
-        "python", "train.py", "--password", "***", "--api-token=***", "--token", "--epochs", "3",
-        "HF_TOKEN=***", "--url", "https://u:***@h/x", "***", "--use-auth-token", "true", "--tokenizer-path", "***",
+        "python",
+        "train.py",
+        "--password",
+        "***",
+        "--api-token=***",
+        "--token",
+        "--epochs",
+        "3",
+        "HF_TOKEN=***",
+        "--url",
+        "https://u:***@h/x",
+        "***",
+        "--use-auth-token",
+        "true",
+        "--tokenizer-path",
+        "***",
     ]
     assert redact_argv(("--secret", "a b c")) == ["--secret", "***"]
     assert redact_argv([]) == []
@@ -331,7 +359,7 @@ MB = 1 << 20
         "mysql ",
         "Cookie: a=b; ",
         "Authorization: Basic ",
-        "x\"",  # quotes inside an option value
+        'x"',  # quotes inside an option value
         "xghp_",  # glued token prefixes
         "ask-",
     ],
@@ -345,15 +373,49 @@ def test_pathological_input_finishes(unit: str) -> None:
 # --------------------------------------------------------------------------
 # property tests
 
-SECRET_WORDS_LOW = ("token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "credential",
-                    "passphrase", "signature", "pass", "pw", "key", "auth", "sig")
+SECRET_WORDS_LOW = (
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "api_key",
+    "apikey",
+    "api-key",
+    "credential",
+    "passphrase",
+    "signature",
+    "pass",
+    "pw",
+    "key",
+    "auth",
+    "sig",
+)
 # Literal prefixes of the name-independent patterns; excluded from "clean" text.
-PATTERN_MARKERS = ("akia", "asia", "aiza", "ya29", "hf_", "gh", "github_pat_", "xox", "bearer", "private key",
-                   "basic", "sk-", "sk_", "rk_", "gl", "sg.", "npm_", "pypi-", "eyj")
+PATTERN_MARKERS = (
+    "akia",
+    "asia",
+    "aiza",
+    "ya29",
+    "hf_",
+    "gh",
+    "github_pat_",
+    "xox",
+    "bearer",
+    "private key",
+    "basic",
+    "sk-",
+    "sk_",
+    "rk_",
+    "gl",
+    "sg.",
+    "npm_",
+    "pypi-",
+    "eyj",
+)
 
-CLEAN_ALPHABET = st.characters(
-    blacklist_characters="=:@", blacklist_categories=("Cs",)
-) | st.sampled_from(list(string.ascii_letters + string.digits + " -_./\n\t\"'(){}[],;&?"))
+CLEAN_ALPHABET = st.characters(blacklist_characters="=:@", blacklist_categories=("Cs",)) | st.sampled_from(
+    list(string.ascii_letters + string.digits + " -_./\n\t\"'(){}[],;&?")
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -369,10 +431,39 @@ MIXED = st.one_of(
     st.text(max_size=30),
     st.sampled_from(
         [
-            "=", ":", "@", "://", " ", "\n", "-", "--", '"', "'", "\\", ",", "&", "?", "{", "(", "***",
-            "password", "token", "Secret", "API_KEY", "--password", "--token=", "Bearer ", "https://u:p@h",
-            "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----", "hf_" + "a" * 30, AWS_ID, "true",
-            "Error", " = ", AWS_SECRET,
+            "=",
+            ":",
+            "@",
+            "://",
+            " ",
+            "\n",
+            "-",
+            "--",
+            '"',
+            "'",
+            "\\",
+            ",",
+            "&",
+            "?",
+            "{",
+            "(",
+            "***",
+            "password",
+            "token",
+            "Secret",
+            "API_KEY",
+            "--password",
+            "--token=",
+            "Bearer ",
+            "https://u:p@h",
+            "-----BEGIN PRIVATE KEY-----",
+            "-----END PRIVATE KEY-----",
+            "hf_" + "a" * 30,
+            AWS_ID,
+            "true",
+            "Error",
+            " = ",
+            AWS_SECRET,
         ]
     ),
 )
@@ -403,9 +494,13 @@ def test_planted_password_never_survives(prefix: str, secret: str, suffix: str) 
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-        lambda children: st.lists(children, max_size=4)
-        | st.dictionaries(st.sampled_from(["a", "token", "x_password", "b"]) | st.text(max_size=5), children, max_size=4)
-        | st.tuples(children, children),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(["a", "token", "x_password", "b"]) | st.text(max_size=5), children, max_size=4
+            )
+            | st.tuples(children, children)
+        ),
         max_leaves=20,
     )
 )
@@ -420,9 +515,23 @@ def _redact_without_gate(text: str) -> str:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(MIXED | st.sampled_from(["sk-" + "a" * 24, "glpat-" + "b" * 20, "\u212aey=v1", "PW = x", "Sig=1",
-                                         "eyJ" + "a" * 8 + ".eyJ" + "b" * 8 + ".c", "Basic Zm9vOmJhcg=="]),
-                max_size=10).map("".join))
+@given(
+    st.lists(
+        MIXED
+        | st.sampled_from(
+            [
+                "sk-" + "a" * 24,
+                "glpat-" + "b" * 20,
+                "\u212aey=v1",
+                "PW = x",
+                "Sig=1",
+                "eyJ" + "a" * 8 + ".eyJ" + "b" * 8 + ".c",
+                "Basic Zm9vOmJhcg==",
+            ]
+        ),
+        max_size=10,
+    ).map("".join)
+)
 def test_fast_gate_never_skips_a_redaction(text: str) -> None:
     """redact() returns clean text at once when no trigger occurs; that shortcut must change nothing."""
     assert redact(text) == _redact_without_gate(text)
@@ -441,7 +550,7 @@ def test_fast_gate_never_skips_a_redaction(text: str) -> None:
         "torchrun --nproc-per-node 8 train.py --epochs -1 --lr 3e-4",
         "https://github.com/pytorch/pytorch/issues/1355#issuecomment-1",
         "s3://bucket/key=value/part-0001.parquet",
-        "Thread 0x7f (most recent call first):\n  File \"/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py\", line 308 in _worker_loop",
+        'Thread 0x7f (most recent call first):\n  File "/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 308 in _worker_loop',
     ],
 )
 def test_issue9_look_alikes_are_untouched(text: str) -> None:
@@ -451,10 +560,25 @@ def test_issue9_look_alikes_are_untouched(text: str) -> None:
 # --------------------------------------------------------------------------
 # issue 18: tokens glued to a word, shapes that were missed, over-redaction of the last round
 
-GLUED_TOKENS = [AWS_ID, GCP_KEY, GOOGLE_OAUTH, HF, GH, GHO, GHS, GH_PAT, SLACK, JWT,
-                "glpat-" + "Z9y8X7w6V5u4T3s2R1q0", "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2", "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0_-x",
-                "sk_live_" + "0123456789abcdefXYZ", "SG." + "abcdefghijklmnop.qrstuvwxyz012345", "npm_" + "a1" * 18,
-                "pypi-AgE" + "b2" * 25]
+GLUED_TOKENS = [
+    AWS_ID,
+    GCP_KEY,
+    GOOGLE_OAUTH,
+    HF,
+    GH,
+    GHO,
+    GHS,
+    GH_PAT,
+    SLACK,
+    JWT,
+    "glpat-" + "Z9y8X7w6V5u4T3s2R1q0",
+    "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2",
+    "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0_-x",
+    "sk_live_" + "0123456789abcdefXYZ",
+    "SG." + "abcdefghijklmnop.qrstuvwxyz012345",
+    "npm_" + "a1" * 18,
+    "pypi-AgE" + "b2" * 25,
+]
 
 
 @pytest.mark.parametrize("secret", GLUED_TOKENS)
@@ -476,7 +600,10 @@ def test_token_glued_to_a_word_is_redacted(glue: str, secret: str) -> None:
         ("mysql -u x -pA1; ls -p docs", "mysql -u x -p***; ls -p docs"),  # only the client's own command
         ("Authorization: Basic dXNlcjpwYXNz", "Authorization: Basic ***"),
         ("Authorization: token ghx1234", "Authorization: token ***"),
-        ("curl -H 'Proxy-Authorization: Basic Zm9v' https://h/x", "curl -H 'Proxy-Authorization: Basic ***' https://h/x"),
+        (
+            "curl -H 'Proxy-Authorization: Basic Zm9v' https://h/x",
+            "curl -H 'Proxy-Authorization: Basic ***' https://h/x",
+        ),
         ("{'Authorization': 'Basic dXNlcjpwYXNz', 'n': 1}", "{'Authorization': 'Basic ***', 'n': 1}"),
         ("Authorization: Bearer <token>", "Authorization: Bearer <token>"),
         ("Cookie: sid=abc123; theme=dark", "Cookie: ***"),
@@ -488,7 +615,10 @@ def test_token_glued_to_a_word_is_redacted(glue: str, secret: str) -> None:
         ("MYSQL_ROOT_PASS: hunter2", "MYSQL_ROOT_PASS: ***"),
         ("--redis.pass hunter2", "--redis.pass ***"),
         # over-redaction of the last round
-        ('cmd = ["sh", "-c", "train --password x", "--epochs"]', 'cmd = ["sh", "-c", "train --password ***", "--epochs"]'),
+        (
+            'cmd = ["sh", "-c", "train --password x", "--epochs"]',
+            'cmd = ["sh", "-c", "train --password ***", "--epochs"]',
+        ),
         ('run("--password x", check=True)', 'run("--password ***", check=True)'),
         ("f(--password x), g", "f(--password ***), g"),
         ("http://host:8080/x@y.z", "http://host:8080/x@y.z"),

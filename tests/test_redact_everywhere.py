@@ -80,10 +80,12 @@ def _plant_exception_obj(report, text):
 
 
 FIELDS = {
-    "exception.message": lambda r, t: r.__setitem__("exception", {"type": "builtins.ValueError", "message": t,
-                                                                  "traceback": "", "errno": None}),
-    "exception.traceback": lambda r, t: r.__setitem__("exception", {"type": "x", "message": "m",
-                                                                    "traceback": f'  File "train.py", line 3\n    {t}\n'}),
+    "exception.message": lambda r, t: r.__setitem__(
+        "exception", {"type": "builtins.ValueError", "message": t, "traceback": "", "errno": None}
+    ),
+    "exception.traceback": lambda r, t: r.__setitem__(
+        "exception", {"type": "x", "message": "m", "traceback": f'  File "train.py", line 3\n    {t}\n'}
+    ),
     "summary": lambda r, t: r.__setitem__("summary", t),
     "notes": lambda r, t: r["notes"].append(t),
     "notes.bytes": _plant_bytes,
@@ -91,15 +93,26 @@ FIELDS = {
     "config.key": _plant_key,
     "loader": lambda r, t: r.__setitem__("loader", {"dataset": t, "num_workers": 2}),
     "processes.cmdline": lambda r, t: r["processes"].append(
-        build.process_entry(1, "main", name="python", cmdline=["python", "train.py", *t.split(" ")])),
-    "processes.where": lambda r, t: r["processes"].append({**build.process_entry(2, "worker", worker_id=0), "where": t,
-                                                           "status": "blocked"}),
-    "processes.stack": lambda r, t: r["processes"].append({**build.process_entry(3, "worker", worker_id=1), "stack": {
-        "pid": 3, "source": "py-spy", "threads": [{"thread_id": 1, "name": t, "frames": [
-            {"function": t, "filename": t, "line": 1}]}]}}),
+        build.process_entry(1, "main", name="python", cmdline=["python", "train.py", *t.split(" ")])
+    ),
+    "processes.where": lambda r, t: r["processes"].append(
+        {**build.process_entry(2, "worker", worker_id=0), "where": t, "status": "blocked"}
+    ),
+    "processes.stack": lambda r, t: r["processes"].append(
+        {
+            **build.process_entry(3, "worker", worker_id=1),
+            "stack": {
+                "pid": 3,
+                "source": "py-spy",
+                "threads": [{"thread_id": 1, "name": t, "frames": [{"function": t, "filename": t, "line": 1}]}],
+            },
+        }
+    ),
     "events": lambda r, t: r["events"].append({"ts": 1.0, "event": "exception", "text": t, t: t}),
     "timeline": lambda r, t: r["timeline"].append({"kind": "event", "ts": 1.0, "event": t}),
-    "findings": lambda r, t: r["findings"].append({"playbook": "x", "title": t, "confidence": 0.5, "evidence": {"seen": t, t: 1}}),
+    "findings": lambda r, t: r["findings"].append(
+        {"playbook": "x", "title": t, "confidence": 0.5, "evidence": {"seen": t, t: 1}}
+    ),
     "classification_reason": lambda r, t: r.__setitem__("classification_reason", t),
 }
 
@@ -107,9 +120,11 @@ try:
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 
     # the token detectors (entropy, keyword heuristics and IP addresses flag ordinary text)
-    _DS = [cls() for name, cls in get_mapping_from_secret_type_to_class().items()
-           if name not in ("Base64 High Entropy String", "Hex High Entropy String", "Secret Keyword",
-                           "Public IP (ipv4)")]
+    _DS = [
+        cls()
+        for name, cls in get_mapping_from_secret_type_to_class().items()
+        if name not in ("Base64 High Entropy String", "Hex High Entropy String", "Secret Keyword", "Public IP (ipv4)")
+    ]
 except ImportError:  # pragma: no cover - the test extra installs it
     _DS = []
 
@@ -141,8 +156,7 @@ def printed_by_attach(report: dict, path: str) -> str:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(pattern=st.sampled_from(PATTERNS), field=st.sampled_from(sorted(FIELDS)), body=BODY,
-       in_stack_file=st.booleans())
+@given(pattern=st.sampled_from(PATTERNS), field=st.sampled_from(sorted(FIELDS)), body=BODY, in_stack_file=st.booleans())
 def test_every_pattern_in_every_field_is_redacted(pattern, field, body, in_stack_file):
     _name, template = pattern
     text = template.format(s=body)
@@ -150,8 +164,11 @@ def test_every_pattern_in_every_field_is_redacted(pattern, field, body, in_stack
     try:
         report = store.skeleton(trigger="threshold", pid=1234, now=time.time())  # keeps its summary
         FIELDS[field](report, text)
-        extra = {"stacks/1234.txt": f'Thread 0x1 (most recent call first):\n  File "{text}", line 1 in f\n'.encode()} \
-            if in_stack_file else None
+        extra = (
+            {"stacks/1234.txt": f'Thread 0x1 (most recent call first):\n  File "{text}", line 1 in f\n'.encode()}
+            if in_stack_file
+            else None
+        )
         path = build.write(report, os.path.join(d, "r"), extra_files=extra)
         run = os.path.join(d, "run")
         os.mkdir(run, 0o700)
@@ -178,10 +195,13 @@ def test_all_patterns_at_once_in_each_field(field, bodies):
     d = tempfile.mkdtemp()
     try:
         report = store.skeleton(trigger="threshold", pid=1234, now=time.time())
-        for text in (["\n".join(texts)] if field in SINGLE else texts):
+        for text in ["\n".join(texts)] if field in SINGLE else texts:
             FIELDS[field](report, text)
-        path = build.write(report, os.path.join(d, "r"),
-                           extra_files={"stacks/1234.txt": "\n".join(f'  File "{t}", line 1 in f' for t in texts).encode()})
+        path = build.write(
+            report,
+            os.path.join(d, "r"),
+            extra_files={"stacks/1234.txt": "\n".join(f'  File "{t}", line 1 in f' for t in texts).encode()},
+        )
         out = everything_written(d) + printed_by_attach(report, path)
         assert [b for b in bodies if b in out] == [], field
         assert detect_secrets_findings(out) == []
@@ -196,12 +216,32 @@ def test_detect_secrets_check_is_live():
     assert detect_secrets_findings("AKIA" + "IOSFODNN7EXAMPLE and glpat-" + "a" * 20)
 
 
-SECRET_ARGS = ["--api-token=tok-3f9a8b7c6d5e4f3a", "--password", "-dashpass-0123456789", "--passphrase", "pp-0123456789",
-               "--key", "key-0123456789abc", "--auth", "auth-0123456789", "pw=pwval-0123456789",
-               "https://bob:p/a@ss-0123456789@example.invalid/x", "sk-" + "proj-" + "A1b2C3d4E5f6G7h8I9j0",
-               "glpat-" + "Z9y8X7w6V5u4T3s2R1q0"]
-SECRET_VALUES = ["tok-3f9a8b7c6d5e4f3a", "dashpass-0123456789", "pp-0123456789", "key-0123456789abc",
-                 "auth-0123456789", "pwval-0123456789", "ss-0123456789", "A1b2C3d4E5f6G7h8I9j0", "Z9y8X7w6V5u4T3s2R1q0"]
+SECRET_ARGS = [
+    "--api-token=tok-3f9a8b7c6d5e4f3a",
+    "--password",
+    "-dashpass-0123456789",
+    "--passphrase",
+    "pp-0123456789",
+    "--key",
+    "key-0123456789abc",
+    "--auth",
+    "auth-0123456789",
+    "pw=pwval-0123456789",
+    "https://bob:p/a@ss-0123456789@example.invalid/x",
+    "sk-" + "proj-" + "A1b2C3d4E5f6G7h8I9j0",
+    "glpat-" + "Z9y8X7w6V5u4T3s2R1q0",
+]
+SECRET_VALUES = [
+    "tok-3f9a8b7c6d5e4f3a",
+    "dashpass-0123456789",
+    "pp-0123456789",
+    "key-0123456789abc",
+    "auth-0123456789",
+    "pwval-0123456789",
+    "ss-0123456789",
+    "A1b2C3d4E5f6G7h8I9j0",
+    "Z9y8X7w6V5u4T3s2R1q0",
+]
 HF_FN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz12345678"
 TARGET = f"""
 import sys, time
@@ -217,14 +257,28 @@ def test_attach_json_and_summary_are_redacted(tmp_path, capsys):
     """Item 4: what `dlwatch attach` prints is redacted like what it writes (a real process, real py-spy)."""
     from dlwatch.cli import main
 
-    proc = subprocess.Popen([sys.executable, "-c", TARGET, *SECRET_ARGS], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TARGET, *SECRET_ARGS], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert proc.stdout.readline().strip() == "READY"
         for as_json in (True, False):
             out_dir = tmp_path / ("json" if as_json else "text")
-            assert main(["attach", str(proc.pid), "--out", str(out_dir), "--no-native", "--duration", "0.1",
-                         *(["--json"] if as_json else [])]) == 0
+            assert (
+                main(
+                    [
+                        "attach",
+                        str(proc.pid),
+                        "--out",
+                        str(out_dir),
+                        "--no-native",
+                        "--duration",
+                        "0.1",
+                        *(["--json"] if as_json else []),
+                    ]
+                )
+                == 0
+            )
             printed = capsys.readouterr().out
             shown = printed + everything_written(str(out_dir))
             if as_json:
@@ -299,8 +353,9 @@ def warned(text: str) -> str:
         warnings.simplefilter("always")
         agent._warn(f"could not read {text}")
         runhook._warn(f"could not patch {text}")
-        agent.Watch._send_preflight(_Watch(), [{"event": "preflight", "playbook": "fork-with-threads",
-                                                "confidence": 0.6, "threads": [thread]}])
+        agent.Watch._send_preflight(
+            _Watch(), [{"event": "preflight", "playbook": "fork-with-threads", "confidence": 0.6, "threads": [thread]}]
+        )
     # the lines Python's default showwarning writes to stderr
     return "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
 
@@ -315,8 +370,11 @@ def test_glued_token_in_every_field_and_warning_is_redacted(token, field):
     try:
         report = store.skeleton(trigger="threshold", pid=1234, now=time.time())
         FIELDS[field](report, text)
-        path = build.write(report, os.path.join(d, "r"),
-                           extra_files={"stacks/1234.txt": f'  File "/data/{text}.py", line 1 in f\n'.encode()})
+        path = build.write(
+            report,
+            os.path.join(d, "r"),
+            extra_files={"stacks/1234.txt": f'  File "/data/{text}.py", line 1 in f\n'.encode()},
+        )
         run = os.path.join(d, "run")
         os.mkdir(run, 0o700)
         events.emit(os.path.join(run, "events.jsonl"), "exception", text=text)
@@ -361,12 +419,13 @@ def test_thread_name_token_in_a_real_warning_is_redacted(tmp_path):
     from conftest import REPO, run_bounded
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    rc, out, err = run_bounded([sys.executable, "-c", FORK_WITH_THREADS, str(tmp_path)], env=env, cwd=str(tmp_path),
-                               timeout=90)
+    rc, out, err = run_bounded(
+        [sys.executable, "-c", FORK_WITH_THREADS, str(tmp_path)], env=env, cwd=str(tmp_path), timeout=90
+    )
     assert rc == 0 and "batches 2" in out, err[-2000:]
     assert "fork-with-threads" in err and "shard_***" in err, err[-2000:]  # the warning was printed, redacted
     shown = out + err + everything_written(str(tmp_path))
-    assert THREAD_TOKEN[len("shard_ghp_"):] not in shown
+    assert THREAD_TOKEN[len("shard_ghp_") :] not in shown
 
 
 def test_warnings_still_point_at_the_callers_line():
@@ -381,16 +440,17 @@ def test_warnings_still_point_at_the_callers_line():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         caller()
-    assert caught[0].filename == __file__ and "# <- the line" in open(__file__).read().splitlines()[
-        caught[0].lineno - 1]
+    assert (
+        caught[0].filename == __file__ and "# <- the line" in open(__file__).read().splitlines()[caught[0].lineno - 1]
+    )
     assert "shard_***" in str(caught[0].message)
 
 
-BOOT_FAILS = '''
+BOOT_FAILS = """
 import os, sys
 real = os.path.join(sys.argv[1], "dlwatch")
 __path__.append(real)  # dlwatch.redact and the rest come from the real package
-'''
+"""
 
 
 def test_bootstrap_warning_line_is_redacted(tmp_path):
@@ -407,4 +467,4 @@ def test_bootstrap_warning_line_is_redacted(tmp_path):
     rc, out, err = run_bounded([sys.executable, "-c", "print('ran')"], env=env, cwd=str(tmp_path), timeout=60)
     assert rc == 0 and out.strip() == "ran"  # the program runs unwatched
     assert "could not install the run hook (OSError: cannot open /data/shard_***/x)" in err, err
-    assert THREAD_TOKEN[len("shard_ghp_"):] not in err
+    assert THREAD_TOKEN[len("shard_ghp_") :] not in err

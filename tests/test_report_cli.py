@@ -16,15 +16,31 @@ from dlwatch.report import build, render, store
 from conftest import fuzz_fields
 
 
-def make_incident(report_dir: str, trigger: str = "exception", *, playbook: str | None = None, now: float | None = None) -> str:
+def make_incident(
+    report_dir: str, trigger: str = "exception", *, playbook: str | None = None, now: float | None = None
+) -> str:
     report = store.skeleton(trigger=trigger, pid=4242, now=now or time.time())
     if trigger == "exception":
-        report["exception"] = {"type": "builtins.OSError", "message": "[Errno 24] Too many open files",
-                               "errno": 24, "traceback": "Traceback ...", "from_loader": True}
+        report["exception"] = {
+            "type": "builtins.OSError",
+            "message": "[Errno 24] Too many open files",
+            "errno": 24,
+            "traceback": "Traceback ...",
+            "from_loader": True,
+        }
     if playbook:
-        report["findings"] = [{"playbook": playbook, "title": "Too many open files", "confidence": 0.9,
-                               "evidence": {"num_fds": 1021}, "remediation": "Close your files."}]
-    report["processes"] = [build.process_entry(4242, "main", sample={"num_fds": 1021, "fd_limit": 1024, "rss": 1 << 20})]
+        report["findings"] = [
+            {
+                "playbook": playbook,
+                "title": "Too many open files",
+                "confidence": 0.9,
+                "evidence": {"num_fds": 1021},
+                "remediation": "Close your files.",
+            }
+        ]
+    report["processes"] = [
+        build.process_entry(4242, "main", sample={"num_fds": 1021, "fd_limit": 1024, "rss": 1 << 20})
+    ]
     return build.write(report, report_dir)
 
 
@@ -110,11 +126,13 @@ def test_write_is_atomic_on_failure(tmp_path, monkeypatch):
 
 def test_console_script_and_module_entry(tmp_path):
     make_incident(str(tmp_path))
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "report", str(tmp_path)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "report", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and "exception" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "report", "--bogus"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "report", "--bogus"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1
 
 
@@ -124,8 +142,17 @@ def test_render_lists_stacks_and_gone_processes():
     entry = build.process_entry(8, "worker", worker_id=0, sample={"gone": True})
     entry["status"] = "blocked"
     entry["waiting_in"] = "lock acquire"
-    entry["stack"] = {"source": "py-spy", "threads": [{"thread_id": 1, "name": "MainThread", "frames": [
-        {"function": "__getitem__", "filename": "ds.py", "line": 3, "native": False}]}], "error": None}
+    entry["stack"] = {
+        "source": "py-spy",
+        "threads": [
+            {
+                "thread_id": 1,
+                "name": "MainThread",
+                "frames": [{"function": "__getitem__", "filename": "ds.py", "line": 3, "native": False}],
+            }
+        ],
+        "error": None,
+    }
     report["processes"] = [entry]
     text = "\n".join(render.terminal_lines(report))
     row = next(line.split() for line in text.splitlines() if line.strip().startswith("8 "))
@@ -148,13 +175,17 @@ def _shared_dir_prepared_by_nobody(code: str) -> str:
     shared = tempfile.mkdtemp(prefix="dlwatch-shared-", dir="/tmp")
     os.chmod(shared, 0o755)
     os.chown(shared, NOBODY, NOBODY)
-    out = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                          sys.executable, "-c", code, shared], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", code, shared],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return shared
 
 
-TRAPS = r'''
+TRAPS = r"""
 import json, os, sys, time
 d = sys.argv[1]
 good = {"schema_version": 1, "id": "x", "created_at": "2026-01-01T00:00:00+00:00", "trigger": "exception",
@@ -173,7 +204,7 @@ os.mkfifo(os.path.join(d, "20260101T000000Z-exception-1-fifo", "report.json"))
 incident("20260101T000000Z-exception-1-ansi", dict(good, id="ansi\x1b]0;owned\x07", summary="\x1b[2J\x1b[31mred\u202e",
          exception={"type": "builtins.ValueError", "message": "\x1b[1;1H\x1b[2Kfake prompt $ \x9b31m"}))
 os.symlink("/root", os.path.join(d, "20260101T000000Z-exception-1-link"))
-'''
+"""
 
 
 def test_hostile_report_files_from_another_user(capsys):
@@ -182,10 +213,12 @@ def test_hostile_report_files_from_another_user(capsys):
 
     shared = _shared_dir_prepared_by_nobody(TRAPS)
     try:
+
         def cli(*args):
             # a subprocess with a bound: the FIFO named report.json used to hang here for good
-            return subprocess.run([sys.executable, "-m", "dlwatch", "report", *args], capture_output=True,
-                                  text=True, timeout=60)
+            return subprocess.run(
+                [sys.executable, "-m", "dlwatch", "report", *args], capture_output=True, text=True, timeout=60
+            )
 
         out = cli(shared)
         assert out.returncode == 0, out.stderr
@@ -199,8 +232,9 @@ def test_hostile_report_files_from_another_user(capsys):
         assert "\x1b" not in out.stdout + out.stderr and "\x9b" not in out.stdout + out.stderr
         assert "Traceback" not in out.stderr
         listed = json.loads(cli("--json", shared).stdout)
-        assert {e["id"] for e in listed if e["damaged"]} == {f"20260101T000000Z-exception-1-{n}" for n in
-                                                            ("deep", "deep2", "types", "types2", "fifo", "link")}
+        assert {e["id"] for e in listed if e["damaged"]} == {
+            f"20260101T000000Z-exception-1-{n}" for n in ("deep", "deep2", "types", "types2", "fifo", "link")
+        }
         for name in ("deep", "deep2", "types", "types2", "fifo"):
             shown = cli(os.path.join(shared, f"20260101T000000Z-exception-1-{name}"))
             assert shown.returncode == 6, (name, shown.stderr)
@@ -236,7 +270,7 @@ def test_backticks_in_exception_cannot_leave_the_code_block(tmp_path, no_leftove
     fence = md[start]
     assert set(fence) == {"`"} and len(fence) == 5  # one longer than the longest run inside
     end = md.index(fence, start + 1)
-    assert md[start + 1:end] == message.splitlines()
+    assert md[start + 1 : end] == message.splitlines()
     open_fence, outside = None, []  # CommonMark: a fence closes on a backtick-only line at least as long
     for line in md:
         ticks = line.strip()
@@ -264,14 +298,36 @@ def test_fence_and_terminal_escape_helpers():
 def test_any_field_of_any_type_is_shown_or_called_damaged(tmp_path):
     """Wrong types anywhere the renderers look: a clean ReportError (exit 6), never a traceback."""
     base = json.load(open(os.path.join(make_incident(str(tmp_path / "r"), playbook="fd-exhaustion"), "report.json")))
-    base["processes"][0]["stack"] = {"source": "py-spy", "threads": [{"name": "MainThread", "frames": [
-        {"function": "f", "filename": "a.py", "line": 1}]}]}
-    paths = [("summary",), ("exception",), ("exception", "message"), ("exception", "type"), ("findings",),
-             ("findings", 0), ("findings", 0, "evidence"), ("findings", 0, "remediation"), ("processes",),
-             ("processes", 0), ("processes", 0, "role"), ("processes", 0, "sample"), ("processes", 0, "stack"),
-             ("processes", 0, "stack", "threads"), ("processes", 0, "stack", "threads", 0),
-             ("processes", 0, "stack", "threads", 0, "frames", 0), ("processes", 0, "sample", "fds"),
-             ("rank",), ("progress",), ("system",), ("gpus",), ("loader",), ("notes",), ("classification",)]
+    base["processes"][0]["stack"] = {
+        "source": "py-spy",
+        "threads": [{"name": "MainThread", "frames": [{"function": "f", "filename": "a.py", "line": 1}]}],
+    }
+    paths = [
+        ("summary",),
+        ("exception",),
+        ("exception", "message"),
+        ("exception", "type"),
+        ("findings",),
+        ("findings", 0),
+        ("findings", 0, "evidence"),
+        ("findings", 0, "remediation"),
+        ("processes",),
+        ("processes", 0),
+        ("processes", 0, "role"),
+        ("processes", 0, "sample"),
+        ("processes", 0, "stack"),
+        ("processes", 0, "stack", "threads"),
+        ("processes", 0, "stack", "threads", 0),
+        ("processes", 0, "stack", "threads", 0, "frames", 0),
+        ("processes", 0, "sample", "fds"),
+        ("rank",),
+        ("progress",),
+        ("system",),
+        ("gpus",),
+        ("loader",),
+        ("notes",),
+        ("classification",),
+    ]
     target = tmp_path / "one"
     target.mkdir()
 

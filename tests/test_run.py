@@ -29,8 +29,9 @@ def _run(args, tmp_path, *, timeout=120, cwd=None, **extra):
 
 
 def dlwatch_run(tmp_path, *args, **kw):
-    return _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "reports"), *args],
-                tmp_path, **kw)
+    return _run(
+        [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "reports"), *args], tmp_path, **kw
+    )
 
 
 def plain(tmp_path, *args, **kw):
@@ -122,10 +123,28 @@ def test_caught_loader_exception_formats_the_same_traceback(tmp_path):
 @pytest.mark.slow
 def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
     reports = tmp_path / "reports"
-    proc = subprocess.Popen([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(reports),
-                             "--stall-timeout", "1.5", "--poll-interval", "0.2", SCRIPT, "deadlock"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path),
-                            cwd=str(tmp_path), start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dlwatch",
+            "run",
+            "--report-dir",
+            str(reports),
+            "--stall-timeout",
+            "1.5",
+            "--poll-interval",
+            "0.2",
+            SCRIPT,
+            "deadlock",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path),
+        cwd=str(tmp_path),
+        start_new_session=True,
+    )
     known: set[int] = set()
     try:
         found = wait_for(lambda: incidents(str(reports)), timeout=60)
@@ -150,8 +169,11 @@ def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
 @pytest.mark.slow
 def test_module_form_and_cwd_semantics(tmp_path):
     # -m: the module is found from the working directory, as with python -m
-    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"),
-                         "-m", "plain_train", "ok", "-x"], tmp_path, cwd=TARGETS)
+    rc, out, err = _run(
+        [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), "-m", "plain_train", "ok", "-x"],
+        tmp_path,
+        cwd=TARGETS,
+    )
     prc, pout, perr = _run([sys.executable, "-m", "plain_train", "ok", "-x"], tmp_path, cwd=TARGETS)
     assert rc == prc == 0 and err == perr
     assert f"ARGV {[os.path.join(TARGETS, 'plain_train.py'), 'ok', '-x']!r} NAME __main__" in out
@@ -160,9 +182,26 @@ def test_module_form_and_cwd_semantics(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_ranks_are_watched(tmp_path):
-    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"),
-                         "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT, "ok"],
-                        tmp_path, timeout=180, OMP_NUM_THREADS="1")
+    rc, out, err = _run(
+        [
+            sys.executable,
+            "-m",
+            "dlwatch",
+            "run",
+            "--report-dir",
+            str(tmp_path / "r"),
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            SCRIPT,
+            "ok",
+        ],
+        tmp_path,
+        timeout=180,
+        OMP_NUM_THREADS="1",
+    )
     assert rc == 0, err[-2000:]
     # two ranks print to one pipe: a line of one can land in the middle of the other's, so split
     # on the marker, not on newlines
@@ -173,12 +212,14 @@ def test_torchrun_ranks_are_watched(tmp_path):
 
 
 def test_user_watch_inside_run_is_left_alone(tmp_path):
-    code = ("import dlwatch, torch\n"
-            "from torch.utils.data import DataLoader\n"
-            "dl = DataLoader(list(range(8)), batch_size=4)\n"
-            "with dlwatch.watch(dl) as b:\n"
-            "    it = iter(b)\n"
-            "    print(type(it).__name__, [x.tolist() for x in it])\n")
+    code = (
+        "import dlwatch, torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "dl = DataLoader(list(range(8)), batch_size=4)\n"
+        "with dlwatch.watch(dl) as b:\n"
+        "    it = iter(b)\n"
+        "    print(type(it).__name__, [x.tolist() for x in it])\n"
+    )
     script = tmp_path / "own_watch.py"
     script.write_text(code)
     rc, out, err = dlwatch_run(tmp_path, str(script))
@@ -186,14 +227,21 @@ def test_user_watch_inside_run_is_left_alone(tmp_path):
     assert out.strip() == "_TimedIterator [[0, 1, 2, 3], [4, 5, 6, 7]]"  # the user's watch only, not two
 
 
-@pytest.mark.parametrize("args, code, text", [
-    (["no_such_script.py"], 3, "no such script: no_such_script.py"),
-    ([], 2, "no program given"),
-    (["--stall-timeout", "soon", SCRIPT], 2, "stall_timeout must be a number of seconds"),
-    (["--ignore", "no-such-playbook", SCRIPT], 2, "--ignore names no known playbook: no-such-playbook"),
-    (["-m"], 2, "-m needs a module name"),
-    (["--keep-runs", "-1", SCRIPT], 2, "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)"),
-])
+@pytest.mark.parametrize(
+    "args, code, text",
+    [
+        (["no_such_script.py"], 3, "no such script: no_such_script.py"),
+        ([], 2, "no program given"),
+        (["--stall-timeout", "soon", SCRIPT], 2, "stall_timeout must be a number of seconds"),
+        (["--ignore", "no-such-playbook", SCRIPT], 2, "--ignore names no known playbook: no-such-playbook"),
+        (["-m"], 2, "-m needs a module name"),
+        (
+            ["--keep-runs", "-1", SCRIPT],
+            2,
+            "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)",
+        ),
+    ],
+)
 def test_bad_input_one_line(tmp_path, args, code, text):
     rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", *args], tmp_path, timeout=60)
     assert rc == code
@@ -206,13 +254,19 @@ def test_a_sitecustomize_already_on_the_path_still_runs(tmp_path):
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import os, sys\n"
-        "sys.stderr.write(f\"USER SITECUSTOMIZE {os.environ['PYTHONPATH'].split(os.pathsep)[0].endswith('_boot')}\\n\")\n")
+        "sys.stderr.write(f\"USER SITECUSTOMIZE {os.environ['PYTHONPATH'].split(os.pathsep)[0].endswith('_boot')}\\n\")\n"
+    )
     script = tmp_path / "probe.py"
-    script.write_text("import sys, torch.utils.data as d\n"
-                      "print(getattr(d.DataLoader.__iter__, '_dlwatch_run', False), "
-                      "any(p.endswith('_boot') for p in sys.path))\n")
-    rc, out, err = _run([sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), str(script)],
-                        tmp_path, PYTHONPATH=str(site))
+    script.write_text(
+        "import sys, torch.utils.data as d\n"
+        "print(getattr(d.DataLoader.__iter__, '_dlwatch_run', False), "
+        "any(p.endswith('_boot') for p in sys.path))\n"
+    )
+    rc, out, err = _run(
+        [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "r"), str(script)],
+        tmp_path,
+        PYTHONPATH=str(site),
+    )
     assert rc == 0, err
     # once in the dlwatch command itself (before it becomes the program), once in the program
     assert err.splitlines() == ["USER SITECUSTOMIZE False", "USER SITECUSTOMIZE True"]

@@ -16,19 +16,41 @@ from conftest import REPO, TARGETS, incidents, load, wait_for
 sys.path.insert(0, TARGETS)
 from datasets import Squares  # noqa: E402
 
-SECRETS = ["hunter2-secret-value", "pw-secret-value", "tok-3f9a8b7c6d5e4f3a", "AKIAIOSFODNN7EXAMPLE",
-           "hf_abcdefghijklmnopqrstuvwxyzABCDEF12", "argpass-0123456789", "env-secret-never-read"]
+SECRETS = [
+    "hunter2-secret-value",
+    "pw-secret-value",
+    "tok-3f9a8b7c6d5e4f3a",
+    "AKIAIOSFODNN7EXAMPLE",
+    "hf_abcdefghijklmnopqrstuvwxyzABCDEF12",
+    "argpass-0123456789",
+    "env-secret-never-read",
+]
 
 
 def test_no_secret_in_any_file_written(tmp_path):
-    args = ["--api-token=tok-3f9a8b7c6d5e4f3a", "--password", "argpass-0123456789",
-            "--aws-key", "AKIAIOSFODNN7EXAMPLE", "hf_abcdefghijklmnopqrstuvwxyzABCDEF12",
-            "--data-url=https://bob:pw-secret-value@example.invalid/x"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), MY_SERVICE_SECRET="env-secret-never-read",
-               TMPDIR=str(tmp_path / "tmp"))
+    args = [
+        "--api-token=tok-3f9a8b7c6d5e4f3a",
+        "--password",
+        "argpass-0123456789",
+        "--aws-key",
+        "AKIAIOSFODNN7EXAMPLE",
+        "hf_abcdefghijklmnopqrstuvwxyzABCDEF12",
+        "--data-url=https://bob:pw-secret-value@example.invalid/x",
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([REPO, TARGETS]),
+        MY_SERVICE_SECRET="env-secret-never-read",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
     os.makedirs(env["TMPDIR"])
-    out = subprocess.run([sys.executable, os.path.join(TARGETS, "faulty.py"), str(tmp_path / "r"), *args],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, os.path.join(TARGETS, "faulty.py"), str(tmp_path / "r"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "ValueError" in out.stderr
     found = incidents(str(tmp_path / "r"))
     assert len(found) == 1
@@ -61,14 +83,19 @@ def test_run_directory_is_private_and_monitor_listens_nowhere(tmp_path, no_lefto
                 assert wait_for(lambda: os.path.exists(os.path.join(batches.run_dir, "timeline.jsonl")), 10)
                 monitor = psutil.Process(batches.monitor_pid)
                 assert monitor.net_connections(kind="all") == []
-                assert not [f for f in os.listdir(f"/proc/{monitor.pid}/fd")
-                            if os.readlink(f"/proc/{monitor.pid}/fd/{f}").startswith("socket:")]
+                assert not [
+                    f
+                    for f in os.listdir(f"/proc/{monitor.pid}/fd")
+                    if os.readlink(f"/proc/{monitor.pid}/fd/{f}").startswith("socket:")
+                ]
                 for root, dirs, files in os.walk(tmp_path):
                     for d in dirs:
                         assert stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode) == 0o700
                     for name in files:
                         assert stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode) == 0o600, name
-                assert {"heartbeat", "events.jsonl", "config.json", "timeline.jsonl"} <= set(os.listdir(batches.run_dir))
+                assert {"heartbeat", "events.jsonl", "config.json", "timeline.jsonl"} <= set(
+                    os.listdir(batches.run_dir)
+                )
 
 
 # --------------------------------------------------------------------------- attach on a hostile run (issue 9, item 1)
@@ -108,14 +135,15 @@ def _nobody_python() -> tuple[str, str]:
         if not exe:
             continue
         path = os.pathsep.join([site, REPO, TARGETS])
-        out = subprocess.run(_as_nobody("env", f"PYTHONPATH={path}", exe, "-c", probe), capture_output=True,
-                             timeout=120, cwd="/")
+        out = subprocess.run(
+            _as_nobody("env", f"PYTHONPATH={path}", exe, "-c", probe), capture_output=True, timeout=120, cwd="/"
+        )
         if out.returncode == 0:
             return exe, path
     pytest.skip("no Python interpreter here that the second uid (nobody) can run with torch and dlwatch")
 
 
-PLANT = r'''
+PLANT = r"""
 import json, os, sys
 run_dir, secret_a, secret_b, secret_c, bait_pid, pb_dir = sys.argv[1:7]
 cfg_path = os.path.join(run_dir, "config.json")
@@ -143,24 +171,24 @@ with open(os.path.join(run_dir, "events.jsonl"), "a") as f:
     f.write(json.dumps({"event": "worker_registered", "pid": int(bait_pid), "worker_id": 7,
                         "dump_path": os.path.join(run_dir, "dumps", bait_pid + ".txt")}) + "\n")
 print(main_pid, first["pid"], second["pid"])
-'''
+"""
 
-PLANTED_PLAYBOOK = '''
+PLANTED_PLAYBOOK = """
 id = "planted"
 title = "PLANTED PLAYBOOK LOADED"
 [[signals]]
 name = "always"
 frame = "."
 confidence = 1.0
-'''
+"""
 
-BAIT = r'''
+BAIT = r"""
 import faulthandler, signal, sys, time
 f = open(sys.argv[1], "w")
 faulthandler.register(signal.SIGRTMIN + 6, file=f, all_threads=True)
 print("READY", flush=True)
 time.sleep(120)
-'''
+"""
 
 
 def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
@@ -169,8 +197,6 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
     import tempfile
     import time
 
-    import pytest
-
     from conftest import kill_session, wait_for
 
     _need_two_uids()
@@ -178,8 +204,11 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
     os.chmod(shared, 0o755)
     os.chown(shared, NOBODY, NOBODY)
     secrets = {}
-    for name, text in (("a", "ROOT-ONLY-SECRET-A\n" * 50), ("b", "ROOT-ONLY-SECRET-B\n" * 50),
-                       ("c", '{"kind": "sample", "secret": "ROOT-ONLY-SECRET-C"}\n' * 50)):
+    for name, text in (
+        ("a", "ROOT-ONLY-SECRET-A\n" * 50),
+        ("b", "ROOT-ONLY-SECRET-B\n" * 50),
+        ("c", '{"kind": "sample", "secret": "ROOT-ONLY-SECRET-C"}\n' * 50),
+    ):
         path = tmp_path / f"secret-{name}"  # tmp_path is root's, 0700
         path.write_text(text)
         path.chmod(0o600)
@@ -189,10 +218,15 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
     pb_dir = os.path.join(shared, "pb")
     py, pythonpath = _nobody_python()
     env = dict(os.environ, PYTHONPATH=pythonpath, HOME=shared)
-    job = subprocess.Popen(_as_nobody(py, os.path.join(TARGETS, "hang.py"), "deadlock", shared,
-                                      "--stall-timeout", "600"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=shared,
-                           start_new_session=True)
+    job = subprocess.Popen(
+        _as_nobody(py, os.path.join(TARGETS, "hang.py"), "deadlock", shared, "--stall-timeout", "600"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=shared,
+        start_new_session=True,
+    )
     bait = subprocess.Popen([sys.executable, "-c", BAIT, str(bait_dump)], stdout=subprocess.PIPE, text=True)
     known: set[int] = set()
     try:
@@ -204,11 +238,17 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
         assert wait_for(lambda: open(events).read().count("worker_registered") >= 2, 30)
         assert wait_for(lambda: os.path.exists(os.path.join(run_dir, "timeline.jsonl")), 30)
         known.update(p.pid for p in psutil.Process(job.pid).children(recursive=True))
-        planter = ("import os, sys; os.mkdir(sys.argv[1]); "
-                   "open(os.path.join(sys.argv[1], 'planted.toml'), 'w').write(sys.argv[2])")
+        planter = (
+            "import os, sys; os.mkdir(sys.argv[1]); "
+            "open(os.path.join(sys.argv[1], 'planted.toml'), 'w').write(sys.argv[2])"
+        )
         subprocess.run(_as_nobody(py, "-c", planter, pb_dir, PLANTED_PLAYBOOK), check=True, timeout=60)
-        out = subprocess.run(_as_nobody(py, "-c", PLANT, run_dir, *secrets, str(bait.pid), pb_dir),
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            _as_nobody(py, "-c", PLANT, run_dir, *secrets, str(bait.pid), pb_dir),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         main_pid, linked_worker, honest_worker = map(int, out.stdout.split())
         honest_dump = os.path.join(run_dir, "dumps", f"{honest_worker}.txt")
@@ -217,9 +257,13 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
         # root attaches; py-spy disabled, so the stacks come from the faulthandler files: the path
         # that opened, emptied and copied whatever the run directory named
         root_out = tmp_path / "out"
-        attach = subprocess.run([sys.executable, "-m", "dlwatch", "attach", str(job.pid), "--out", str(root_out),
-                                 "--duration", "0.2"], capture_output=True, text=True, timeout=120,
-                                env=dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS=""))
+        attach = subprocess.run(
+            [sys.executable, "-m", "dlwatch", "attach", str(job.pid), "--out", str(root_out), "--duration", "0.2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS=""),
+        )
         assert attach.returncode == 0, attach.stderr
         incident = os.path.join(root_out, next(n for n in os.listdir(root_out) if not n.startswith(".")))
         report = load(incident)
@@ -255,7 +299,9 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
         assert not os.path.exists(os.path.join(incident, "stacks", f"{linked_worker}.txt"))
         assert job.poll() is None  # the target still runs
         # attach wrote nothing in the run directory
-        assert not [n for n in os.listdir(run_dir) if os.stat(os.path.join(run_dir, n), follow_symlinks=False).st_uid != NOBODY]
+        assert not [
+            n for n in os.listdir(run_dir) if os.stat(os.path.join(run_dir, n), follow_symlinks=False).st_uid != NOBODY
+        ]
 
     finally:
         kill_session(job.pid, known)
@@ -267,8 +313,14 @@ def test_attach_as_root_on_a_hostile_run_leaks_and_touches_nothing(tmp_path):
         shutil.rmtree(shared, ignore_errors=True)
 
 
-PTRACER = ["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups",
-           "--inh-caps=+sys_ptrace", "--ambient-caps=+sys_ptrace"]
+PTRACER = [
+    "setpriv",
+    f"--reuid={OTHER}",
+    f"--regid={OTHER}",
+    "--clear-groups",
+    "--inh-caps=+sys_ptrace",
+    "--ambient-caps=+sys_ptrace",
+]
 
 
 def test_attach_by_a_ptrace_capable_other_uid_refuses_the_run_dir(tmp_path):
@@ -289,16 +341,24 @@ def test_attach_by_a_ptrace_capable_other_uid_refuses_the_run_dir(tmp_path):
         probe.kill()
         probe.wait()
     if not time_ok or ls.returncode != 0:
-        pytest.skip("a uid with ambient CAP_SYS_PTRACE cannot inspect another uid's process here "
-                    f"({ls.stderr.strip()}); the refusal itself is covered by "
-                    "test_attach_without_the_right_to_take_the_targets_uid_refuses_the_run_dir")
+        pytest.skip(
+            "a uid with ambient CAP_SYS_PTRACE cannot inspect another uid's process here "
+            f"({ls.stderr.strip()}); the refusal itself is covered by "
+            "test_attach_without_the_right_to_take_the_targets_uid_refuses_the_run_dir"
+        )
     py, pythonpath = _nobody_python()
     shared = tempfile.mkdtemp(prefix="dlwatch-victim-", dir="/tmp")
     os.chmod(shared, 0o755)
     os.chown(shared, NOBODY, NOBODY)
-    job = subprocess.Popen(_as_nobody(py, os.path.join(TARGETS, "hang.py"), "deadlock", shared, "--stall-timeout", "600"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=shared,
-                           env=dict(os.environ, PYTHONPATH=pythonpath, HOME=shared), start_new_session=True)
+    job = subprocess.Popen(
+        _as_nobody(py, os.path.join(TARGETS, "hang.py"), "deadlock", shared, "--stall-timeout", "600"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=shared,
+        env=dict(os.environ, PYTHONPATH=pythonpath, HOME=shared),
+        start_new_session=True,
+    )
     known: set[int] = set()
     try:
         assert job.stdout.readline().startswith("READY"), job.stderr.read()[-2000:]
@@ -309,10 +369,28 @@ def test_attach_by_a_ptrace_capable_other_uid_refuses_the_run_dir(tmp_path):
         other_out.mkdir()
         os.chown(other_out, OTHER, OTHER)
         os.chmod(tmp_path, 0o711)  # let the third uid reach its output directory
-        other = subprocess.run([*PTRACER, "env", f"PYTHONPATH={pythonpath}", py, "-m", "dlwatch", "attach",
-                                str(job.pid), "--out", str(other_out), "--duration", "0.2", "--no-native"],
-                               capture_output=True, text=True, timeout=120, cwd="/",
-                               env=dict(os.environ, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS=""))
+        other = subprocess.run(
+            [
+                *PTRACER,
+                "env",
+                f"PYTHONPATH={pythonpath}",
+                py,
+                "-m",
+                "dlwatch",
+                "attach",
+                str(job.pid),
+                "--out",
+                str(other_out),
+                "--duration",
+                "0.2",
+                "--no-native",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+            env=dict(os.environ, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS=""),
+        )
         assert other.returncode == 0, other.stderr
         report = load(os.path.join(other_out, next(n for n in os.listdir(other_out) if not n.startswith("."))))
         notes = "\n".join(report["notes"])
@@ -341,12 +419,25 @@ def test_run_dir_reader_refuses_links_fifos_foreign_files_and_escapes(tmp_path):
     (run / "linked").symlink_to(tmp_path / "elsewhere")
     me = Creds(os.geteuid(), os.getegid(), ())
     reader = RunDirReader(str(run), me, default_cap=3)
-    got = reader.read(["config.json", "dumps/1.txt", "events.jsonl", "heartbeat", "linked/2.txt", "../run/config.json",
-                       "/etc/passwd", "missing"])
+    got = reader.read(
+        [
+            "config.json",
+            "dumps/1.txt",
+            "events.jsonl",
+            "heartbeat",
+            "linked/2.txt",
+            "../run/config.json",
+            "/etc/passwd",
+            "missing",
+        ]
+    )
     assert got == {"config.json": b"{}", "dumps/1.txt": b"dum"}  # capped at 3 bytes
     text = "\n".join(reader.refusals)
     assert "events.jsonl: not a regular file" in text and "heartbeat: a symbolic link" in text
-    assert "linked/2.txt: a symbolic link or a file where a directory belongs" in text and "../run/config.json: not a regular file inside" in text
+    assert (
+        "linked/2.txt: a symbolic link or a file where a directory belongs" in text
+        and "../run/config.json: not a regular file inside" in text
+    )
     assert "/etc/passwd: not a regular file inside" in text and "missing" not in text
     if os.geteuid() == 0:
         os.chown(run / "config.json", NOBODY, NOBODY)
@@ -372,13 +463,30 @@ def test_attach_without_the_right_to_take_the_targets_uid_refuses_the_run_dir(tm
         os.chmod(os.path.join(run, "config.json"), 0o644)  # readable by anyone: only the rights decide
         for p in (run, os.path.join(run, "config.json")):
             os.chown(p, NOBODY, NOBODY)
-        code = ("import sys; from dlwatch.collect.rundir import Creds, RefusedError, RunDirReader\n"
-                f"r = RunDirReader(sys.argv[1], Creds({NOBODY}, {NOBODY}, ()))\n"
-                "try:\n    print('READ', r.read(['config.json']))\n"
-                "except RefusedError as e:\n    print('REFUSED', e)\n")
-        out = subprocess.run(["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups", "env",
-                              f"PYTHONPATH={pythonpath}", py, "-c", code, run], capture_output=True, text=True,
-                             timeout=60, cwd="/")
+        code = (
+            "import sys; from dlwatch.collect.rundir import Creds, RefusedError, RunDirReader\n"
+            f"r = RunDirReader(sys.argv[1], Creds({NOBODY}, {NOBODY}, ()))\n"
+            "try:\n    print('READ', r.read(['config.json']))\n"
+            "except RefusedError as e:\n    print('REFUSED', e)\n"
+        )
+        out = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={OTHER}",
+                f"--regid={OTHER}",
+                "--clear-groups",
+                "env",
+                f"PYTHONPATH={pythonpath}",
+                py,
+                "-c",
+                code,
+                run,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("REFUSED"), out.stdout
         assert f"cannot take the target's uid {NOBODY}" in out.stdout and f"as uid {NOBODY}, or as root" in out.stdout
@@ -416,8 +524,13 @@ def _can_switch() -> str | None:
 
 def as_nobody(script: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run a shell script as the adversary, a second unprivileged uid."""
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=30, check=check)
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=check,
+    )
 
 
 @pytest.fixture
@@ -483,8 +596,13 @@ def test_predictable_fallback_cannot_be_hijacked(shared, trap):
     blocker = os.path.join(shared, "not-a-dir")
     open(blocker, "w").close()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), TMPDIR=tmp)
-    out = subprocess.run([sys.executable, os.path.join(TARGETS, "faulty.py"), os.path.join(blocker, "reports")],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, os.path.join(TARGETS, "faulty.py"), os.path.join(blocker, "reports")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "ValueError: step failed" in out.stderr
     assert {**state(loot), **state(predictable)} == before  # nothing written, nothing truncated, no mtime moved
     warning = [line for line in out.stdout.splitlines() if "report directory" in line]
@@ -499,8 +617,17 @@ def test_predictable_fallback_cannot_be_hijacked(shared, trap):
     assert as_nobody(f"cat {found[0]}/report.json", check=False).returncode != 0
 
 
-@pytest.mark.parametrize("trap", ["owned-by-other", "group-writable", "symlink-by-other", "symlink-to-victim-file",
-                                  "link-above-by-other", "link-above-by-other-missing-leaf"])
+@pytest.mark.parametrize(
+    "trap",
+    [
+        "owned-by-other",
+        "group-writable",
+        "symlink-by-other",
+        "symlink-to-victim-file",
+        "link-above-by-other",
+        "link-above-by-other-missing-leaf",
+    ],
+)
 def test_existing_report_dir_is_used_only_when_private(shared, private_fallback, trap):
     """Item 2: an existing report dir is used only when ours and not writable by group or others."""
     tmp = private_fallback
@@ -527,7 +654,7 @@ def test_existing_report_dir_is_used_only_when_private(shared, private_fallback,
     assert {**state(victim), **state(reports)} == watched  # nothing written there or through it
     assert os.path.dirname(path) == store.fallback_dir() and os.path.isfile(os.path.join(path, "report.json"))
     note = next(n for n in report["notes"] if n.startswith("could not write to"))
-    assert ("owned by" in note or "writable by group" in note or "symbolic link" in note), note
+    assert "owned by" in note or "writable by group" in note or "symbolic link" in note, note
 
 
 def test_own_symlink_to_scratch_disk_keeps_working(shared):
@@ -670,13 +797,13 @@ def test_incidents_and_write_test_are_0600_under_umask_0(tmp_path, monkeypatch):
 # Item 3: the monitor imports nothing from the training program's working directory, nor from a
 # directory dlwatch itself sits in (which the old code put first on the monitor's PYTHONPATH).
 
-PLANTED_MODULE = '''import os
+PLANTED_MODULE = """import os
 with open(os.path.join({marker_dir!r}, "RAN-" + __name__ + "-" + str(os.getpid())), "w") as f:
     f.write("planted module ran")
 raise SystemExit("planted module ran")
-'''
+"""
 
-TRAIN = '''import json, select, selectors, subprocess, sys  # the program's own imports happen first
+TRAIN = """import json, select, selectors, subprocess, sys  # the program's own imports happen first
 sys.path.insert(0, {pkgroot!r})  # dlwatch from a shared software directory
 import dlwatch
 assert dlwatch.__file__.startswith({pkgroot!r}), dlwatch.__file__
@@ -688,7 +815,7 @@ try:
 except ValueError:
     pass
 print("DONE", flush=True)
-'''
+"""
 
 
 def test_monitor_imports_nothing_from_cwd_or_dlwatch_parent(shared):
@@ -699,8 +826,9 @@ def test_monitor_imports_nothing_from_cwd_or_dlwatch_parent(shared):
     os.mkdir(markers)
     os.chmod(markers, 0o777)
     as_nobody(f"mkdir -m 777 {work} {pkgroot}")
-    shutil.copytree(os.path.join(REPO, "dlwatch"), os.path.join(pkgroot, "dlwatch"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        os.path.join(REPO, "dlwatch"), os.path.join(pkgroot, "dlwatch"), ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copytree(os.path.join(REPO, "playbooks"), os.path.join(pkgroot, "dlwatch", "_playbooks"))  # as installed
     for d in (work, pkgroot):
         for name in ("select", "json"):
@@ -741,7 +869,9 @@ def test_py_spy_is_never_taken_from_a_relative_path_entry(shared, monkeypatch):
     from dlwatch.collect import stacks
 
     work = os.path.join(shared, "tmp", "work")
-    as_nobody(f"mkdir -m 777 {work} && printf '#!/bin/sh\\ntouch {work}/RAN\\n' > {work}/py-spy && chmod 755 {work}/py-spy")
+    as_nobody(
+        f"mkdir -m 777 {work} && printf '#!/bin/sh\\ntouch {work}/RAN\\n' > {work}/py-spy && chmod 755 {work}/py-spy"
+    )
     monkeypatch.chdir(work)
     monkeypatch.delenv("DLWATCH_PY_SPY", raising=False)
     for path in (".", "", f".{os.pathsep}/nonexistent"):

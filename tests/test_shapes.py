@@ -150,8 +150,12 @@ def test_one_sample_dataset() -> None:
 
 def test_nested_dicts_and_lists() -> None:
     probe = BatchShapeProbe(4, False)
-    good = {"image": torch.zeros(4, 3, 8, 8), "meta": {"label": torch.zeros(4), "box": torch.zeros(4, 4)},
-            "path": ["a", "b", "c", "d"], "aux": [torch.zeros(4, 2), torch.zeros(4, 5)]}
+    good = {
+        "image": torch.zeros(4, 3, 8, 8),
+        "meta": {"label": torch.zeros(4), "box": torch.zeros(4, 4)},
+        "path": ["a", "b", "c", "d"],
+        "aux": [torch.zeros(4, 2), torch.zeros(4, 5)],
+    }
     assert probe.check(good, 0) is None
     bad = {"image": torch.zeros(12, 8, 8), "meta": {"label": torch.zeros(4)}}
     ev = run(BatchShapeProbe(4, False), [bad] * CONFIRM_BATCHES, only_sampled=False)
@@ -167,8 +171,10 @@ def test_numpy_batches() -> None:
 
 def test_not_flagged_layouts() -> None:
     # detection-style collate: tuples of per-sample tensors of varying size
-    det = (tuple(torch.zeros(3, 10 + i, 12) for i in range(4)),
-           tuple({"boxes": torch.zeros(i + 1, 4)} for i in range(4)))
+    det = (
+        tuple(torch.zeros(3, 10 + i, 12) for i in range(4)),
+        tuple({"boxes": torch.zeros(i + 1, 4)} for i in range(4)),
+    )
     # time-major padded sequences (pad_sequence without batch_first) next to their lengths
     seq = (torch.zeros(36, 4, 16), torch.tensor([36, 20, 9, 31]))
     # scalars and strings ride along
@@ -204,8 +210,11 @@ def test_a_lengths_vector_marks_time_major() -> None:
     assert leaves(batch, 4, 4) == [("batch[1]", (4,))]
     assert run(BatchShapeProbe(4, False), [batch] * 20) is None
     # padded to a fixed length: a key that says lengths, every value within T
-    fixed = {"src": torch.zeros(16, 4, 8), "src_lengths": torch.tensor([3, 9, 16, 2], dtype=torch.int32),
-             "label": torch.tensor([0, 1, 1, 0])}
+    fixed = {
+        "src": torch.zeros(16, 4, 8),
+        "src_lengths": torch.tensor([3, 9, 16, 2], dtype=torch.int32),
+        "label": torch.tensor([0, 1, 1, 0]),
+    }
     assert [p for p, _ in leaves(fixed, 4, 4)] == ["batch['src_lengths']", "batch['label']"]
     assert run(BatchShapeProbe(4, False), [fixed] * 20) is None
     # a named lengths vector longer than T is not this tensor's
@@ -250,34 +259,62 @@ def _yolo(counts: list[int]) -> tuple:
 
 def _ultralytics(counts: list[int]) -> dict:
     n = sum(counts)
-    return {"img": torch.zeros(len(counts), 3, 16, 16), "batch_idx": torch.zeros(n), "cls": torch.zeros(n, 1),
-            "bboxes": torch.zeros(n, 4), "im_file": [f"{i}.jpg" for i in counts],
-            "ori_shape": [(16, 16)] * len(counts)}
+    return {
+        "img": torch.zeros(len(counts), 3, 16, 16),
+        "batch_idx": torch.zeros(n),
+        "cls": torch.zeros(n, 1),
+        "bboxes": torch.zeros(n, 4),
+        "im_file": [f"{i}.jpg" for i in counts],
+        "ori_shape": [(16, 16)] * len(counts),
+    }
 
 
 def _packed(lengths: list[int]) -> dict:
     t = sum(lengths)
-    return {"input_ids": torch.zeros(1, t, dtype=torch.long), "position_ids": torch.zeros(1, t, dtype=torch.long),
-            "labels": torch.zeros(1, t, dtype=torch.long), "cu_seqlens": torch.zeros(len(lengths) + 1),
-            "max_seqlen": max(lengths)}
+    return {
+        "input_ids": torch.zeros(1, t, dtype=torch.long),
+        "position_ids": torch.zeros(1, t, dtype=torch.long),
+        "labels": torch.zeros(1, t, dtype=torch.long),
+        "cu_seqlens": torch.zeros(len(lengths) + 1),
+        "max_seqlen": max(lengths),
+    }
 
 
 def _graph(nodes: list[int], *, ptr: bool = True) -> dict:
     n = sum(nodes)
-    g = {"x": torch.zeros(n, 7), "edge_index": torch.zeros(2, 3 * n, dtype=torch.long),
-         "batch": torch.zeros(n, dtype=torch.long), "y": torch.zeros(len(nodes))}
+    g = {
+        "x": torch.zeros(n, 7),
+        "edge_index": torch.zeros(2, 3 * n, dtype=torch.long),
+        "batch": torch.zeros(n, dtype=torch.long),
+        "y": torch.zeros(len(nodes)),
+    }
     if ptr:
         g["ptr"] = torch.zeros(len(nodes) + 1, dtype=torch.long)
     return g
 
 
 # boxes per image over 12 batches of 4: the first three batches total 8 boxes each (a multiple of 4, k=2)
-COUNTS = [[2, 2, 2, 2], [1, 3, 2, 2], [4, 0, 2, 2], [2, 2, 2, 3], [0, 1, 5, 2], [2, 2, 2, 2],
-          [3, 3, 3, 3], [1, 1, 1, 1], [2, 2, 2, 2], [7, 1, 0, 0], [2, 2, 2, 2], [2, 2, 2, 2]]
+COUNTS = [
+    [2, 2, 2, 2],
+    [1, 3, 2, 2],
+    [4, 0, 2, 2],
+    [2, 2, 2, 3],
+    [0, 1, 5, 2],
+    [2, 2, 2, 2],
+    [3, 3, 3, 3],
+    [1, 1, 1, 1],
+    [2, 2, 2, 2],
+    [7, 1, 0, 0],
+    [2, 2, 2, 2],
+    [2, 2, 2, 2],
+]
 
 
-@pytest.mark.parametrize("make", [_yolo, _ultralytics, _packed, _graph, lambda c: _graph(c, ptr=False)],
-                         ids=["yolo", "ultralytics", "packed", "graph", "graph-no-ptr"])
+@pytest.mark.parametrize(
+    "make",
+    [_yolo, _ultralytics, _packed, _graph, lambda c: _graph(c, ptr=False)],
+    ids=["yolo", "ultralytics", "packed", "graph", "graph-no-ptr"],
+)
 @pytest.mark.parametrize("dataset_len", [48, None])
 def test_batches_that_join_samples_on_purpose(make, dataset_len) -> None:
     probe = BatchShapeProbe(4, False, dataset_len=dataset_len)
@@ -309,8 +346,11 @@ def test_pre_batched_dataset_batch_size_one() -> None:
 def test_padded_variable_length_batches() -> None:
     probe = BatchShapeProbe(4, False)
     for i, length in enumerate([8, 12, 16, 24, 32, 8, 4, 12] * 3):
-        hf = {"input_ids": torch.zeros(4, length), "attention_mask": torch.zeros(4, length),
-              "labels": torch.zeros(4, length)}  # token classification pads labels too
+        hf = {
+            "input_ids": torch.zeros(4, length),
+            "attention_mask": torch.zeros(4, length),
+            "labels": torch.zeros(4, length),
+        }  # token classification pads labels too
         assert probe.check(hf, i) is None
         assert probe.check((torch.zeros(length, 4, 16), torch.zeros(4), torch.tensor([length] * 4)), i) is None
 
@@ -324,8 +364,7 @@ def test_constant_multiple_by_design_needs_an_ignore_key() -> None:
 
 
 def test_ignore_keys_name_leaves_three_ways() -> None:
-    nested = {"images": torch.zeros(4, 3, 8, 8),
-              "targets": {"boxes": torch.zeros(12, 4), "labels": torch.zeros(4)}}
+    nested = {"images": torch.zeros(4, 3, 8, 8), "targets": {"boxes": torch.zeros(12, 4), "labels": torch.zeros(4)}}
     keys = lambda b, ign: [p for p, _ in leaves(b, 4, 4, ignore=IgnoreKeys.parse(ign))]  # noqa: E731
     assert keys(nested, ["boxes"]) == ["batch['images']", "batch['targets']['labels']"]  # at any depth
     assert keys(nested, ["targets"]) == ["batch['images']"]  # a whole subtree
@@ -427,7 +466,9 @@ def test_real_dataloader_cat_vs_stack() -> None:
             assert found is None
 
 
-@pytest.mark.parametrize("check_first,every,n,drop_last", [(8, 64, 1000, False), (0, 1, 10, True), (3, 5, 37, False), (2, 7, None, False)])
+@pytest.mark.parametrize(
+    "check_first,every,n,drop_last", [(8, 64, 1000, False), (0, 1, 10, True), (3, 5, 37, False), (2, 7, None, False)]
+)
 def test_next_check_agrees_with_should_check(check_first, every, n, drop_last):
     from dlwatch.shapes import BatchShapeProbe
 

@@ -24,18 +24,28 @@ def run_beside_tenant(tmp_path, size_mib: int, tenant_mib: int, mode: str, timeo
     reports = tmp_path / "reports"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]))
     env.pop("DLWATCH_IGNORE", None)
-    cmd = (f"mount -t tmpfs -o size={size_mib}m tmpfs /dev/shm || exit 77; "
-           f"head -c {tenant_mib * MiB} /dev/zero > /dev/shm/other-tenant-cache && "
-           f"exec {sys.executable} {os.path.join(TARGETS, 'shm_tenant.py')} {reports} {mode}")
+    cmd = (
+        f"mount -t tmpfs -o size={size_mib}m tmpfs /dev/shm || exit 77; "
+        f"head -c {tenant_mib * MiB} /dev/zero > /dev/shm/other-tenant-cache && "
+        f"exec {sys.executable} {os.path.join(TARGETS, 'shm_tenant.py')} {reports} {mode}"
+    )
     returncode, out, err = in_private_mount_namespace(cmd, env=env, timeout=timeout)
     if returncode == 77:
         pytest.skip(f"cannot mount a tmpfs on /dev/shm: {err.strip()}")
     assert returncode == 0, (out, err[-3000:])
-    fields = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.splitlines()
-              if line.split() and line.split()[0] in ("BATCHES", "BATCH_BYTES", "SHM")}
+    fields = {
+        line.split()[0]: [int(x) for x in line.split()[1:]]
+        for line in out.splitlines()
+        if line.split() and line.split()[0] in ("BATCHES", "BATCH_BYTES", "SHM")
+    }
     assert fields["SHM"][0] == size_mib * MiB, out  # the run saw the small tmpfs
-    return {"batches": fields["BATCHES"][0], "batch_bytes": fields["BATCH_BYTES"][0], "shm_free": fields["SHM"][1],
-            "incidents": incidents(str(reports)), "stderr": err}
+    return {
+        "batches": fields["BATCHES"][0],
+        "batch_bytes": fields["BATCH_BYTES"][0],
+        "shm_free": fields["SHM"][1],
+        "incidents": incidents(str(reports)),
+        "stderr": err,
+    }
 
 
 def test_small_full_shm_with_num_workers_zero(tmp_path):

@@ -30,13 +30,15 @@ KILLED = "EXC RuntimeError: DataLoader worker (pid N) is killed by signal: Kille
 def _run(tmp_path, moment: str) -> tuple[int, str, str, str]:
     report_dir = str(tmp_path / moment)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]))
-    rc, out, err = run_to_end([sys.executable, SCRIPT, moment, report_dir], env=env, marker=SCRIPT,
-                              timeout=120, what=f"worker_dies {moment}")
+    rc, out, err = run_to_end(
+        [sys.executable, SCRIPT, moment, report_dir], env=env, marker=SCRIPT, timeout=120, what=f"worker_dies {moment}"
+    )
     return rc, out, err, report_dir
 
 
-@pytest.mark.parametrize("moment,bare", [("shape-check", "bare-body"), ("preflight", "bare-body"),
-                                         ("fallback-summary", "bare-after")])
+@pytest.mark.parametrize(
+    "moment,bare", [("shape-check", "bare-body"), ("preflight", "bare-body"), ("fallback-summary", "bare-after")]
+)
 def test_worker_killed_while_dlwatch_code_runs(tmp_path, moment, bare):
     rc0, out0, err0, _ = _run(tmp_path, bare)
     assert rc0 == 1 and KILLED in out0, (out0, err0)  # what the program meets bare

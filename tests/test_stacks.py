@@ -58,9 +58,13 @@ class Started:
         # Open the read end first, non-blocking, so the target's open() for
         # writing finds a reader and the test's wait is bounded by select().
         self.read_fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
-        self.proc = subprocess.Popen([*argv[:1], *[a.replace("{fifo}", self.fifo) for a in argv[1:]]],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*argv[:1], *[a.replace("{fifo}", self.fifo) for a in argv[1:]]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.pid = self.proc.pid
         self.known: set[int] = set()
 
@@ -78,8 +82,9 @@ class Started:
                 if not chunk:  # no writer yet (or it closed): EOF until one opens
                     time.sleep(0.02)
             if self.proc.poll() is not None:
-                raise AssertionError(f"target exited {self.proc.returncode}: "
-                                     f"{self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+                raise AssertionError(
+                    f"target exited {self.proc.returncode}: {self.proc.stderr.read().decode(errors='replace')[-2000:]}"
+                )
         raise AssertionError(f"target not ready within {timeout} s")
 
     def remember(self) -> None:
@@ -121,7 +126,7 @@ def read_sample(pid: int) -> ProcSample:
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat_text = f.read()
-        fields = stat_text[stat_text.rindex(")") + 2:].split()
+        fields = stat_text[stat_text.rindex(")") + 2 :].split()
         cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         with open(f"/proc/{pid}/syscall") as f:
             first = f.read().split()[0]
@@ -149,8 +154,7 @@ def test_fork_held_lock_loader_stacks_and_verdict(start) -> None:
     def syscall(pid: int) -> int | None:
         return read_sample(pid).syscall
 
-    assert wait_for(lambda: all(syscall(w) == 202 for w in workers), timeout=15), \
-        "workers never blocked in futex"
+    assert wait_for(lambda: all(syscall(w) == 202 for w in workers), timeout=15), "workers never blocked in futex"
     # /proc first: a ptrace attach turns the main's sleeping poll into restart_syscall
     before = {pid: read_sample(pid) for pid in [main, *workers]}
     dumps = dump_stacks([main, *workers], native=True, timeout_s=10)
@@ -178,10 +182,11 @@ def test_fork_held_lock_loader_stacks_and_verdict(start) -> None:
     assert any(n.endswith("_try_get_data") for n in funcs(main_thread))
     assert any(t.name == "lock-holder" for t in md.threads)
 
-    obs = [ProcessObservation(pid=main, role="main", before=before[main], after=after[main],
-                              stack=dumps[main])]
-    obs += [ProcessObservation(pid=w, role="worker", worker_id=i, before=before[w], after=after[w],
-                               stack=dumps[w]) for i, w in enumerate(workers)]
+    obs = [ProcessObservation(pid=main, role="main", before=before[main], after=after[main], stack=dumps[main])]
+    obs += [
+        ProcessObservation(pid=w, role="worker", worker_id=i, before=before[w], after=after[w], stack=dumps[w])
+        for i, w in enumerate(workers)
+    ]
     verdict = classify_stall(obs, expected_workers=2)
     assert verdict.classification == "deadlock", verdict.reason
     by_pid = {v.pid: v for v in verdict.processes}
@@ -228,8 +233,7 @@ def test_dead_pid_reported_by_py_spy_itself() -> None:
     # bypass our /proc pre-check: py-spy's own failure must be reduced to one line too
     dead = subprocess.Popen(["true"])
     dead.wait()
-    out = subprocess.run([PY_SPY, "dump", "--json", "--pid", str(dead.pid)], capture_output=True,
-                         text=True, timeout=10)
+    out = subprocess.run([PY_SPY, "dump", "--json", "--pid", str(dead.pid)], capture_output=True, text=True, timeout=10)
     assert out.returncode != 0
     line = summarize_py_spy_error(out.stderr)
     assert "\n" not in line and "Stack backtrace" not in line and line
@@ -278,8 +282,10 @@ def test_hanging_py_spy_is_killed_with_its_group(tmp_path) -> None:
 
 def test_permission_denied_message_from_fake(tmp_path) -> None:
     fake = tmp_path / "py-spy"
-    fake.write_text("#!/bin/sh\necho \"Permission Denied: Try running again with elevated "
-                    "permissions by going 'sudo env \\\"PATH=\\$PATH\\\" !!'\" >&2\nexit 1\n")
+    fake.write_text(
+        '#!/bin/sh\necho "Permission Denied: Try running again with elevated '
+        'permissions by going \'sudo env \\"PATH=\\$PATH\\" !!\'" >&2\nexit 1\n'
+    )
     fake.chmod(0o755)
     d = dump_stacks([os.getpid()], py_spy=str(fake))[os.getpid()]
     assert d.source == "none" and PTRACE_HELP in d.error and "\n" not in d.error
@@ -287,14 +293,14 @@ def test_permission_denied_message_from_fake(tmp_path) -> None:
 
 @needs_py_spy
 @pytest.mark.timeout(30)
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root and setpriv to run py-spy as another user")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to run py-spy as another user"
+)
 def test_permission_denied_real(start, tmp_path) -> None:
     target = start(sys.executable, os.path.join(TARGETS, "sleeper.py"), "{fifo}")
     target.wait_ready(timeout=15)
     as_nobody = tmp_path / "py-spy"
-    as_nobody.write_text(f"#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups "
-                         f"{PY_SPY} \"$@\"\n")
+    as_nobody.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {PY_SPY} "$@"\n')
     as_nobody.chmod(0o755)
     os.chmod(tmp_path, 0o755)
     d = dump_stacks([target.pid], py_spy=str(as_nobody), timeout_s=5)[target.pid]
@@ -380,10 +386,11 @@ def test_install_failure_returns_none(tmp_path) -> None:
 
 @pytest.mark.timeout(30)
 def test_install_leaves_someone_elses_handler_alone(tmp_path) -> None:
-    code = ("import signal, sys; from dlwatch.collect import faultdump as f; "
-            "signal.signal(f.DUMP_SIGNAL, lambda *a: None); print(f.install(sys.argv[1]))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         timeout=20)
+    code = (
+        "import signal, sys; from dlwatch.collect import faultdump as f; "
+        "signal.signal(f.DUMP_SIGNAL, lambda *a: None); print(f.install(sys.argv[1]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=20)
     assert out.stdout.strip() == "None", out.stderr
 
 
@@ -409,9 +416,11 @@ def test_parse_faulthandler_format() -> None:
     assert threads[0].frames[1].function == "run"
     assert threads[1].frames == (Frame("<module>", "/tmp/expl/fh.py", 7),)
     # named threads (newer Pythons), single-thread header, "???" lines, NUL bytes
-    odd = ("\x00\x00Current thread 0x1 [MainThread] (most recent call first):\n"
-           '  File "???", line ??? in ???\n  <no Python frame>\n'
-           'Stack (most recent call first):\n  File "a.py", line 3 in f\n')
+    odd = (
+        "\x00\x00Current thread 0x1 [MainThread] (most recent call first):\n"
+        '  File "???", line ??? in ???\n  <no Python frame>\n'
+        'Stack (most recent call first):\n  File "a.py", line 3 in f\n'
+    )
     t = parse_faulthandler(odd)
     assert t[0].name == "MainThread" and t[0].frames[0].line is None
     assert t[1].thread_id is None and t[1].frames[0].function == "f"
@@ -420,8 +429,12 @@ def test_parse_faulthandler_format() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(min_value=0, max_value=len(FAULTHANDLER_TEXT)), st.text(max_size=200))
 def test_parse_faulthandler_never_raises(cut: int, junk: str) -> None:
-    for text in (FAULTHANDLER_TEXT[:cut], FAULTHANDLER_TEXT[:cut] + junk, junk,
-                 (FAULTHANDLER_TEXT[:cut] + junk).encode("utf-8", "surrogatepass")):
+    for text in (
+        FAULTHANDLER_TEXT[:cut],
+        FAULTHANDLER_TEXT[:cut] + junk,
+        junk,
+        (FAULTHANDLER_TEXT[:cut] + junk).encode("utf-8", "surrogatepass"),
+    ):
         threads = parse_faulthandler(text)
         assert isinstance(threads, tuple)
         for t in threads:
@@ -438,25 +451,49 @@ def test_parse_faulthandler_binary_garbage(data: bytes) -> None:
 
 
 def _pyframe(name: str, file: str, line: int = 1) -> dict:
-    return {"name": name, "filename": file, "module": None, "short_filename": file.rsplit("/", 1)[-1],
-            "line": line, "locals": None, "is_entry": False, "is_shim_entry": False}
+    return {
+        "name": name,
+        "filename": file,
+        "module": None,
+        "short_filename": file.rsplit("/", 1)[-1],
+        "line": line,
+        "locals": None,
+        "is_entry": False,
+        "is_shim_entry": False,
+    }
 
 
-WORKER_JSON = json.dumps([{
-    "pid": 12, "thread_id": 140, "thread_name": "MainThread", "os_thread_id": 12,
-    "active": False, "owns_gil": False,
-    "frames": [
-        {"name": "PyThread_acquire_lock_timed", "filename": "/usr/lib/libpython3.11.so.1.0",
-         "module": "/usr/lib/libpython3.11.so.1.0", "short_filename": "libpython3.11.so.1.0", "line": 0,
-         "locals": None, "is_entry": True, "is_shim_entry": True},
-        _pyframe("DS.__getitem__", "/tmp/x/hang.py", 8),
-        _pyframe("_MapDatasetFetcher.fetch", "/v/site-packages/torch/utils/data/_utils/fetch.py", 54),
-        _pyframe("_worker_loop", "/v/site-packages/torch/utils/data/_utils/worker.py", 374),
-        _pyframe("BaseProcess.run", "/usr/lib/python3.11/multiprocessing/process.py", 108),
-        _pyframe("Popen._launch", "/usr/lib/python3.11/multiprocessing/popen_fork.py", 71),
-        _pyframe("<module>", "/tmp/x/hang.py", 16),
+WORKER_JSON = json.dumps(
+    [
+        {
+            "pid": 12,
+            "thread_id": 140,
+            "thread_name": "MainThread",
+            "os_thread_id": 12,
+            "active": False,
+            "owns_gil": False,
+            "frames": [
+                {
+                    "name": "PyThread_acquire_lock_timed",
+                    "filename": "/usr/lib/libpython3.11.so.1.0",
+                    "module": "/usr/lib/libpython3.11.so.1.0",
+                    "short_filename": "libpython3.11.so.1.0",
+                    "line": 0,
+                    "locals": None,
+                    "is_entry": True,
+                    "is_shim_entry": True,
+                },
+                _pyframe("DS.__getitem__", "/tmp/x/hang.py", 8),
+                _pyframe("_MapDatasetFetcher.fetch", "/v/site-packages/torch/utils/data/_utils/fetch.py", 54),
+                _pyframe("_worker_loop", "/v/site-packages/torch/utils/data/_utils/worker.py", 374),
+                _pyframe("BaseProcess.run", "/usr/lib/python3.11/multiprocessing/process.py", 108),
+                _pyframe("Popen._launch", "/usr/lib/python3.11/multiprocessing/popen_fork.py", 71),
+                _pyframe("<module>", "/tmp/x/hang.py", 16),
+            ],
+        }
     ],
-}], indent=2)
+    indent=2,
+)
 
 
 def test_parse_py_spy_json_real_shape() -> None:
@@ -464,8 +501,7 @@ def test_parse_py_spy_json_real_shape() -> None:
     assert d.source == "py-spy-native" and d.error is None and d.duration_s == 0.1
     (t,) = d.threads
     assert (t.thread_id, t.name, t.native_tid, t.active, t.owns_gil) == (140, "MainThread", 12, False, False)
-    assert funcs(t) == ["PyThread_acquire_lock_timed", "DS.__getitem__", "_MapDatasetFetcher.fetch",
-                        "_worker_loop"]
+    assert funcs(t) == ["PyThread_acquire_lock_timed", "DS.__getitem__", "_MapDatasetFetcher.fetch", "_worker_loop"]
     assert t.frames[0].native and t.frames[0].line is None
     assert not t.frames[1].native and t.frames[1].line == 8
 
@@ -482,8 +518,9 @@ def test_cut_at_worker_loop() -> None:
     assert cut_at_worker_loop([other, outer]) == (other, outer)
 
 
-@pytest.mark.parametrize("text", ["", "[", "{}", "null", "[]", "[1, 2]", "[{\"frames\": 3}]x",
-                                  "\x00\xff", "[" * 5000 + "]" * 5000])
+@pytest.mark.parametrize(
+    "text", ["", "[", "{}", "null", "[]", "[1, 2]", '[{"frames": 3}]x', "\x00\xff", "[" * 5000 + "]" * 5000]
+)
 def test_parse_py_spy_json_garbage(text: str) -> None:
     d = parse_py_spy_json(1, text)
     assert d.source == "none" and d.error and "\n" not in d.error
@@ -509,30 +546,57 @@ def test_parse_py_spy_json_truncated_never_raises(cut: int, junk: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
-                        st.sampled_from(["name", "frames", "thread_id", "line", "module", "filename",
-                                         "os_thread_id", "thread_name", "active"]), kids, max_size=5),
-                    max_leaves=30))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+        lambda kids: (
+            st.lists(kids, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "name",
+                        "frames",
+                        "thread_id",
+                        "line",
+                        "module",
+                        "filename",
+                        "os_thread_id",
+                        "thread_name",
+                        "active",
+                    ]
+                ),
+                kids,
+                max_size=5,
+            )
+        ),
+        max_leaves=30,
+    )
+)
 def test_parse_py_spy_json_any_json_never_raises(value) -> None:
     d = parse_py_spy_json(1, json.dumps(value))
     assert d.source in ("py-spy", "none")
 
 
 def test_summarize_py_spy_error() -> None:
-    err = ("Error: Failed to get process executable name. Check that the process is running.\n\n"
-           "Caused by:\n    0: No such file or directory (os error 2)\n"
-           "    1: No such file or directory (os error 2)\n\nStack backtrace:\n"
-           "   0: <E as anyhow::context::ext::StdError>::ext_context\n   1: py_spy::main\n")
-    assert summarize_py_spy_error(err) == ("Failed to get process executable name. Check that the "
-                                           "process is running.: No such file or directory (os error 2)")
+    err = (
+        "Error: Failed to get process executable name. Check that the process is running.\n\n"
+        "Caused by:\n    0: No such file or directory (os error 2)\n"
+        "    1: No such file or directory (os error 2)\n\nStack backtrace:\n"
+        "   0: <E as anyhow::context::ext::StdError>::ext_context\n   1: py_spy::main\n"
+    )
+    assert summarize_py_spy_error(err) == (
+        "Failed to get process executable name. Check that the "
+        "process is running.: No such file or directory (os error 2)"
+    )
     assert summarize_py_spy_error("") == "py-spy failed without a message"
     assert summarize_py_spy_error(b"Error: boom\n") == "boom"
 
 
 def test_stacks_module_imports_no_torch() -> None:
-    code = "import sys, dlwatch.collect.stacks, dlwatch.collect.faultdump, dlwatch.detect.classify; " \
-           "print('torch' in sys.modules)"
+    code = (
+        "import sys, dlwatch.collect.stacks, dlwatch.collect.faultdump, dlwatch.detect.classify; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "False", out.stderr
     assert stacks.__doc__ and faultdump.__doc__

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-from dlwatch.detect.stall import (ADAPTIVE_FLOOR_S, BODY_BLOCKED_S, BODY_FLOOR_S, FIRST_BATCH_S, Activity,
-                                  StallDetector, stall_site)
+from dlwatch.detect.stall import (
+    ADAPTIVE_FLOOR_S,
+    BODY_BLOCKED_S,
+    BODY_FLOOR_S,
+    FIRST_BATCH_S,
+    Activity,
+    StallDetector,
+    stall_site,
+)
 from dlwatch.heartbeat import STATE_BODY, STATE_OUTSIDE, STATE_WAITING, Heartbeat
 
 
 def hb(batches, state, ts_last, ts_wait, epoch_batches=None, interval=0.0, epochs=1):
-    return Heartbeat(batches=batches, epoch_batches=batches if epoch_batches is None else epoch_batches,
-                     epochs=epochs, state=state, pid=1, ts_last_batch=ts_last, ts_wait_start=ts_wait,
-                     total_wait_s=0.0, total_step_s=0.0, last_interval_s=interval)
+    return Heartbeat(
+        batches=batches,
+        epoch_batches=batches if epoch_batches is None else epoch_batches,
+        epochs=epochs,
+        state=state,
+        pid=1,
+        ts_last_batch=ts_last,
+        ts_wait_start=ts_wait,
+        total_wait_s=0.0,
+        total_step_s=0.0,
+        last_interval_s=interval,
+    )
 
 
 def test_explicit_timeout_applies_to_the_first_batch_too():
@@ -150,11 +166,27 @@ def test_progress_of_a_nested_watched_loop_is_progress():
 
 def test_stall_site_ignores_pids_and_busy_processes_but_not_where_they_wait():
     def report(cls, worker_pid, where, main_where="train (t.py:9)"):
-        return {"classification": cls, "processes": [
-            {"role": "main", "pid": 1, "status": "idle", "waiting_in": "poll", "where": main_where},
-            {"role": "worker", "pid": worker_pid, "status": "blocked", "waiting_in": "lock acquire", "where": where},
-            {"role": "worker", "pid": worker_pid + 1, "status": "running", "waiting_in": None, "where": "x (d.py:3)"},
-        ]}
+        return {
+            "classification": cls,
+            "processes": [
+                {"role": "main", "pid": 1, "status": "idle", "waiting_in": "poll", "where": main_where},
+                {
+                    "role": "worker",
+                    "pid": worker_pid,
+                    "status": "blocked",
+                    "waiting_in": "lock acquire",
+                    "where": where,
+                },
+                {
+                    "role": "worker",
+                    "pid": worker_pid + 1,
+                    "status": "running",
+                    "waiting_in": None,
+                    "where": "x (d.py:3)",
+                },
+            ],
+        }
+
     a = report("deadlock", 10, "__getitem__ (d.py:5)")
     assert stall_site(a) == stall_site(report("deadlock", 20, "__getitem__ (d.py:5)"))
     assert stall_site(a) != stall_site(report("deadlock", 10, "__getitem__ (d.py:7)"))

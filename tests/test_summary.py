@@ -211,8 +211,14 @@ def test_heartbeat_hot_part_and_derived_body_time(tmp_path):
 
 
 def facts(**kw):
-    base = {"num_workers": 4, "start_method": "fork", "pin_memory": False, "threads": [],
-            "accelerator": {"cuda_initialized": False}, "cpus": {"usable": 8, "affinity": 8}}
+    base = {
+        "num_workers": 4,
+        "start_method": "fork",
+        "pin_memory": False,
+        "threads": [],
+        "accelerator": {"cuda_initialized": False},
+        "cpus": {"usable": 8, "affinity": 8},
+    }
     base.update(kw)
     return base
 
@@ -226,33 +232,49 @@ def test_start_checks_each_fire_on_their_fact():
     assert ids(preflight.start_checks(facts(threads=[{"name": "t"}]))) == ["fork-with-threads"]
     assert ids(preflight.start_checks(facts(accelerator={"cuda_initialized": True}))) == ["fork-after-cuda"]
     assert ids(preflight.start_checks(facts(pin_memory=True, accelerator={"cuda_available": False}))) == [
-        "pin-memory-without-cuda"]
-    sig, = preflight.start_checks(facts(num_workers=8, cpus={"usable": 2.5, "affinity": 8, "cgroup_quota": 2.5}))
-    assert sig["playbook"] == "too-many-workers" and sig["cgroup_cpu_quota"] == 2.5 and sig["suggested_num_workers"] == 2
+        "pin-memory-without-cuda"
+    ]
+    (sig,) = preflight.start_checks(facts(num_workers=8, cpus={"usable": 2.5, "affinity": 8, "cgroup_quota": 2.5}))
+    assert (
+        sig["playbook"] == "too-many-workers" and sig["cgroup_cpu_quota"] == 2.5 and sig["suggested_num_workers"] == 2
+    )
 
 
 def test_start_checks_quiet_on_look_alikes():
     # threads or CUDA with spawn/forkserver workers; CUDA present with pin_memory; no workers at all
-    assert preflight.start_checks(facts(start_method="spawn", threads=[{"name": "t"}],
-                                        accelerator={"cuda_initialized": True})) == []
+    assert (
+        preflight.start_checks(
+            facts(start_method="spawn", threads=[{"name": "t"}], accelerator={"cuda_initialized": True})
+        )
+        == []
+    )
     assert preflight.start_checks(facts(pin_memory=True, accelerator={"cuda_available": True})) == []
     assert preflight.start_checks(facts(num_workers=0, threads=[{"name": "t"}], cpus={"usable": 0})) == []
     assert preflight.start_checks(facts(num_workers=8, cpus={"usable": 8})) == []
 
 
 def bfacts(**kw):
-    base = {"num_workers": 4, "prefetch_factor": 2, "sharing_strategy": "file_descriptor", "tensors_per_batch": 2,
-            "batch_bytes": 1 << 20, "num_fds": 40, "fd_limit": 1024, "shm_total": 64 << 20, "shm_free": 60 << 20}
+    base = {
+        "num_workers": 4,
+        "prefetch_factor": 2,
+        "sharing_strategy": "file_descriptor",
+        "tensors_per_batch": 2,
+        "batch_bytes": 1 << 20,
+        "num_fds": 40,
+        "fd_limit": 1024,
+        "shm_total": 64 << 20,
+        "shm_free": 60 << 20,
+    }
     base.update(kw)
     return base
 
 
 def test_first_batch_checks():
     assert preflight.first_batch_checks(bfacts()) == []
-    sig, = preflight.first_batch_checks(bfacts(tensors_per_batch=100, fd_limit=1024))
+    (sig,) = preflight.first_batch_checks(bfacts(tensors_per_batch=100, fd_limit=1024))
     assert sig["playbook"] == "fd-limit-low" and sig["fds_in_flight"] == 900
     assert preflight.first_batch_checks(bfacts(tensors_per_batch=100, sharing_strategy="file_system")) == []
-    sig, = preflight.first_batch_checks(bfacts(batch_bytes=8 << 20))
+    (sig,) = preflight.first_batch_checks(bfacts(batch_bytes=8 << 20))
     assert sig["playbook"] == "shm-too-small" and sig["inflight_bytes"] == 9 * (8 << 20)
     assert preflight.first_batch_checks(bfacts(batch_bytes=8 << 20, num_workers=0)) == []  # no shared memory
 
@@ -313,18 +335,33 @@ def test_a_detectors_advice_reaches_the_summary_and_is_noted_once(tmp_path):
 
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
-    (run_dir / "config.json").write_text(json.dumps({
-        "pid": os.getpid(), "report_dir": str(tmp_path / "reports"), "options": {"poll_interval": 0.1},
-        "loader": {"num_workers": 2}}))
+    (run_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "report_dir": str(tmp_path / "reports"),
+                "options": {"poll_interval": 0.1},
+                "loader": {"num_workers": 2},
+            }
+        )
+    )
     monitor = Monitor(str(run_dir))
 
     class SlowGrowth:
         playbook = "worker-memory-growth"
 
         def on_poll(self, view):
-            return [{"ts": view.now, "event": "advice", "playbook": self.playbook, "reason": "limit_far",
-                     "workers_growing": 1, "workers": 2},
-                    {"ts": view.now, "event": "observation", "signal": "worker_exit", "pid": 1}]
+            return [
+                {
+                    "ts": view.now,
+                    "event": "advice",
+                    "playbook": self.playbook,
+                    "reason": "limit_far",
+                    "workers_growing": 1,
+                    "workers": 2,
+                },
+                {"ts": view.now, "event": "observation", "signal": "worker_exit", "pid": 1},
+            ]
 
     try:
         monitor.detectors = [SlowGrowth()]

@@ -42,9 +42,14 @@ def real_runs(tmp_path_factory):
     runs = {}
     for name in ("input_bound", "balanced"):
         report_dir = str(base / name)
-        proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
-                                cwd=EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(EXAMPLES, f"{name}.py"), "--report-dir", report_dir],
+            cwd=EXAMPLES,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         known: set[int] = set()
         try:
             deadline = time.monotonic() + 240
@@ -55,8 +60,9 @@ def real_runs(tmp_path_factory):
             assert proc.returncode == 0, err[-2000:]
             (run,) = os.listdir(os.path.join(report_dir, "runs"))
             path = os.path.join(report_dir, "runs", run)
-            assert wait_for(lambda: os.path.isfile(os.path.join(path, "report.html")), timeout=60), \
+            assert wait_for(lambda: os.path.isfile(os.path.join(path, "report.html")), timeout=60), (
                 f"{name}: runs/{run}/report.html never appeared; stderr: {err[-2000:]}"
+            )
             runs[name] = path
         finally:
             kill_session(proc.pid, known)
@@ -117,7 +123,9 @@ def test_real_runs_get_a_small_private_page_with_the_whole_run(real_runs):
 
 
 def _open_in_chromium(pages: dict[str, str], shots: str) -> dict[str, dict]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     browser_path = chromium_path()
     if browser_path is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium; .ci/run installs it)")
@@ -137,7 +145,10 @@ def _open_in_chromium(pages: dict[str, str], shots: str) -> dict[str, dict]:
                 shot = os.path.join(shots, f"summary-html-{name}.png")
                 tab.screenshot(path=shot, full_page=True)
                 seen[name] = {
-                    "requests": requests, "errors": errors, "dialogs": dialogs, "shot": shot,
+                    "requests": requests,
+                    "errors": errors,
+                    "dialogs": dialogs,
+                    "shot": shot,
                     "drawn": int(tab.evaluate("document.body.getAttribute('data-charts-drawn')")),
                     "inked": tab.evaluate("""Array.from(document.querySelectorAll('.chart canvas')).map(c => {
                         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
@@ -184,32 +195,82 @@ def test_real_summary_pages_in_headless_chromium(real_runs, tmp_path):
 def hostile_summary(n: int = 40) -> tuple[dict, list[dict]]:
     now = float(int(time.time()))  # started_at is kept to the second
     s = sm.skeleton(run_id="20260101T000000-100-abcdef", pid=100, now=now, started_at=now - n)
-    s["loop"] = {"batches": 40, "epochs": 2, "wall_s": float(n), "data_wait_share": 0.8, "body_share": 0.2,
-                 "steady_data_wait_share": 0.8, "steady_batch_s": 0.1,
-                 "first_batch_s": {"per_epoch": [0.5, 0.25], "epochs_seen": 2, "total_s": 0.75, "mean_s": 0.375}}
-    s["workers"] = [{"pid": 101, "worker_id": 0, "cpu_util": 0.9, "state_share": {"running": 1.0, HOSTILE: 0.5},
-                     "rss_peak": 1 << 28, "uss_peak": 1 << 24},
-                    {"pid": 103, "worker_id": 0, "cpu_util": 0.9, "rss_peak": 1 << 28}]  # worker 0 restarted
+    s["loop"] = {
+        "batches": 40,
+        "epochs": 2,
+        "wall_s": float(n),
+        "data_wait_share": 0.8,
+        "body_share": 0.2,
+        "steady_data_wait_share": 0.8,
+        "steady_batch_s": 0.1,
+        "first_batch_s": {"per_epoch": [0.5, 0.25], "epochs_seen": 2, "total_s": 0.75, "mean_s": 0.375},
+    }
+    s["workers"] = [
+        {
+            "pid": 101,
+            "worker_id": 0,
+            "cpu_util": 0.9,
+            "state_share": {"running": 1.0, HOSTILE: 0.5},
+            "rss_peak": 1 << 28,
+            "uss_peak": 1 << 24,
+        },
+        {"pid": 103, "worker_id": 0, "cpu_util": 0.9, "rss_peak": 1 << 28},
+    ]  # worker 0 restarted
     s["main"] = {"pid": 100, "cpu_util": 0.1, "rss_peak": 1 << 30, "uss_peak": 1 << 28}
-    s["peaks"] = {"fds": {"num_fds": 30, "fd_limit": 1024, "pid": 101, "role": HOSTILE},
-                  "gpus": [{"index": 0, "name": HOSTILE, "util_mean": 40.0, "util_low": 0.0}]}
-    s["advice"] = [{"playbook": "input-bound", "title": "Waits for data " + HOSTILE, "confidence": 0.8,
-                    "evidence": {"cause": HOSTILE, "top_files": [[HOSTILE, 3]], HOSTILE: {"a": HOSTILE}},
-                    "remediation": "Do this: " + HOSTILE}]
+    s["peaks"] = {
+        "fds": {"num_fds": 30, "fd_limit": 1024, "pid": 101, "role": HOSTILE},
+        "gpus": [{"index": 0, "name": HOSTILE, "util_mean": 40.0, "util_low": 0.0}],
+    }
+    s["advice"] = [
+        {
+            "playbook": "input-bound",
+            "title": "Waits for data " + HOSTILE,
+            "confidence": 0.8,
+            "evidence": {"cause": HOSTILE, "top_files": [[HOSTILE, 3]], HOSTILE: {"a": HOSTILE}},
+            "remediation": "Do this: " + HOSTILE,
+        }
+    ]
     s["preflight"] = [{"playbook": HOSTILE, "title": HOSTILE, "confidence": 1.0, "evidence": {"x": HOSTILE}}]
     s["loader"] = {"dataset": HOSTILE, "num_workers": 1}
     s["incidents"] = [HOSTILE]
     s["notes"] = [HOSTILE]
     s["host"] = HOSTILE
-    timeline = [{"kind": "sample", "ts": now - n + i,
-                 "heartbeat": {"batches": i, "epochs": 1 + (i >= n // 2), "data_wait_s": 0.08 * i, "step_s": 0.02 * i,
-                               "last_interval_s": 0.1},
-                 "procs": [{"pid": 100, "role": "main", "num_fds": 20, "fd_limit": 1024, "rss": 1 << 30,
-                            "uss": 1 << 28, "cpu_s": 0.1 * i},
-                           {"pid": 101 if i < n // 2 else 103, "role": HOSTILE, "num_fds": 30, "fd_limit": 1024,
-                            "rss": 1 << 28, "uss": 1 << 24, "cpu_s": 0.9 * (i % (n // 2))}],
-                 "system": {"shm_total": 8 << 30, "shm_free": 7 << 30, "mlocked": 1 << 20, "mem_available": 4 << 30},
-                 "gpus": [{"index": 0, "util_percent": 40}]} for i in range(n)]
+    timeline = [
+        {
+            "kind": "sample",
+            "ts": now - n + i,
+            "heartbeat": {
+                "batches": i,
+                "epochs": 1 + (i >= n // 2),
+                "data_wait_s": 0.08 * i,
+                "step_s": 0.02 * i,
+                "last_interval_s": 0.1,
+            },
+            "procs": [
+                {
+                    "pid": 100,
+                    "role": "main",
+                    "num_fds": 20,
+                    "fd_limit": 1024,
+                    "rss": 1 << 30,
+                    "uss": 1 << 28,
+                    "cpu_s": 0.1 * i,
+                },
+                {
+                    "pid": 101 if i < n // 2 else 103,
+                    "role": HOSTILE,
+                    "num_fds": 30,
+                    "fd_limit": 1024,
+                    "rss": 1 << 28,
+                    "uss": 1 << 24,
+                    "cpu_s": 0.9 * (i % (n // 2)),
+                },
+            ],
+            "system": {"shm_total": 8 << 30, "shm_free": 7 << 30, "mlocked": 1 << 20, "mem_available": 4 << 30},
+            "gpus": [{"index": 0, "util_percent": 40}],
+        }
+        for i in range(n)
+    ]
     return s, timeline
 
 
@@ -220,8 +281,16 @@ def test_hostile_strings_in_a_summary_stay_text(tmp_path):
     assert page.count("</script>") == 3  # the page's own three elements, nothing from the summary
     assert page.count("&lt;/script&gt;&lt;script&gt;alert(1)") >= 8  # advice, preflight, notes, loader, ...
     data = _data(page)
-    assert [c["id"] for c in data["charts"]] == ["fds", "memory", "cpu", "shm", "mlocked", "mem_available",
-                                                 "batches", "gpu"]
+    assert [c["id"] for c in data["charts"]] == [
+        "fds",
+        "memory",
+        "cpu",
+        "shm",
+        "mlocked",
+        "mem_available",
+        "batches",
+        "gpu",
+    ]
     # a worker restarted in the run (pid 101, then 103, both worker 0) stays one line
     cpu = data["charts"][2]["series"]
     assert [c["label"] for c in cpu] == ["main (100)", "worker 0"]
@@ -258,8 +327,11 @@ def test_a_run_without_samples_or_advice_still_gets_a_page():
 def test_thinning_keeps_the_whole_run_evenly_and_bounded():
     lines = []
     for i in range(5003):
-        lines.append(json.dumps({"kind": "sample", "ts": float(i), "procs": [{"pid": 1, "rss": i, "name": "x"}],
-                                 "unused": "x" * 50}).encode())
+        lines.append(
+            json.dumps(
+                {"kind": "sample", "ts": float(i), "procs": [{"pid": 1, "rss": i, "name": "x"}], "unused": "x" * 50}
+            ).encode()
+        )
         lines.append(json.dumps({"kind": "event", "ts": float(i), "event": "sample"}).encode())
     lines.append(b"{not json")
     kept = html.thin_samples(lines, limit=500)
@@ -342,6 +414,7 @@ def test_a_summary_written_by_the_training_process_gets_its_page_too(tmp_path, n
         with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as w:
             batches_of(w)
             timeline = os.path.join(w.run_dir, "timeline.jsonl")
+
             def samples() -> int:
                 try:
                     with open(timeline, "rb") as f:
@@ -369,16 +442,41 @@ def test_the_page_stays_under_1_mb_for_the_largest_run():
 
     rng = random.Random(0)
     now = time.time()
-    lines = (json.dumps({"kind": "sample", "ts": now + i * 0.2,
-                         "heartbeat": {"batches": i, "epochs": 1, "data_wait_s": i * rng.random(), "step_s": i * 0.9,
-                                       "last_interval_s": rng.random()},
-                         "procs": [{"pid": 1000 + p, "role": "worker", "num_fds": rng.randrange(10**5),
-                                    "fd_limit": 1 << 20, "rss": rng.randrange(1 << 40), "uss": rng.randrange(1 << 40),
-                                    "cpu_s": i * rng.random()} for p in range(40)],
-                         "system": {"shm_total": 1 << 40, "shm_free": rng.randrange(1 << 40),
-                                    "mlocked": rng.randrange(1 << 40), "mem_available": rng.randrange(1 << 40)},
-                         "gpus": [{"index": g, "util_percent": rng.randrange(101)} for g in range(8)]}).encode()
-             for i in range(3000))
+    lines = (
+        json.dumps(
+            {
+                "kind": "sample",
+                "ts": now + i * 0.2,
+                "heartbeat": {
+                    "batches": i,
+                    "epochs": 1,
+                    "data_wait_s": i * rng.random(),
+                    "step_s": i * 0.9,
+                    "last_interval_s": rng.random(),
+                },
+                "procs": [
+                    {
+                        "pid": 1000 + p,
+                        "role": "worker",
+                        "num_fds": rng.randrange(10**5),
+                        "fd_limit": 1 << 20,
+                        "rss": rng.randrange(1 << 40),
+                        "uss": rng.randrange(1 << 40),
+                        "cpu_s": i * rng.random(),
+                    }
+                    for p in range(40)
+                ],
+                "system": {
+                    "shm_total": 1 << 40,
+                    "shm_free": rng.randrange(1 << 40),
+                    "mlocked": rng.randrange(1 << 40),
+                    "mem_available": rng.randrange(1 << 40),
+                },
+                "gpus": [{"index": g, "util_percent": rng.randrange(101)} for g in range(8)],
+            }
+        ).encode()
+        for i in range(3000)
+    )
     s = sm.skeleton(run_id="big", pid=1000, now=now)
     page = html.render_summary_html(s, html.thin_samples(lines))
     assert len(_data(page)["x"]) <= html.MAX_POINTS + 1
@@ -422,8 +520,10 @@ def test_a_vanished_training_process_still_gets_its_page(tmp_path, target):
     assert wait_for(lambda: samples() >= 5, timeout=60)
     os.kill(t.pid, signal.SIGKILL)
     runs = tmp_path / "runs"
-    page = wait_for(lambda: [p / "report.html" for p in runs.iterdir() if (p / "report.html").is_file()]
-                    if runs.is_dir() else [], timeout=60)
+    page = wait_for(
+        lambda: [p / "report.html" for p in runs.iterdir() if (p / "report.html").is_file()] if runs.is_dir() else [],
+        timeout=60,
+    )
     assert page, "runs/<id>/report.html never appeared"
     s = store.load_summary(str(page[0].parent))
     assert s["ended"] == "vanished" and len(s["incidents"]) == 1
@@ -447,10 +547,31 @@ def test_a_link_planted_as_the_kept_timeline_is_not_followed(tmp_path, capsys):
 def test_any_field_of_any_type_renders_or_is_called_damaged(tmp_path):
     """Wrong types anywhere the summary page looks (a summary edited or damaged): a page, or a ReportError."""
     s, timeline = hostile_summary(5)
-    paths = [("loop",), ("loop", "batches"), ("loop", "first_batch_s"), ("loop", "first_batch_s", "per_epoch"),
-             ("workers",), ("workers", 0), ("workers", 0, "state_share"), ("workers", 0, "pid"), ("main",),
-             ("peaks",), ("peaks", "fds"), ("peaks", "gpus"), ("advice",), ("advice", 0, "evidence"),
-             ("preflight",), ("loader",), ("cpus",), ("notes",), ("incidents",), ("started_at",), ("created_at",)]
+    paths = [
+        ("loop",),
+        ("loop", "batches"),
+        ("loop", "first_batch_s"),
+        ("loop", "first_batch_s", "per_epoch"),
+        ("workers",),
+        ("workers", 0),
+        ("workers", 0, "state_share"),
+        ("workers", 0, "pid"),
+        ("main",),
+        ("peaks",),
+        ("peaks", "fds"),
+        ("peaks", "gpus"),
+        ("advice",),
+        ("advice", 0, "evidence"),
+        ("preflight",),
+        ("loader",),
+        ("cpus",),
+        ("notes",),
+        ("incidents",),
+        ("started_at",),
+        ("created_at",),
+    ]
     target = tmp_path / "one"
     target.mkdir()
-    fuzz_fields(s, paths, target, "summary.json", store.load_summary, lambda loaded: html.render_summary_html(loaded, timeline))
+    fuzz_fields(
+        s, paths, target, "summary.json", store.load_summary, lambda loaded: html.render_summary_html(loaded, timeline)
+    )

@@ -47,11 +47,21 @@ def test_every_grouped_name_exists_somewhere_and_aarch64_lacks_only_what_the_ker
     assert known == set(syscalls.NUMBERS["x86_64"])
 
 
-@pytest.mark.parametrize("machine,name,nr", [
-    ("x86_64", "futex", 202), ("aarch64", "futex", 98), ("x86_64", "poll", 7), ("aarch64", "poll", None),
-    ("aarch64", "ppoll", 73), ("arm64", "futex", 98), ("AMD64", "futex", 202), ("x64", "ppoll", 271),
-    ("armv8", "sendfile", 71), ("riscv64", "futex", None),
-])
+@pytest.mark.parametrize(
+    "machine,name,nr",
+    [
+        ("x86_64", "futex", 202),
+        ("aarch64", "futex", 98),
+        ("x86_64", "poll", 7),
+        ("aarch64", "poll", None),
+        ("aarch64", "ppoll", 73),
+        ("arm64", "futex", 98),
+        ("AMD64", "futex", 202),
+        ("x64", "ppoll", 271),
+        ("armv8", "sendfile", 71),
+        ("riscv64", "futex", None),
+    ],
+)
 def test_number_and_aliases(machine: str, name: str, nr: int | None) -> None:
     assert syscalls.number(name, machine) == nr
 

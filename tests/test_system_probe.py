@@ -18,8 +18,9 @@ CGROUP_V1 = "/sys/fs/cgroup/memory"
 
 def _moving(s):
     # figures another process on the machine moves between two reads
-    return dataclasses.replace(s, ts=0, mem_available=None, mlocked=None, shm_free=None, shm_torch_files=None,
-                               cgroup_memory_usage=None)
+    return dataclasses.replace(
+        s, ts=0, mem_available=None, mlocked=None, shm_free=None, shm_torch_files=None, cgroup_memory_usage=None
+    )
 
 
 def test_probe_agrees_with_read_system_here():
@@ -71,8 +72,9 @@ def test_real_cgroup_limit_is_reread_at_its_cadence(monkeypatch):
     try:
         with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
             f.write(str(900 << 20))
-        sleeper = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs && exec sleep 60"],
-                                   start_new_session=True)
+        sleeper = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {cg}/cgroup.procs && exec sleep 60"], start_new_session=True
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and str(sleeper.pid) not in open(os.path.join(cg, "cgroup.procs")).read():
             time.sleep(0.02)

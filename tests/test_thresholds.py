@@ -5,7 +5,12 @@ from __future__ import annotations
 from hypothesis import given, strategies as st
 
 from dlwatch.detect.thresholds import (
-    fd_near_limit, fd_pressure, fd_trend, held_shm_bytes, inflight_shm_bytes, shm_pressure,
+    fd_near_limit,
+    fd_pressure,
+    fd_trend,
+    held_shm_bytes,
+    inflight_shm_bytes,
+    shm_pressure,
 )
 from dlwatch.model import FdSummary, ProcSample, SystemSample
 
@@ -171,8 +176,10 @@ def test_held_shm_bytes_from_samples() -> None:
 def test_shm_smaller_than_need() -> None:
     ev = shm_pressure(sysample(64 * MiB, 64 * MiB), need_bytes=96 * MiB)
     assert ev["reason"] == "smaller_than_need" and ev["need_bytes"] == 96 * MiB and ev["signal"] == "shm_pressure"
-    assert shm_pressure(sysample(64 * MiB, 64 * MiB), need_bytes=96 * MiB, held_bytes=96 * MiB)["reason"] \
-        == "smaller_than_need"  # holding it cannot make /dev/shm bigger
+    assert (
+        shm_pressure(sysample(64 * MiB, 64 * MiB), need_bytes=96 * MiB, held_bytes=96 * MiB)["reason"]
+        == "smaller_than_need"
+    )  # holding it cannot make /dev/shm bigger
     assert shm_pressure(sysample(256 * MiB, 50 * MiB), need_bytes=96 * MiB)["reason"] == "free_below_need"
 
 
@@ -192,8 +199,14 @@ def test_shm_detector_reads_the_job_from_the_view() -> None:
     def view(shm_map_bytes: int, gone: bool = False) -> View:
         t = SimpleNamespace(gone=gone, last=ProcSample(pid=1, ts=1.0, shm_map_bytes=shm_map_bytes), last_fds=None)
         loader = {"batch_bytes": 2 * MiB, "prefetch_factor": 2, "num_workers": 2}
-        return View(now=2.0, procs={1: t}, loader=loader, loader_pids=frozenset(), system=sysample(32 * MiB, 4 * MiB),
-                    heartbeat=None)
+        return View(
+            now=2.0,
+            procs={1: t},
+            loader=loader,
+            loader_pids=frozenset(),
+            system=sysample(32 * MiB, 4 * MiB),
+            heartbeat=None,
+        )
 
     det = ShmPressure({"need_factor": 1.0, "free_share": 0.5})  # an old playbook's free_share is ignored
     assert list(det.on_poll(view(4 * MiB))) == []  # 4 free + 4 held = 8 MiB = the need

@@ -32,16 +32,24 @@ SECRET_DIR_NAME = "ghp_" + "abcdefghijklmnopqrstuvwxyz0123456789"  # a GitHub to
 SECRET_NAME = "hunter2"  # the job names itself "pw=hunter2"
 
 
-def general_line(ts: float, heartbeat: dict[str, Any] | None, procs: list[tuple[ProcSample, str]],
-                 system: SystemSample | None, gpus: list[GpuSample]) -> tuple[dict[str, Any], bytes]:
+def general_line(
+    ts: float,
+    heartbeat: dict[str, Any] | None,
+    procs: list[tuple[ProcSample, str]],
+    system: SystemSample | None,
+    gpus: list[GpuSample],
+) -> tuple[dict[str, Any], bytes]:
     """The record and the timeline line as Monitor.poll made them before the one-walk serialiser."""
-    record = build.compact({
-        "kind": "sample", "ts": ts,
-        "heartbeat": heartbeat,
-        "procs": [dict(s.to_dict(), role=role) for s, role in procs],
-        "system": system.to_dict() if system else None,
-        "gpus": [g.to_dict() for g in gpus],
-    })
+    record = build.compact(
+        {
+            "kind": "sample",
+            "ts": ts,
+            "heartbeat": heartbeat,
+            "procs": [dict(s.to_dict(), role=role) for s, role in procs],
+            "system": system.to_dict() if system else None,
+            "gpus": [g.to_dict() for g in gpus],
+        }
+    )
     return record, json_line(record)
 
 
@@ -69,7 +77,7 @@ def _compare(run_dir: str, polls: int) -> None:
     with open(os.path.join(run_dir, "timeline.jsonl"), "rb") as f:
         written = [line for line in f if line.startswith(b'{"kind": "sample"')]
     mismatches, ring_mismatches, raw_text = [], 0, []
-    for (args, record), ring in zip(calls, list(m.ring)[-len(calls):]):
+    for (args, record), ring in zip(calls, list(m.ring)[-len(calls) :]):
         old_record, old = general_line(*args)
         new = timeline_record.encode(record)
         if new != old:
@@ -78,17 +86,22 @@ def _compare(run_dir: str, polls: int) -> None:
         if outbound(ring) != outbound(old_record):
             ring_mismatches += 1
         raw_text += [s.name for s, _role in args[2] if s.name] + [
-            path for s, _role in args[2] if s.fds for path, _n in s.fds.top_files]
-    print(json.dumps({
-        "records": len(calls),
-        "procs_per_record": [len(args[2]) for args, _ in calls],
-        "with_fds": sum(1 for args, _ in calls for s, _r in args[2] if s.fds is not None),
-        "mismatches": mismatches[:3],
-        "ring_mismatches": ring_mismatches,
-        "file_is_new_path": written == [timeline_record.encode(r) for _a, r in calls],
-        "raw_text": sorted(set(raw_text)),
-        "timeline": b"".join(written).decode(errors="replace"),
-    }))
+            path for s, _role in args[2] if s.fds for path, _n in s.fds.top_files
+        ]
+    print(
+        json.dumps(
+            {
+                "records": len(calls),
+                "procs_per_record": [len(args[2]) for args, _ in calls],
+                "with_fds": sum(1 for args, _ in calls for s, _r in args[2] if s.fds is not None),
+                "mismatches": mismatches[:3],
+                "ring_mismatches": ring_mismatches,
+                "file_is_new_path": written == [timeline_record.encode(r) for _a, r in calls],
+                "raw_text": sorted(set(raw_text)),
+                "timeline": b"".join(written).decode(errors="replace"),
+            }
+        )
+    )
 
 
 def test_real_job_records_are_byte_identical_and_redacted(tmp_path, target):
@@ -114,12 +127,21 @@ def test_real_job_records_are_byte_identical_and_redacted(tmp_path, target):
     mine = tmp_path / "run"
     mine.mkdir(mode=0o700)
     (mine / "dumps").mkdir(mode=0o700)
-    (mine / "config.json").write_text(json.dumps({
-        "pid": job.pid, "started_at": time.time(), "report_dir": str(tmp_path / "reports"),
-        "options": {"poll_interval": 0.2}, "loader": {"num_workers": 2, "batch_size": 1}}))
+    (mine / "config.json").write_text(
+        json.dumps(
+            {
+                "pid": job.pid,
+                "started_at": time.time(),
+                "report_dir": str(tmp_path / "reports"),
+                "options": {"poll_interval": 0.2},
+                "loader": {"num_workers": 2, "batch_size": 1},
+            }
+        )
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-    rc, out, err = run_bounded([sys.executable, os.path.abspath(__file__), "--compare", str(mine), "6"],
-                               env=env, cwd=REPO, timeout=120)
+    rc, out, err = run_bounded(
+        [sys.executable, os.path.abspath(__file__), "--compare", str(mine), "6"], env=env, cwd=REPO, timeout=120
+    )
     assert rc == 0, err[-2000:]
     got = json.loads(out)
 
@@ -141,16 +163,34 @@ def test_real_job_records_are_byte_identical_and_redacted(tmp_path, target):
 
 # --------------------------------------------------------------------------- hostile samples
 
-SHAPES = ["password = {s}", "pw={s}", "--api-token={s}", "https://alice:{s}@example.invalid/x",
-          "ghp_{s}{s}", "hf_{s}{s}", "sk-proj-{s}", "Bearer {s}", "key: {s}"]
+SHAPES = [
+    "password = {s}",
+    "pw={s}",
+    "--api-token={s}",
+    "https://alice:{s}@example.invalid/x",
+    "ghp_{s}{s}",
+    "hf_{s}{s}",
+    "sk-proj-{s}",
+    "Bearer {s}",
+    "key: {s}",
+]
 BODY = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=20, max_size=24)
-text = st.one_of(st.none(), st.text(max_size=20), st.builds(lambda shape, s: shape.format(s=s),
-                                                          st.sampled_from(SHAPES), BODY))
-num = st.one_of(st.none(), st.integers(-2**63, 2**63), st.floats(allow_nan=False))
-fds = st.one_of(st.none(), st.builds(
-    FdSummary, file=st.integers(0, 99), shm=st.integers(0, 99),
-    top_files=st.lists(st.tuples(text.filter(lambda t: t is not None).map(lambda t: f"/data/{t}/x.bin"),
-                                 st.integers(1, 9)), max_size=3).map(tuple)))
+text = st.one_of(
+    st.none(), st.text(max_size=20), st.builds(lambda shape, s: shape.format(s=s), st.sampled_from(SHAPES), BODY)
+)
+num = st.one_of(st.none(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False))
+fds = st.one_of(
+    st.none(),
+    st.builds(
+        FdSummary,
+        file=st.integers(0, 99),
+        shm=st.integers(0, 99),
+        top_files=st.lists(
+            st.tuples(text.filter(lambda t: t is not None).map(lambda t: f"/data/{t}/x.bin"), st.integers(1, 9)),
+            max_size=3,
+        ).map(tuple),
+    ),
+)
 
 
 @st.composite
@@ -170,18 +210,39 @@ def proc_samples(draw) -> ProcSample:
     return ProcSample(pid=draw(st.integers(1, 2**22)), ts=draw(st.floats(0, 2e9)), **values)
 
 
-systems = st.one_of(st.none(), st.builds(SystemSample, ts=st.floats(0, 2e9), mem_available=num, mlocked=num,
-                                         shm_free=num, cgroup_memory_limit=num, vm_oom_kills=num))
-gpus = st.lists(st.builds(GpuSample, index=st.integers(0, 7), name=text, util_percent=num, memory_used=num),
-                max_size=2)
-heartbeats = st.one_of(st.none(), st.builds(
-    lambda b, e, s, w: Heartbeat(b, b, e, s, 1, 0.0, 0.0, w, w, w).to_dict(),
-    st.integers(0, 10**9), st.integers(0, 999), st.integers(0, 4), st.floats(0, 1e6)))
+systems = st.one_of(
+    st.none(),
+    st.builds(
+        SystemSample,
+        ts=st.floats(0, 2e9),
+        mem_available=num,
+        mlocked=num,
+        shm_free=num,
+        cgroup_memory_limit=num,
+        vm_oom_kills=num,
+    ),
+)
+gpus = st.lists(st.builds(GpuSample, index=st.integers(0, 7), name=text, util_percent=num, memory_used=num), max_size=2)
+heartbeats = st.one_of(
+    st.none(),
+    st.builds(
+        lambda b, e, s, w: Heartbeat(b, b, e, s, 1, 0.0, 0.0, w, w, w).to_dict(),
+        st.integers(0, 10**9),
+        st.integers(0, 999),
+        st.integers(0, 4),
+        st.floats(0, 1e6),
+    ),
+)
 
 
 @settings(max_examples=300)
-@given(ts=st.floats(0, 2e9), hb=heartbeats, procs=st.lists(st.tuples(proc_samples(), st.sampled_from(
-    ["main", "worker", "other"])), max_size=4), system=systems, gpus=gpus)
+@given(
+    ts=st.floats(0, 2e9),
+    hb=heartbeats,
+    procs=st.lists(st.tuples(proc_samples(), st.sampled_from(["main", "worker", "other"])), max_size=4),
+    system=systems,
+    gpus=gpus,
+)
 def test_hostile_samples_are_byte_identical_and_redacted(ts, hb, procs, system, gpus):
     old_record, old = general_line(ts, hb, procs, system, gpus)
     record = timeline_record.sample_record(ts, hb, procs, system, gpus)
@@ -192,19 +253,33 @@ def test_hostile_samples_are_byte_identical_and_redacted(ts, hb, procs, system, 
 def test_every_process_field_is_written():
     """A field added to ProcSample is written like the others (the byte comparison covers it)."""
     values = {f.name: 7 for f in dataclasses.fields(ProcSample)}
-    values.update(name="python", state="S", wchan="do_poll", gone=False, cpu_s=0.5,
-                  fds=FdSummary(file=1, top_files=(("/data/train.bin", 1),)))
+    values.update(
+        name="python",
+        state="S",
+        wchan="do_poll",
+        gone=False,
+        cpu_s=0.5,
+        fds=FdSummary(file=1, top_files=(("/data/train.bin", 1),)),
+    )
     s = ProcSample(**values)
     entry = timeline_record.sample_record(1.0, None, [(s, "worker")], None, [])["procs"][0]
     assert list(entry) == [f.name for f in dataclasses.fields(ProcSample)] + ["role"]
-    assert timeline_record.encode(timeline_record.sample_record(1.0, None, [(s, "worker")], None, [])) == \
-        general_line(1.0, None, [(s, "worker")], None, [])[1]
+    assert (
+        timeline_record.encode(timeline_record.sample_record(1.0, None, [(s, "worker")], None, []))
+        == general_line(1.0, None, [(s, "worker")], None, [])[1]
+    )
 
 
 def test_user_text_is_redacted_in_every_text_field():
     token = "ghp_" + "Z" * 36
-    s = ProcSample(pid=5, ts=1.0, name="pw=hunter2", state=f"key: {token}", wchan=f"Bearer {token}",
-                   fds=FdSummary(file=2, top_files=((f"/data/{token}/a.bin", 2),)))
+    s = ProcSample(
+        pid=5,
+        ts=1.0,
+        name="pw=hunter2",
+        state=f"key: {token}",
+        wchan=f"Bearer {token}",
+        fds=FdSummary(file=2, top_files=((f"/data/{token}/a.bin", 2),)),
+    )
     gpu = GpuSample(index=0, name=f"--api-token={token}")
     line = timeline_record.encode(timeline_record.sample_record(1.0, None, [(s, "main")], None, [gpu]))
     assert token not in line.decode() and b"hunter2" not in line
@@ -220,9 +295,14 @@ class _Secretive:
     ok: str | None = None
 
 
-@pytest.mark.parametrize("value", [_Secretive(password="x", api_key=3, ok="Bearer abcdefghijklmnop1234"),
-                                   _Secretive(password=None, api_key=None, ok=None),
-                                   _Secretive(password="", api_key=0, ok="fine")])
+@pytest.mark.parametrize(
+    "value",
+    [
+        _Secretive(password="x", api_key=3, ok="Bearer abcdefghijklmnop1234"),
+        _Secretive(password=None, api_key=None, ok=None),
+        _Secretive(password="", api_key=0, ok="fine"),
+    ],
+)
 def test_secret_field_names_are_masked_as_before(value):
     from dlwatch.model import plain
 

@@ -14,8 +14,9 @@ import pytest
 from conftest import TARGETS, descendants_of, incidents, kill_session, load, wait_for
 
 SCRIPT = os.path.join(TARGETS, "plain_train.py")
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
-                                reason="tmux is not installed (apt-get install tmux; .ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux; .ci/run installs it)"
+)
 
 
 class Tmux:
@@ -32,8 +33,19 @@ class Tmux:
 
         line = " ".join(shlex.quote(c) for c in command)
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        out = self.tmux("-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "24", "-s", "top",
-                        f"env {exports} {line}; echo EXITED $?; sleep 30")
+        out = self.tmux(
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-x",
+            "80",
+            "-y",
+            "24",
+            "-s",
+            "top",
+            f"env {exports} {line}; echo EXITED $?; sleep 30",
+        )
         assert out.returncode == 0, out.stderr
 
     def screen(self) -> str:
@@ -49,10 +61,25 @@ class Tmux:
 def _job(tmp_path, watched: bool):
     env = dict(os.environ)
     env["PYTHONPATH"] = ""
-    cmd = [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(tmp_path / "run-reports"),
-           "--stall-timeout", "3600", SCRIPT, "deadlock"] if watched else [sys.executable, SCRIPT, "deadlock"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    cmd = (
+        [
+            sys.executable,
+            "-m",
+            "dlwatch",
+            "run",
+            "--report-dir",
+            str(tmp_path / "run-reports"),
+            "--stall-timeout",
+            "3600",
+            SCRIPT,
+            "deadlock",
+        ]
+        if watched
+        else [sys.executable, SCRIPT, "deadlock"]
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     line = ""
     while not line.startswith("READY"):
         line = proc.stdout.readline()
@@ -82,10 +109,14 @@ def test_top_in_tmux_shows_workers_snapshots_and_quits(tmp_path, watched):
         workers = wait_for(named_workers, timeout=30)
         assert workers, [p.name() for p in descendants_of(proc.pid)]
         out = tmp_path / "attach"
-        term.start([sys.executable, "-m", "dlwatch", "top", str(proc.pid), "--interval", "0.3", "--out", str(out)],
-                   {"PYTHONPATH": "", "TERM": "xterm"})
-        screen = wait_for(lambda: (s := term.screen()) and all(f"{w}  worker" in s for w in workers)
-                          and "lock acquire" in s and s, timeout=60)
+        term.start(
+            [sys.executable, "-m", "dlwatch", "top", str(proc.pid), "--interval", "0.3", "--out", str(out)],
+            {"PYTHONPATH": "", "TERM": "xterm"},
+        )
+        screen = wait_for(
+            lambda: (s := term.screen()) and all(f"{w}  worker" in s for w in workers) and "lock acquire" in s and s,
+            timeout=60,
+        )
         assert screen, term.screen()
         lines = screen.splitlines()
         assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
@@ -121,12 +152,15 @@ def test_top_in_tmux_shows_workers_snapshots_and_quits(tmp_path, watched):
         proc.communicate()
 
 
-@pytest.mark.parametrize("args, code, text", [
-    (["top", "abc"], 2, "PID must be a number"),
-    (["top", "999999999"], 3, "no process with pid 999999999"),
-    (["top", "1"], 4, "pid 1 is the init process"),
-    (["top", str(os.getpid()), "--interval", "0"], 2, "--interval must be between"),
-])
+@pytest.mark.parametrize(
+    "args, code, text",
+    [
+        (["top", "abc"], 2, "PID must be a number"),
+        (["top", "999999999"], 3, "no process with pid 999999999"),
+        (["top", "1"], 4, "pid 1 is the init process"),
+        (["top", str(os.getpid()), "--interval", "0"], 2, "--interval must be between"),
+    ],
+)
 def test_top_bad_input_one_line(args, code, text):
     out = subprocess.run([sys.executable, "-m", "dlwatch", *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == code, out.stderr
@@ -136,8 +170,12 @@ def test_top_bad_input_one_line(args, code, text):
 def test_top_once_prints_one_frame(target, tmp_path):
     t = target("hang.py", "deadlock", str(tmp_path), "--unwatched")
     t.wait_line("READY", timeout=60)
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "top", str(t.pid), "--once", "--interval", "0.2"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "top", str(t.pid), "--once", "--interval", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout
     lines = out.stdout.splitlines()

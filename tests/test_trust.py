@@ -144,8 +144,13 @@ def test_an_ignored_playbook_makes_no_finding_in_a_real_report(tmp_path):
     from dlwatch.report import build, store
 
     report = store.skeleton(trigger="exception", pid=os.getpid(), now=0.0)
-    report["exception"] = {"type": "builtins.OSError", "message": "[Errno 24] Too many open files",
-                           "errno": 24, "traceback": "", "from_loader": True}
+    report["exception"] = {
+        "type": "builtins.OSError",
+        "message": "[Errno 24] Too many open files",
+        "errno": 24,
+        "traceback": "",
+        "from_loader": True,
+    }
     build.add_findings(report)
     assert report["findings"][0]["playbook"] == "fd-exhaustion"
     build.add_findings(report, ignore=["fd-exhaustion"])

@@ -13,7 +13,7 @@ from conftest import TARGETS, drop_traceback, incidents, load
 sys.path.insert(0, TARGETS)
 from datasets import FailsAt  # noqa: E402
 
-PLAYBOOK = '''
+PLAYBOOK = """
 id = "corrupt-sample"
 title = "A corrupt sample in the dataset"
 summary = "One sample cannot be decoded."
@@ -31,7 +31,7 @@ confidence = 0.2
 
 [remediation]
 text = "Find the sample index in the message and re-encode that file."
-'''
+"""
 
 
 @pytest.mark.parametrize("via", ["option", "env"])
@@ -59,7 +59,7 @@ def test_user_playbook_matches_a_real_worker_exception(tmp_path, monkeypatch, vi
 
 # --------------------------------------------------------------------------- hostile patterns (issue 9, item 8)
 
-EXPONENTIAL = '''
+EXPONENTIAL = """
 id = "nested-quantifier"
 title = "A pattern that backtracks exponentially on a backtracking engine"
 
@@ -67,7 +67,7 @@ title = "A pattern that backtracks exponentially on a backtracking engine"
 name = "trailing-as"
 exception_text = "(a+)+$"
 confidence = 0.5
-'''
+"""
 
 
 @pytest.mark.parametrize("pattern", [r"(a)\\1", "(?=lookahead)x", "(?<!x)y"])
@@ -77,8 +77,10 @@ def test_pattern_re2_cannot_take_is_a_clear_error_at_load(tmp_path, pattern):
 
     from pathlib import Path
 
-    (tmp_path / "mine.toml").write_text(f'id = "mine"\ntitle = "t"\n[[signals]]\nframe = "ok"\nconfidence = 0.5\n'
-                                        f'[[hints]]\nname = "h"\nframe_function = "{pattern}"\n')
+    (tmp_path / "mine.toml").write_text(
+        f'id = "mine"\ntitle = "t"\n[[signals]]\nframe = "ok"\nconfidence = 0.5\n'
+        f'[[hints]]\nname = "h"\nframe_function = "{pattern}"\n'
+    )
     with pytest.raises(PlaybookError) as info:
         load_dir(Path(tmp_path))
     msg = str(info.value)
@@ -90,9 +92,14 @@ def test_shipped_playbooks_compile_under_re2():
 
     pbs = load_playbooks(())
     assert {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication"} <= {
-        p.id for p in pbs}
-    assert all(type(s.exception_text).__module__.startswith("re2") for p in pbs for s in p.signals
-               if s.exception_text is not None)
+        p.id for p in pbs
+    }
+    assert all(
+        type(s.exception_text).__module__.startswith("re2")
+        for p in pbs
+        for s in p.signals
+        if s.exception_text is not None
+    )
 
 
 def test_exponential_pattern_on_long_exception_text_returns(tmp_path):
@@ -128,7 +135,7 @@ def test_exponential_user_pattern_does_not_delay_the_training_program(tmp_path, 
         import dlwatch
         from datasets import Squares
         dl = DataLoader(Squares(16), batch_size=2, num_workers=1)
-        with dlwatch.watch(dl, report_dir={str(tmp_path / 'r')!r}, poll_interval=0.1, playbooks={str(pb_dir)!r}):
+        with dlwatch.watch(dl, report_dir={str(tmp_path / "r")!r}, poll_interval=0.1, playbooks={str(pb_dir)!r}):
             for _ in dl:
                 pass
             raise ValueError("a" * 61 + "!")

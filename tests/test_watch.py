@@ -65,7 +65,9 @@ def test_no_reference_to_loader_after_block(tmp_path, no_leftovers):
     del dl, batches
     gc.collect()
     assert ref() is None  # so persistent workers shut down exactly as without dlwatch
-    assert wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers), 10)
+    assert wait_for(
+        lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in workers), 10
+    )
 
 
 def test_num_workers_zero_and_plain_iterables(tmp_path, no_leftovers):
@@ -88,8 +90,11 @@ def test_start_methods(method, tmp_path, target):
     out, err = t.communicate(timeout=90)
     assert t.proc.returncode == 0, err[-2000:]
     result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-    assert result == {"same": True, "n": 6,
-                      "fingerprints": ["after_first_batch", "after_first_batch", "start", "start"]}
+    assert result == {
+        "same": True,
+        "n": 6,
+        "fingerprints": ["after_first_batch", "after_first_batch", "start", "start"],
+    }
     # two epochs (bare and watched), two workers each: the user's init ran once per worker
     assert len(init_log.read_text().splitlines()) == 4
 
@@ -114,8 +119,12 @@ def _escaped(dl: DataLoader, watched: bool, report_dir, take):
 
 def test_worker_exception_reaches_user_unchanged_and_is_recorded(tmp_path, no_leftovers):
     def run(watched: bool) -> tuple[type, str, bool]:
-        return _escaped(DataLoader(FailsAt(13), batch_size=4, num_workers=2), watched, tmp_path,
-                        lambda exc: (type(exc), str(exc), exc.__cause__ is None and exc.__context__ is None))
+        return _escaped(
+            DataLoader(FailsAt(13), batch_size=4, num_workers=2),
+            watched,
+            tmp_path,
+            lambda exc: (type(exc), str(exc), exc.__cause__ is None and exc.__context__ is None),
+        )
 
     bare, watched = run(False), run(True)
     assert watched[0] is bare[0] is ValueError
@@ -135,10 +144,15 @@ def test_worker_exception_reaches_user_unchanged_and_is_recorded(tmp_path, no_le
 def test_caught_loader_exception_has_the_bare_traceback(tmp_path, no_leftovers):
     """A program that catches the loader's exception and formats its traceback itself sees the
     frames it sees without dlwatch: the watch's wrapper is not one of them."""
+
     def frames(watched: bool) -> list[tuple[str, str, str | None]]:
         # below the program's own frame (its line differs between the two loops)
-        return _escaped(DataLoader(FailsAt(13), batch_size=4, num_workers=1), watched, tmp_path,
-                        lambda exc: [(f.filename, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)[1:]])
+        return _escaped(
+            DataLoader(FailsAt(13), batch_size=4, num_workers=1),
+            watched,
+            tmp_path,
+            lambda exc: [(f.filename, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)[1:]],
+        )
 
     bare, watched = frames(False), frames(True)
     assert bare and any(name == "__next__" for _, name, _ in bare)  # torch's own frames are there
@@ -185,8 +199,10 @@ def test_worker_init_fn_runs_once_per_worker_and_errors_surface(tmp_path, no_lef
     bare, watched = error_of(False), error_of(True)
     assert bare[0] is watched[0] is RuntimeError
     assert bare[1].splitlines()[0] == watched[1].splitlines()[0]
-    assert bare[1].splitlines()[-1] == watched[1].splitlines()[-1] == "RuntimeError: init failed in worker 0" or \
-        bare[1].splitlines()[-1] == watched[1].splitlines()[-1]
+    assert (
+        bare[1].splitlines()[-1] == watched[1].splitlines()[-1] == "RuntimeError: init failed in worker 0"
+        or bare[1].splitlines()[-1] == watched[1].splitlines()[-1]
+    )
 
 
 def test_sigkill_of_training_process_gives_exit_incident(tmp_path, target):
@@ -245,15 +261,19 @@ def test_import_and_cli_work_without_torch(tmp_path):
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('torch is not installed here')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-    code = ("import sys, dlwatch, dlwatch.cli, dlwatch.monitor, dlwatch.agent; "
-            "assert 'torch' not in sys.modules or sys.modules['torch'] is None; print('ok')")
+    code = (
+        "import sys, dlwatch, dlwatch.cli, dlwatch.monitor, dlwatch.agent; "
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "report", "--help"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "report", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and "List incident reports" in out.stdout, out.stderr
-    out = subprocess.run([sys.executable, "-m", "dlwatch", "report", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "dlwatch", "report", str(tmp_path)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and "no incidents" in out.stdout, out.stderr
 
 
@@ -293,8 +313,9 @@ def test_rng_fingerprints_only_for_the_first_worker_generations(tmp_path, no_lef
     fingerprinted = [(e["epoch"], e["worker_id"], e["stage"]) for e in events if e["event"] == "rng_fingerprint"]
     assert len(registered) == 8  # every worker still registers
     # two generations of two workers, each at its start and after its first batch: enough to compare
-    assert sorted(fingerprinted) == [(epoch, wid, stage) for epoch in (1, 2) for wid in (0, 1)
-                                     for stage in ("after_first_batch", "start")]
+    assert sorted(fingerprinted) == [
+        (epoch, wid, stage) for epoch in (1, 2) for wid in (0, 1) for stage in ("after_first_batch", "start")
+    ]
     assert dl.worker_init_fn is None
     assert dl.collate_fn is default_collate
 

@@ -37,18 +37,29 @@ class P:
 
 
 def view(procs, system, now):
-    return View(now=now, procs={p.pid: p for p in procs}, loader=None, loader_pids=frozenset(), system=system,
-                heartbeat=None)
+    return View(
+        now=now, procs={p.pid: p for p in procs}, loader=None, loader_pids=frozenset(), system=system, heartbeat=None
+    )
 
 
 def uss_series(pid, values, rss=500 * MiB, step=2.0, t0=1000.0):
-    return [ProcSample(pid=pid, ts=t0 + i * step, uss=int(v), rss=int(rss if not callable(rss) else rss(i)),
-                       uss_ts=t0 + i * step) for i, v in enumerate(values)]
+    return [
+        ProcSample(
+            pid=pid, ts=t0 + i * step, uss=int(v), rss=int(rss if not callable(rss) else rss(i)), uss_ts=t0 + i * step
+        )
+        for i, v in enumerate(values)
+    ]
 
 
 def system(limit=None, usage=None, avail=20 << 30, mlocked=None, ts=1000.0, oom=None):
-    return SystemSample(ts=ts, mem_available=avail, cgroup_memory_limit=limit, cgroup_memory_usage=usage,
-                        mlocked=mlocked, cgroup_oom_kills=oom)
+    return SystemSample(
+        ts=ts,
+        mem_available=avail,
+        cgroup_memory_limit=limit,
+        cgroup_memory_usage=usage,
+        mlocked=mlocked,
+        cgroup_oom_kills=oom,
+    )
 
 
 # --------------------------------------------------------------------------- growth
@@ -69,8 +80,10 @@ def test_steady_growth_wants_a_still_climbing_late_half():
 
 
 def test_copy_on_read_near_the_limit_is_a_threshold():
-    workers = [P(10 + w, "worker", uss_series(10 + w, [20 * MiB + i * 24 * MiB for i in range(6)]), worker_id=w)
-               for w in range(2)]
+    workers = [
+        P(10 + w, "worker", uss_series(10 + w, [20 * MiB + i * 24 * MiB for i in range(6)]), worker_id=w)
+        for w in range(2)
+    ]
     sys_ = system(limit=2 << 30, usage=1 << 30)
     (sig,) = WorkerMemoryGrowth().on_poll(view(workers, sys_, now=1011.0))
     assert sig["event"] == "threshold" and sig["signal"] == "worker_memory_growth"
@@ -80,8 +93,12 @@ def test_copy_on_read_near_the_limit_is_a_threshold():
 
 def test_far_limit_is_advice_once_and_rss_growth_is_not_copy_on_read():
     # RSS grows with USS: a heap growing (not shared pages turning private)
-    w = P(10, "worker", uss_series(10, [20 * MiB + i * 24 * MiB for i in range(6)],
-                                   rss=lambda i: 500 * MiB + i * 24 * MiB), worker_id=0)
+    w = P(
+        10,
+        "worker",
+        uss_series(10, [20 * MiB + i * 24 * MiB for i in range(6)], rss=lambda i: 500 * MiB + i * 24 * MiB),
+        worker_id=0,
+    )
     det = WorkerMemoryGrowth()
     (adv,) = det.on_poll(view([w], system(avail=1 << 40), now=1011.0))
     assert adv["event"] == "advice" and adv["playbook"] == "worker-memory-growth"
@@ -94,8 +111,9 @@ def test_flat_and_plateauing_workers_stay_quiet():
     flat = P(10, "worker", uss_series(10, [300 * MiB] * 8), worker_id=0)
     warm = P(11, "worker", uss_series(11, [20, 120, 220, 224, 225, 225, 226, 226]), worker_id=1)
     warm.history = collections.deque(uss_series(11, [v * MiB for v in (20, 120, 220, 224, 225, 225, 226, 226)]))
-    assert list(WorkerMemoryGrowth().on_poll(view([flat, warm], system(limit=1 << 30, usage=900 * MiB),
-                                                  now=1015.0))) == []
+    assert (
+        list(WorkerMemoryGrowth().on_poll(view([flat, warm], system(limit=1 << 30, usage=900 * MiB), now=1015.0))) == []
+    )
 
 
 def test_warmup_slowing_to_a_plateau_is_quiet_even_with_a_limit_in_reach():
@@ -104,8 +122,12 @@ def test_warmup_slowing_to_a_plateau_is_quiet_even_with_a_limit_in_reach():
     Its later half still climbs, but slowing: a plateau to come, not a leak."""
     values = [30, 95, 150, 200, 235, 250, 258, 264]
     warm = P(11, "worker", uss_series(11, [v * MiB for v in values], step=2.0), worker_id=0)
-    assert growth.steady_growth([(s.uss_ts, float(s.uss)) for s in warm.history], min_rate=MiB,
-                                min_rise=64 * MiB, min_window_s=8) is None
+    assert (
+        growth.steady_growth(
+            [(s.uss_ts, float(s.uss)) for s in warm.history], min_rate=MiB, min_rise=64 * MiB, min_window_s=8
+        )
+        is None
+    )
     assert list(WorkerMemoryGrowth().on_poll(view([warm], system(avail=22 << 30), now=1015.0))) == []
 
 
@@ -122,8 +144,9 @@ def test_a_short_trend_projected_far_waits_to_be_watched_longer():
 
 def test_pinned_growth_needs_a_watched_locker():
     det = PinnedMemoryGrowth()
-    locker = P(1, "main", [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=(i + 1) * 40 * MiB)
-                           for i in range(10)])
+    locker = P(
+        1, "main", [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=(i + 1) * 40 * MiB) for i in range(10)]
+    )
     bystander = P(1, "main", [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=0) for i in range(10)])
     out = []
     for i in range(12):
@@ -132,17 +155,27 @@ def test_pinned_growth_needs_a_watched_locker():
     assert out and out[0]["event"] == "threshold" and out[0]["reason"] == "limit_soon"
     quiet = PinnedMemoryGrowth()  # the host's Mlocked grows, but no watched process locks anything
     for i in range(12):
-        assert not list(quiet.on_poll(view([bystander], system(mlocked=(i + 1) * 40 * MiB, ts=1000.0 + i),
-                                           now=1000.0 + i)))
+        assert not list(
+            quiet.on_poll(view([bystander], system(mlocked=(i + 1) * 40 * MiB, ts=1000.0 + i), now=1000.0 + i))
+        )
 
 
 def test_pinned_near_rlimit_and_flat_locked_memory():
-    near = P(1, "main", [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=int((6 + 1.5 * i) * MiB),
-                                    memlock_limit=8 * MiB) for i in range(2)])
+    near = P(
+        1,
+        "main",
+        [
+            ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=int((6 + 1.5 * i) * MiB), memlock_limit=8 * MiB)
+            for i in range(2)
+        ],
+    )
     (sig,) = PinnedMemoryGrowth().on_poll(view([near], system(mlocked=7 * MiB), now=1001.0))
     assert sig["reason"] == "near_memlock_limit"
-    flat = P(1, "main", [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=8 * MiB,
-                                    memlock_limit=8 * MiB) for i in range(3)])
+    flat = P(
+        1,
+        "main",
+        [ProcSample(pid=1, ts=1000.0 + i, uss_ts=1000.0 + i, vm_lck=8 * MiB, memlock_limit=8 * MiB) for i in range(3)],
+    )
     det = PinnedMemoryGrowth()
     for i in range(15):
         assert not list(det.on_poll(view([flat], system(mlocked=64 * MiB, ts=1000.0 + i), now=1000.0 + i)))
@@ -168,8 +201,7 @@ def test_worker_gone_at_epoch_end_is_not_noted():
     assert not list(det.on_poll(view([alive], system(limit=1 << 30, usage=400 * MiB, oom=0), now=1000.0)))
     alive.gone = True
     alive.history.append(ProcSample(pid=20, ts=1001.0, gone=True))
-    assert not list(det.on_poll(view([alive], system(limit=1 << 30, usage=400 * MiB, oom=0, ts=1001.0),
-                                     now=1001.0)))
+    assert not list(det.on_poll(view([alive], system(limit=1 << 30, usage=400 * MiB, oom=0, ts=1001.0), now=1001.0)))
 
 
 def test_worker_gone_with_oom_count_rising_is_noted():
@@ -182,8 +214,10 @@ def test_worker_gone_with_oom_count_rising_is_noted():
     assert obs["oom_kills_before"]["cgroup"] == 0 and obs["oom_kills_after"]["cgroup"] == 1
     assert obs["memory"][0]["uss"] == 800 * MiB
     # the exit code the training process read afterwards adds the signal
-    (more,) = det.on_event({"event": "worker_exits", "exitcodes": {"20": -signal.SIGKILL, "21": 0}},
-                           view([w], system(limit=1 << 30, usage=200 * MiB, oom=1), now=1002.0))
+    (more,) = det.on_event(
+        {"event": "worker_exits", "exitcodes": {"20": -signal.SIGKILL, "21": 0}},
+        view([w], system(limit=1 << 30, usage=200 * MiB, oom=1), now=1002.0),
+    )
     assert more["exit_signal"] == "SIGKILL" and more["cause"] == "oom-kill"
 
 
@@ -203,8 +237,9 @@ CRASHER = textwrap.dedent("""
 def test_crash_file_of_a_real_segfault(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.pop("PYTHONFAULTHANDLER", None)
-    proc = subprocess.run([sys.executable, "-c", CRASHER, str(tmp_path / "dumps")], capture_output=True,
-                          text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHER, str(tmp_path / "dumps")], capture_output=True, text=True, env=env, timeout=60
+    )
     assert proc.returncode == -signal.SIGSEGV
     path = proc.stdout.strip()
     assert path.endswith(".crash.txt") and oct(os.stat(path).st_mode & 0o777) == "0o600"
@@ -215,11 +250,14 @@ def test_crash_file_of_a_real_segfault(tmp_path):
 
 
 def test_user_faulthandler_setting_is_left_alone(tmp_path):
-    code = ("import faulthandler, sys; faulthandler.enable(); from dlwatch.collect import faultdump; "
-            "print(faultdump.install_crash(sys.argv[1]), faulthandler.is_enabled())")
+    code = (
+        "import faulthandler, sys; faulthandler.enable(); from dlwatch.collect import faultdump; "
+        "print(faultdump.install_crash(sys.argv[1]), faulthandler.is_enabled())"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
-                         timeout=60).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=60
+    ).stdout.split()
     assert out == ["None", "True"]
     assert not list(tmp_path.iterdir())
 
@@ -258,16 +296,30 @@ def test_zombie_exit_status_and_minflt(tmp_path):
 
 
 def _report(**kw):
-    base = {"trigger": "exception", "exception": None, "classification": None, "loader": {}, "system": {},
-            "processes": [], "events": [], "timeline": []}
+    base = {
+        "trigger": "exception",
+        "exception": None,
+        "classification": None,
+        "loader": {},
+        "system": {},
+        "processes": [],
+        "events": [],
+        "timeline": [],
+    }
     base.update(kw)
     return base
 
 
 def _worker(pid, status=None, crash=None, frames=None):
     stack = {"source": "faulthandler-crash", "threads": [{"thread_id": 1, "frames": frames}]} if frames else None
-    p = {"pid": pid, "role": "worker", "worker_id": 0, "sample": {"ts": 1000.0, "rss": 300 * MiB},
-         "status": status, "stack": stack}
+    p = {
+        "pid": pid,
+        "role": "worker",
+        "worker_id": 0,
+        "sample": {"ts": 1000.0, "rss": 300 * MiB},
+        "status": status,
+        "stack": stack,
+    }
     if crash:
         p["crash"] = crash
     return p
@@ -278,20 +330,30 @@ def test_match_killed_by_signal_text_and_dead_worker_stall():
     from dlwatch.playbooks import load_playbooks
 
     pbs = load_playbooks()
-    exc = {"type": "builtins.RuntimeError", "message": "DataLoader worker (pid 4301) is killed by signal: Killed. ",
-           "traceback": "", "from_loader": True}
+    exc = {
+        "type": "builtins.RuntimeError",
+        "message": "DataLoader worker (pid 4301) is killed by signal: Killed. ",
+        "traceback": "",
+        "from_loader": True,
+    }
     top = match(_report(exception=exc, processes=[_worker(4301, status="gone")]), pbs)[0]
     assert top.playbook == "worker-killed" and top.evidence["exit_signal"] == "SIGKILL"
     assert top.evidence["pid"] == 4301
     # no cgroup, no OOM count, no memory figure: SIGKILL alone is not called an OOM kill
     assert top.evidence["cause"] == "external-kill"
     # the loop hung instead (dead-worker stall), and the worker had written its crash stack
-    frames = [{"function": "string_at", "filename": "/usr/lib/python3.11/ctypes/__init__.py", "line": 519},
-              {"function": "__getitem__", "filename": "/home/u/train/data.py", "line": 42},
-              {"function": "_worker_loop", "filename": "/x/site-packages/torch/utils/data/_utils/worker.py"}]
-    r = _report(trigger="stall", classification="dead-worker",
-                processes=[_worker(77, status="gone", crash={"signal": "SIGSEGV", "fatal_error": "Segmentation fault"},
-                                   frames=frames)])
+    frames = [
+        {"function": "string_at", "filename": "/usr/lib/python3.11/ctypes/__init__.py", "line": 519},
+        {"function": "__getitem__", "filename": "/home/u/train/data.py", "line": 42},
+        {"function": "_worker_loop", "filename": "/x/site-packages/torch/utils/data/_utils/worker.py"},
+    ]
+    r = _report(
+        trigger="stall",
+        classification="dead-worker",
+        processes=[
+            _worker(77, status="gone", crash={"signal": "SIGSEGV", "fatal_error": "Segmentation fault"}, frames=frames)
+        ],
+    )
     top = match(r, pbs)[0]
     assert top.playbook == "worker-killed" and top.evidence["cause"] == "native-crash"
     assert top.evidence["crash_frame"] == "__getitem__ (/home/u/train/data.py:42)"
@@ -303,12 +365,21 @@ def test_match_bus_error_stays_shm_and_healthy_report_matches_nothing_new():
     from dlwatch.playbooks import load_playbooks
 
     pbs = load_playbooks()
-    exc = {"type": "builtins.RuntimeError", "message": "DataLoader worker (pid 4301) is killed by signal: Bus error. "
-           "It is possible that dataloader's workers are out of shared memory.", "traceback": "", "from_loader": True}
+    exc = {
+        "type": "builtins.RuntimeError",
+        "message": "DataLoader worker (pid 4301) is killed by signal: Bus error. "
+        "It is possible that dataloader's workers are out of shared memory.",
+        "traceback": "",
+        "from_loader": True,
+    }
     assert [f.playbook for f in match(_report(exception=exc), pbs)] == ["shm-exhaustion"]
     # an advice event alone (long projection) makes no finding in a later report
-    advice = {"event": "advice", "playbook": "worker-memory-growth", "advice": "worker_memory_growth",
-              "limit_in_s": 5000.0}
+    advice = {
+        "event": "advice",
+        "playbook": "worker-memory-growth",
+        "advice": "worker_memory_growth",
+        "limit_in_s": 5000.0,
+    }
     assert match(_report(trigger="stall", classification="slow", events=[advice]), pbs) == []
 
 
@@ -317,7 +388,6 @@ def test_dead_worker_stall_is_worker_killed_with_the_zombies_signal(tmp_path, ta
     its own check comes only after 5 s): the stall incident names worker-killed, SIGKILL from the zombie."""
 
     from conftest import incidents, load, wait_for
-
 
     t = target("dead_worker_stall.py", str(tmp_path))
     victim = int(t.wait_line("READY", timeout=60).split()[1])
@@ -335,8 +405,10 @@ def test_dead_worker_stall_is_worker_killed_with_the_zombies_signal(tmp_path, ta
 def test_torch_messages_are_parsed_without_regex():
     from dlwatch.detect.worker_killed import torch_worker_exit
 
-    assert torch_worker_exit("RuntimeError: DataLoader worker (pid 4301) is killed by signal: Killed. ") == \
-        ([4301], "SIGKILL")
+    assert torch_worker_exit("RuntimeError: DataLoader worker (pid 4301) is killed by signal: Killed. ") == (
+        [4301],
+        "SIGKILL",
+    )
     assert torch_worker_exit("DataLoader worker (pid 7) is killed by signal: Segmentation fault.") == ([7], "SIGSEGV")
     assert torch_worker_exit("x\nDataLoader worker (pid(s) 12, 13) exited unexpectedly\n") == ([12, 13], None)
     assert torch_worker_exit("DataLoader worker (pid(s) ) exited") == ([], None)
@@ -352,8 +424,10 @@ def test_cuda_pinned_memory_growth(tmp_path):
     import torch
 
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here: torch ignores pin_memory without one (the mlock'd-buffer "
-                    "reproduction in examples/pinned_growth.py covers the detector)")
+        pytest.skip(
+            "no CUDA device here: torch ignores pin_memory without one (the mlock'd-buffer "
+            "reproduction in examples/pinned_growth.py covers the detector)"
+        )
     import time
 
     from conftest import incidents, load

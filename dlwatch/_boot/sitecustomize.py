@@ -44,23 +44,30 @@ def _boot() -> None:
 
             runhook.install()
     except Exception as exc:  # never stop the program: it runs unwatched
-        line = f"dlwatch: warning: could not install the run hook ({type(exc).__name__}: {exc}); " \
-               "the program runs unwatched\n"
+        line = (
+            f"dlwatch: warning: could not install the run hook ({type(exc).__name__}: {exc}); "
+            "the program runs unwatched\n"
+        )
         try:  # the one redaction point: the message can hold a path or a value of the program
             from dlwatch.redact import outbound
 
             line = outbound(line)
         except Exception:  # dlwatch itself cannot be imported: say so without the message
-            line = f"dlwatch: warning: could not install the run hook ({type(exc).__name__}); " \
-                   "the program runs unwatched\n"
+            line = (
+                f"dlwatch: warning: could not install the run hook ({type(exc).__name__}); the program runs unwatched\n"
+            )
         sys.stderr.write(line)
     # the sitecustomize this one shadows (a distribution's or a site's) still runs
     import importlib.machinery
     import importlib.util
 
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
-    if spec is not None and spec.loader is not None and spec.origin and \
-            os.path.dirname(os.path.abspath(spec.origin)) != here:
+    if (
+        spec is not None
+        and spec.loader is not None
+        and spec.origin
+        and os.path.dirname(os.path.abspath(spec.origin)) != here
+    ):
         module = importlib.util.module_from_spec(spec)
         sys.modules["sitecustomize"] = module
         spec.loader.exec_module(module)

@@ -39,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         doc = (module.__doc__ or "").strip()
         summary = doc.splitlines()[0] if doc else name
-        p = sub.add_parser(name, help=summary, description=doc,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=summary, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser

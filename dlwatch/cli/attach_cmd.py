@@ -39,12 +39,23 @@ PF_KTHREAD = 0x00200000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", help="the training process (the DataLoader's main process)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="report directory root; the incident goes to DIR/<id>/ (default: $DLWATCH_DIR or ./dlwatch-reports)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="report directory root; the incident goes to DIR/<id>/ (default: $DLWATCH_DIR or ./dlwatch-reports)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report JSON instead of a summary")
-    parser.add_argument("--duration", type=float, default=forensics.SECOND_READ_AFTER_S, metavar="SECONDS",
-                        help="observation window: /proc is read across it for CPU progress and signs of life (default %(default)s)")
-    parser.add_argument("--no-native", action="store_true", help="Python frames only (faster: ~10 ms a process instead of ~110 ms)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=forensics.SECOND_READ_AFTER_S,
+        metavar="SECONDS",
+        help="observation window: /proc is read across it for CPU progress and signs of life (default %(default)s)",
+    )
+    parser.add_argument(
+        "--no-native", action="store_true", help="Python frames only (faster: ~10 ms a process instead of ~110 ms)"
+    )
 
 
 def _is_python(pid: int) -> bool:
@@ -77,24 +88,28 @@ def check_target(pid: int) -> None:
     except PermissionError:
         raise PermissionDeniedError(f"cannot read /proc/{pid}: permission denied", help=PTRACE_HELP) from None
     stat = procfs.parse_stat(text)
-    fields = text[text.rfind(")") + 2:].split()
+    fields = text[text.rfind(")") + 2 :].split()
     if int(fields[6]) & PF_KTHREAD:
         raise TargetError(f"pid {pid} is a kernel thread ({stat['name']}), not a Python process")
     if stat["state"] == "Z":
-        raise TargetError(f"pid {pid} is a zombie: it has exited and holds no stacks",
-                          help="its parent has not reaped it yet; look at the parent or at the exit incident")
+        raise TargetError(
+            f"pid {pid} is a zombie: it has exited and holds no stacks",
+            help="its parent has not reaped it yet; look at the parent or at the exit incident",
+        )
     try:
         os.listdir(f"/proc/{pid}/fd")
         with open(f"/proc/{pid}/syscall"):
             pass
     except PermissionError:
-        raise PermissionDeniedError(f"permission denied: not allowed to inspect pid {pid} (another user's process?)",
-                                    help=PTRACE_HELP) from None
+        raise PermissionDeniedError(
+            f"permission denied: not allowed to inspect pid {pid} (another user's process?)", help=PTRACE_HELP
+        ) from None
     except FileNotFoundError:
         raise NotFoundError(f"no process with pid {pid}") from None
     if not _is_python(pid):
-        raise TargetError(f"pid {pid} ({stat['name']}) is not a Python process",
-                          help="pass the pid of the Python training process")
+        raise TargetError(
+            f"pid {pid} ({stat['name']}) is not a Python process", help="pass the pid of the Python training process"
+        )
 
 
 def find_run_dir(pid: int) -> str | None:
@@ -114,8 +129,13 @@ def find_run_dir(pid: int) -> str | None:
 
 
 # What attach reads from a run directory, and at most how much of each.
-_CAPS = {"config.json": 1 << 20, "events.jsonl": 16 << 20, "heartbeat": heartbeat.SIZE,
-         "timeline.jsonl": 8 << 20, "timeline.1.jsonl": 8 << 20}
+_CAPS = {
+    "config.json": 1 << 20,
+    "events.jsonl": 16 << 20,
+    "heartbeat": heartbeat.SIZE,
+    "timeline.jsonl": 8 << 20,
+    "timeline.1.jsonl": 8 << 20,
+}
 _DUMP_CAP = bounds.MAX_DUMP_READ_BYTES  # a faulthandler dump file, per read (see collect/bounds.py)
 _DUMP_NAME = re.compile(r"^[0-9]{1,10}\.txt$")
 
@@ -126,7 +146,7 @@ def _stat_fields(pid: int) -> list[str] | None:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2 :].split()
 
 
 class _Relation:
@@ -152,8 +172,15 @@ class _Relation:
             return True
         fields = _stat_fields(pid)
         creds = rundir.target_creds(pid)
-        return (self.session is not None and self.uid is not None and fields is not None and len(fields) > 3
-                and fields[3] == self.session and creds is not None and creds.uid == self.uid)
+        return (
+            self.session is not None
+            and self.uid is not None
+            and fields is not None
+            and len(fields) > 3
+            and fields[3] == self.session
+            and creds is not None
+            and creds.uid == self.uid
+        )
 
 
 def _dump_name(run_dir: str, path: Any) -> str | None:
@@ -227,8 +254,13 @@ def gather(pid: int) -> tuple[dict[int, TrackedProcess], dict[str, Any]]:
                     name = _dump_name(run_dir, ev.get("dump_path"))
                     if name is None and ev.get("dump_path") is not None:
                         notes.append(f"worker {wpid}'s dump_path points outside the run directory: not used")
-                    procs[wpid] = TrackedProcess(wpid, "worker", worker_id=ev.get("worker_id"), dump_path=name,
-                                                  start_method=ev.get("start_method"))
+                    procs[wpid] = TrackedProcess(
+                        wpid,
+                        "worker",
+                        worker_id=ev.get("worker_id"),
+                        dump_path=name,
+                        start_method=ev.get("start_method"),
+                    )
             if ev.get("event") not in ("stop",):
                 run["events"].append(ev)
         if refused_pids:
@@ -238,8 +270,10 @@ def gather(pid: int) -> tuple[dict[int, TrackedProcess], dict[str, Any]]:
         run["timeline"] = _jsonl(timeline, build.TIMELINE_WINDOW)
         dirs = ((cfg or {}).get("options") or {}).get("playbooks") if isinstance(cfg, dict) else None
         if dirs:
-            notes.append("playbook directories named by the run were not loaded (attach uses the shipped "
-                         "playbooks and your own $DLWATCH_PLAYBOOKS)")
+            notes.append(
+                "playbook directories named by the run were not loaded (attach uses the shipped "
+                "playbooks and your own $DLWATCH_PLAYBOOKS)"
+            )
         notes.extend(f"run directory file refused: {r}" for r in reader.refusals)
     for child in procfs.descendants(pid):
         if child in procs:
@@ -279,8 +313,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_attach_incident(pid: int, out_dir: str, *, duration: float = forensics.SECOND_READ_AFTER_S,
-                          native: bool = True) -> tuple[dict[str, Any], str]:
+def write_attach_incident(
+    pid: int, out_dir: str, *, duration: float = forensics.SECOND_READ_AFTER_S, native: bool = True
+) -> tuple[dict[str, Any], str]:
     """Inspect ``pid`` (checked by check_target) and write its attach incident; return (report, path).
 
     Shared by ``dlwatch attach`` and the ``s`` key of ``dlwatch top``.
@@ -301,9 +336,17 @@ def write_attach_incident(pid: int, out_dir: str, *, duration: float = forensics
     report["timeline"] = watched.get("timeline") or []
     for p in procs.values():
         sample = procfs.read_proc(p.pid, fd_detail=True, mem_detail=True)
-        report["processes"].append(build.process_entry(
-            p.pid, p.role, worker_id=p.worker_id, start_method=p.start_method, name=sample.name,
-            cmdline=procfs.cmdline(p.pid), sample=build.compact(sample.to_dict())))
+        report["processes"].append(
+            build.process_entry(
+                p.pid,
+                p.role,
+                worker_id=p.worker_id,
+                start_method=p.start_method,
+                name=sample.name,
+                cmdline=procfs.cmdline(p.pid),
+                sample=build.compact(sample.to_dict()),
+            )
+        )
     try:
         report["system"] = read_system(pid).to_dict()
     except Exception as exc:
@@ -319,14 +362,21 @@ def write_attach_incident(pid: int, out_dir: str, *, duration: float = forensics
     reader = watched.get("reader")
     workers = sum(1 for p in procs.values() if p.role == "worker")
     expected = (report["loader"] or {}).get("num_workers") if report["loader"] else None
-    extra = forensics.investigate(report, procs, main_waiting_for_data=waiting,
-                                  expected_workers=expected if isinstance(expected, int) and expected > 0 else (workers or None),
-                                  native=native, interval_s=duration,
-                                  read_dump=reader.read_one if reader is not None else _no_dump,
-                                  allow=watched.get("allowed"), uid=_target_uid(watched))
+    extra = forensics.investigate(
+        report,
+        procs,
+        main_waiting_for_data=waiting,
+        expected_workers=expected if isinstance(expected, int) and expected > 0 else (workers or None),
+        native=native,
+        interval_s=duration,
+        read_dump=reader.read_one if reader is not None else _no_dump,
+        allow=watched.get("allowed"),
+        uid=_target_uid(watched),
+    )
     if reader is not None:  # dump files refused while the stacks were taken
-        report["notes"].extend(n for n in (f"run directory file refused: {r}" for r in reader.refusals)
-                               if n not in report["notes"])
+        report["notes"].extend(
+            n for n in (f"run directory file refused: {r}" for r in reader.refusals) if n not in report["notes"]
+        )
     # never the run's own playbook directories: code-free, but the target's user wrote them
     build.add_findings(report, ())
     path = build.write(report, out_dir, extra_files=extra)

@@ -88,13 +88,19 @@ PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", default=DEFAULT,
-                        help=f"example to run, or `all` (default: {DEFAULT})")
+    parser.add_argument("name", nargs="?", default=DEFAULT, help=f"example to run, or `all` (default: {DEFAULT})")
     parser.add_argument("--list", action="store_true", help="list the examples and exit")
-    parser.add_argument("--report-dir", default=None,
-                        help="where the examples write incidents (default: $DLWATCH_DIR or ./dlwatch-reports)")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
-                        help=f"seconds an example may run before it is killed (default: {TIMEOUT_S:g})")
+    parser.add_argument(
+        "--report-dir",
+        default=None,
+        help="where the examples write incidents (default: $DLWATCH_DIR or ./dlwatch-reports)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=TIMEOUT_S,
+        help=f"seconds an example may run before it is killed (default: {TIMEOUT_S:g})",
+    )
 
 
 # --------------------------------------------------------------------------- finding the scripts
@@ -118,9 +124,10 @@ def examples_dir() -> str:
     for path in candidates:
         if _has_examples(path):
             return path
-    raise NotFoundError("the example scripts are not installed (looked in: " + ", ".join(candidates) + ")",
-                        help="reinstall dlwatch (`pip install .` ships examples/ as dlwatch._examples), "
-                             "or run from a source checkout")
+    raise NotFoundError(
+        "the example scripts are not installed (looked in: " + ", ".join(candidates) + ")",
+        help="reinstall dlwatch (`pip install .` ships examples/ as dlwatch._examples), or run from a source checkout",
+    )
 
 
 def describe(script: str) -> str:
@@ -166,8 +173,11 @@ class Outcome:
             return self.job_top == self.expected
         if self.is_advice_example:
             want = ADVICE[self.name]
-            return not self.reports and self.summary is not None and (
-                want in self.advice if want is not None else not self.advice)
+            return (
+                not self.reports
+                and self.summary is not None
+                and (want in self.advice if want is not None else not self.advice)
+            )
         if self.expected is None:
             return not self.reports
         return bool(self.reports) and all(t == self.expected for t in self.top_findings)
@@ -206,8 +216,12 @@ def _example_argv(script: str, report_dir: str) -> list[str]:
     this dlwatch is loaded by location and the examples folder (ours) comes first for ``_common``."""
     from dlwatch._spawn import MONITOR_DEPS, python_argv
 
-    argv = python_argv(script=script, args=["--report-dir", report_dir], first=[os.path.dirname(script)],
-                       deps=(*MONITOR_DEPS, "torch", "numpy"))
+    argv = python_argv(
+        script=script,
+        args=["--report-dir", report_dir],
+        first=[os.path.dirname(script)],
+        deps=(*MONITOR_DEPS, "torch", "numpy"),
+    )
     return [argv[0], "-W", NUMPY_WARNING, *argv[1:]]
 
 
@@ -225,15 +239,21 @@ def _stop_group(proc: "subprocess.Popen[str]") -> None:
             continue
 
 
-def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
-                echo: TextIO | None = None) -> Outcome:
+def run_example(name: str, directory: str, report_dir: str, *, timeout: float, echo: TextIO | None = None) -> Outcome:
     """Run one example script as a subprocess, bounded in time, and read the reports it names."""
     out = Outcome(name, EXAMPLES[name])
     script = os.path.join(directory, f"{name}.py")
     t0 = time.monotonic()
-    proc = subprocess.Popen(_example_argv(script, report_dir), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            env=_child_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        _example_argv(script, report_dir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=_child_env(),
+        start_new_session=True,
+    )
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -255,13 +275,13 @@ def run_example(name: str, directory: str, report_dir: str, *, timeout: float,
         out.seconds = time.monotonic() - t0
     for line in out.output:
         if line.startswith("REPORT "):
-            out.reports.append(line[len("REPORT "):].strip())
+            out.reports.append(line[len("REPORT ") :].strip())
         elif line.startswith("SKIP: "):
-            out.skipped = line[len("SKIP: "):].strip()
+            out.skipped = line[len("SKIP: ") :].strip()
         elif line.startswith("SUMMARY "):
-            out.summary = line[len("SUMMARY "):].strip()
+            out.summary = line[len("SUMMARY ") :].strip()
         elif line.startswith("ADVICE "):
-            out.advice.append(line[len("ADVICE "):].strip())
+            out.advice.append(line[len("ADVICE ") :].strip())
     if out.error is None and proc.returncode != 0:
         out.error = f"exit status {proc.returncode}"
     for path in out.reports:
@@ -283,7 +303,7 @@ def _judge_job(out: Outcome, report_dir: str) -> None:
     the rank that stalled first and a rank waiting for it, or a straggler and no incident."""
     from dlwatch.report.jobview import job_view
 
-    job_id = next((line[len("JOB "):].strip() for line in out.output if line.startswith("JOB ")), None)
+    job_id = next((line[len("JOB ") :].strip() for line in out.output if line.startswith("JOB ")), None)
     if job_id is None:
         out.error = "the example printed no JOB line"
         return
@@ -308,8 +328,9 @@ def _judge_job(out: Outcome, report_dir: str) -> None:
 def list_lines(directory: str) -> Iterator[str]:
     width = max(len(n) for n in EXAMPLES)
     for name, expected in EXAMPLES.items():
-        tag = expected or (f"advice {ADVICE[name]}" if ADVICE.get(name) else "no advice" if name in ADVICE
-                           else "no incident")
+        tag = expected or (
+            f"advice {ADVICE[name]}" if ADVICE.get(name) else "no advice" if name in ADVICE else "no incident"
+        )
         default = "  (default)" if name == DEFAULT else ""
         yield f"{name:<{width}}  {tag:<34} {describe(os.path.join(directory, name + '.py'))}{default}"
     yield ""
@@ -330,12 +351,13 @@ def table_lines(outcomes: Sequence[Outcome]) -> Iterator[str]:
     balanced = [o for o in outcomes if o.is_advice_example and not ADVICE[o.name] and o.matched is not None]
     yield ""
     yield f"failures matched right: {sum(bool(o.matched) for o in failing)}/{len(failing)}"
-    yield (f"healthy runs that raised a finding: {sum(bool(o.reports) or o.error is not None for o in healthy)}"
-           f"/{len(healthy)}")
+    yield (
+        f"healthy runs that raised a finding: {sum(bool(o.reports) or o.error is not None for o in healthy)}"
+        f"/{len(healthy)}"
+    )
     if advised or balanced:
         yield f"advice earned right: {sum(bool(o.matched) for o in advised)}/{len(advised)}"
-        yield (f"balanced runs that got advice or an incident: {sum(not o.matched for o in balanced)}"
-               f"/{len(balanced)}")
+        yield (f"balanced runs that got advice or an incident: {sum(not o.matched for o in balanced)}/{len(balanced)}")
     skipped = [o.name for o in outcomes if o.matched is None]
     if skipped:
         yield f"skipped: {', '.join(skipped)}"
@@ -350,8 +372,10 @@ def _tail(lines: Iterable[str], n: int = 15) -> list[str]:
 
 def _require_torch() -> None:
     if importlib.util.find_spec("torch") is None:
-        raise NotFoundError("the examples need torch, which is not installed in this Python",
-                            help=f"pip install torch (into {sys.prefix})")
+        raise NotFoundError(
+            "the examples need torch, which is not installed in this Python",
+            help=f"pip install torch (into {sys.prefix})",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -362,8 +386,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     args.name = ALIASES.get(args.name, args.name)
     if args.name != "all" and args.name not in EXAMPLES:
-        raise UsageError(f"no example named {args.name!r}",
-                         help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
+        raise UsageError(f"no example named {args.name!r}", help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     _require_torch()
@@ -405,11 +428,17 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
             return 1
         for line in summary_render.terminal_lines(outbound(data)):
             print(render.terminal_safe(line))
-        return _trailer(o.summary, "summary", None if o.matched else
-                        f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}")
+        return _trailer(
+            o.summary,
+            "summary",
+            None if o.matched else f"expected advice {ADVICE[o.name] or 'none'}, found {', '.join(o.advice) or 'none'}",
+        )
     if not o.reports and o.job is None:
-        print("no incident: dlwatch found nothing wrong" if o.expected is None
-              else f"no incident was written (expected {o.expected})")
+        print(
+            "no incident: dlwatch found nothing wrong"
+            if o.expected is None
+            else f"no incident was written (expected {o.expected})"
+        )
         return 0 if o.matched else 1
     if o.job is not None:
         from dlwatch.report.jobview import job_lines

@@ -21,8 +21,13 @@ from dlwatch.playbooks import Playbook, Signal, load_playbooks
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", nargs="?", help="the playbook to show (omit to list them all)")
-    parser.add_argument("--dir", action="append", default=[], metavar="DIR",
-                        help="an extra playbook directory (repeatable; after $DLWATCH_PLAYBOOKS)")
+    parser.add_argument(
+        "--dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an extra playbook directory (repeatable; after $DLWATCH_PLAYBOOKS)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -30,8 +35,11 @@ def run(args: argparse.Namespace) -> int:
     playbooks = load_playbooks(args.dir)
     if args.id is None:
         if args.json:
-            json.dump([{"id": p.id, "title": p.title, "source": p.source, "builtin": p.builtin}
-                       for p in playbooks], sys.stdout, indent=2)
+            json.dump(
+                [{"id": p.id, "title": p.title, "source": p.source, "builtin": p.builtin} for p in playbooks],
+                sys.stdout,
+                indent=2,
+            )
             print()
         else:
             for line in list_lines(playbooks):
@@ -125,10 +133,19 @@ def show_lines(pb: Playbook) -> Iterator[str]:
 
 def to_dict(pb: Playbook) -> dict[str, Any]:
     return {
-        "id": pb.id, "title": pb.title, "summary": pb.summary, "source": pb.source, "builtin": pb.builtin,
-        "signals": [{"name": s.name, "confidence": s.confidence, "description": s.description,
-                     "when": _condition_text(s)} for s in pb.signals],
-        "thresholds": dict(pb.thresholds), "evidence": dict(pb.evidence),
-        "remediation": pb.remediation, "variants": dict(pb.variants),
-        "hints": [h.name for h in pb.hints], "references": list(pb.references),
+        "id": pb.id,
+        "title": pb.title,
+        "summary": pb.summary,
+        "source": pb.source,
+        "builtin": pb.builtin,
+        "signals": [
+            {"name": s.name, "confidence": s.confidence, "description": s.description, "when": _condition_text(s)}
+            for s in pb.signals
+        ],
+        "thresholds": dict(pb.thresholds),
+        "evidence": dict(pb.evidence),
+        "remediation": pb.remediation,
+        "variants": dict(pb.variants),
+        "hints": [h.name for h in pb.hints],
+        "references": list(pb.references),
     }

@@ -31,15 +31,20 @@ from dlwatch.report import render, store, summary
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="incident id, incident directory, or a report directory to list")
-    parser.add_argument("--dir", default=None, help="report directory for ids and listing (default: $DLWATCH_DIR or ./dlwatch-reports)")
+    parser.add_argument(
+        "--dir", default=None, help="report directory for ids and listing (default: $DLWATCH_DIR or ./dlwatch-reports)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--runs", action="store_true", help="list the run summaries instead of the incidents")
-    parser.add_argument("--job", action="store_true",
-                        help="merge the incidents and figures of every rank of the newest job in DIR")
+    parser.add_argument(
+        "--job", action="store_true", help="merge the incidents and figures of every rank of the newest job in DIR"
+    )
     parser.add_argument("--job-id", default=None, metavar="ID", help="with --job: the job to show (default: newest)")
-    parser.add_argument("--html", action="store_true",
-                        help="write the incident's or run summary's report.html if it is missing (or --force) "
-                             "and print its path")
+    parser.add_argument(
+        "--html",
+        action="store_true",
+        help="write the incident's or run summary's report.html if it is missing (or --force) and print its path",
+    )
     parser.add_argument("--force", action="store_true", help="with --html: write report.html again")
 
 
@@ -59,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
             try:  # load_summary checked the types the renderer uses; this is the last line
                 lines = list(summary.terminal_lines(data))
             except Exception as exc:
-                raise ReportError(f"{path} cannot be shown: {type(exc).__name__}: {exc}",
-                                  help="it was not written by a complete dlwatch run; remove it") from None
+                raise ReportError(
+                    f"{path} cannot be shown: {type(exc).__name__}: {exc}",
+                    help="it was not written by a complete dlwatch run; remove it",
+                ) from None
             for line in lines:
                 print(render.terminal_safe(line))
             print(render.terminal_safe(f"  summary: {os.path.join(path, 'summary.md')}"))
@@ -79,18 +86,28 @@ def run(args: argparse.Namespace) -> int:
             try:  # a run summary's page is drawn from the samples kept next to it (runs/<id>/timeline.jsonl)
                 page = html.write_html(path) if mode == "show" else html.write_summary_html(path)
             except OSError as exc:
-                raise ReportError(f"cannot write {page}: {exc.strerror or exc}",
-                                  help=f"check that the {what} directory is yours and writable") from None
+                raise ReportError(
+                    f"cannot write {page}: {exc.strerror or exc}",
+                    help=f"check that the {what} directory is yours and writable",
+                ) from None
             except ReportError:
                 raise
             except Exception as exc:  # load_report checked the types the page uses; this is the last line
-                raise ReportError(f"{path} cannot be drawn: {type(exc).__name__}: {exc}",
-                                  help="it was not written by a complete dlwatch run; remove it") from None
+                raise ReportError(
+                    f"{path} cannot be drawn: {type(exc).__name__}: {exc}",
+                    help="it was not written by a complete dlwatch run; remove it",
+                ) from None
         here = os.path.abspath(path)
         if os.path.commonpath([os.path.abspath(page), here]) != here:
-            print(render.terminal_safe(outbound(
-                f"dlwatch: warning: {path} is not yours (its owner could swap it for a link): nothing was written "
-                f"there; the page went to a private file instead")), file=sys.stderr)
+            print(
+                render.terminal_safe(
+                    outbound(
+                        f"dlwatch: warning: {path} is not yours (its owner could swap it for a link): nothing was written "
+                        f"there; the page went to a private file instead"
+                    )
+                ),
+                file=sys.stderr,
+            )
         print(render.terminal_safe(outbound(page)))
         return 0
     if mode == "show":
@@ -103,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
                 width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
                 lines = list(render.terminal_view(report, color=render.use_color(sys.stdout), width=max(60, width)))
             except Exception as exc:
-                raise ReportError(f"{path} cannot be shown: {type(exc).__name__}: {exc}",
-                                  help="it was not written by a complete dlwatch run; remove it") from None
+                raise ReportError(
+                    f"{path} cannot be shown: {type(exc).__name__}: {exc}",
+                    help="it was not written by a complete dlwatch run; remove it",
+                ) from None
             for line in lines:
                 print(line)
             print(render.terminal_safe(f"  report: {os.path.join(path, 'report.md')}"))
@@ -139,8 +158,10 @@ def _job(report_dir: str, job_id: str | None, as_json: bool) -> int:
     from dlwatch.report.jobview import job_lines, job_view
 
     if not os.path.isdir(report_dir):
-        raise NotFoundError(f"no report directory {report_dir}",
-                            help="pass the directory the ranks wrote to (DLWATCH_DIR or watch(report_dir=...))")
+        raise NotFoundError(
+            f"no report directory {report_dir}",
+            help="pass the directory the ranks wrote to (DLWATCH_DIR or watch(report_dir=...))",
+        )
     view = outbound(job_view(report_dir, job_id))
     for w in view.get("warnings") or ():
         print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)

@@ -30,32 +30,68 @@ BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--report-dir", default=None, metavar="DIR",
-                        help="where incidents go (default: $DLWATCH_DIR or ./dlwatch-reports)")
-    parser.add_argument("--stall-timeout", default=None, metavar="SECONDS",
-                        help="seconds without a batch that count as a stall (default: adaptive)")
-    parser.add_argument("--body-timeout", default=None, metavar="SECONDS",
-                        help="seconds the loop body may run between two batches (default: adaptive)")
-    parser.add_argument("--poll-interval", default=None, metavar="SECONDS",
-                        help="seconds between monitor polls (default 1.0)")
-    parser.add_argument("--ignore", default=None, metavar="IDS",
-                        help="comma-separated playbook ids to silence (and batch-dim-mismatch:KEY)")
-    parser.add_argument("--keep-runs", default=None, metavar="N",
-                        help="run summaries to keep in the report directory, oldest removed first "
-                             "(default: $DLWATCH_KEEP_RUNS or 200; 0 keeps all)")
+    parser.add_argument(
+        "--report-dir",
+        default=None,
+        metavar="DIR",
+        help="where incidents go (default: $DLWATCH_DIR or ./dlwatch-reports)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        default=None,
+        metavar="SECONDS",
+        help="seconds without a batch that count as a stall (default: adaptive)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        default=None,
+        metavar="SECONDS",
+        help="seconds the loop body may run between two batches (default: adaptive)",
+    )
+    parser.add_argument(
+        "--poll-interval", default=None, metavar="SECONDS", help="seconds between monitor polls (default 1.0)"
+    )
+    parser.add_argument(
+        "--ignore",
+        default=None,
+        metavar="IDS",
+        help="comma-separated playbook ids to silence (and batch-dim-mismatch:KEY)",
+    )
+    parser.add_argument(
+        "--keep-runs",
+        default=None,
+        metavar="N",
+        help="run summaries to keep in the report directory, oldest removed first "
+        "(default: $DLWATCH_KEEP_RUNS or 200; 0 keeps all)",
+    )
     # like python's -m, it ends dlwatch's options: everything after it is the module's
-    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE [ARGS]",
-                        help="run a library module as a script, like python -m")
-    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py [ARGS...]",
-                        help="the script and its arguments (or, with -m, the module's arguments)")
+    parser.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        default=None,
+        metavar="MODULE [ARGS]",
+        help="run a library module as a script, like python -m",
+    )
+    parser.add_argument(
+        "program",
+        nargs=argparse.REMAINDER,
+        metavar="script.py [ARGS...]",
+        help="the script and its arguments (or, with -m, the module's arguments)",
+    )
 
 
 def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """The environment the program runs with: dlwatch's options, and the bootstrap first on PYTHONPATH."""
     env = dict(environ)
-    options = {"report_dir": args.report_dir, "stall_timeout": args.stall_timeout,
-               "body_timeout": args.body_timeout, "poll_interval": args.poll_interval, "ignore": args.ignore,
-               "keep_runs": args.keep_runs}
+    options = {
+        "report_dir": args.report_dir,
+        "stall_timeout": args.stall_timeout,
+        "body_timeout": args.body_timeout,
+        "poll_interval": args.poll_interval,
+        "ignore": args.ignore,
+        "keep_runs": args.keep_runs,
+    }
     for name, value in options.items():
         if value is not None:
             if name == "report_dir":  # ranks and helpers may run in another directory

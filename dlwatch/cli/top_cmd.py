@@ -37,10 +37,15 @@ MAX_ROWS = 14  # processes shown: 24 lines less header, table header, footer and
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", help="the training process (the DataLoader's main process)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                        help="seconds between refreshes (default %(default)s)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where `s` writes its attach incident (default: $DLWATCH_DIR or ./dlwatch-reports)")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between refreshes (default %(default)s)"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="where `s` writes its attach incident (default: $DLWATCH_DIR or ./dlwatch-reports)",
+    )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
 
 
@@ -118,8 +123,20 @@ class Sampler:
                 if prev is not None and now > prev[0]:
                     cpu_pct = 100.0 * (s.cpu_s - prev[1]) / (now - prev[0])
                 self.prev_cpu[pid] = (now, s.cpu_s)
-            rows.append(Row(pid, role, s.state or "?", _waiting(s), cpu_pct, s.num_fds, s.fd_limit, s.rss, s.uss,
-                            s.shm_map_bytes))
+            rows.append(
+                Row(
+                    pid,
+                    role,
+                    s.state or "?",
+                    _waiting(s),
+                    cpu_pct,
+                    s.num_fds,
+                    s.fd_limit,
+                    s.rss,
+                    s.uss,
+                    s.shm_map_bytes,
+                )
+            )
         frame = Frame(rows, watched="run_dir" in run)
         hb = run.get("heartbeat")
         if hb is not None:
@@ -148,15 +165,30 @@ def frame_lines(pid: int, frame: Frame, *, width: int = 80, message: str = "", k
     if frame.watched:
         rate = "-" if frame.batch_rate is None else f"{frame.batch_rate:.1f}/s"
         share = "-" if frame.wait_share is None else f"{frame.wait_share:.0%}"
-        lines.append(f"watched: {_num(frame.batches)} batches, epoch {_num(frame.epochs)}, {rate}, "
-                     f"waiting for data {share}, now {frame.hb_state or '-'}")
+        lines.append(
+            f"watched: {_num(frame.batches)} batches, epoch {_num(frame.epochs)}, {rate}, "
+            f"waiting for data {share}, now {frame.hb_state or '-'}"
+        )
     else:
         lines.append("not watched by dlwatch: no batch rate (run it under `dlwatch run` for that)")
     lines.append("")
-    table = display.Table(("PID", "ROLE", "ST", "WAITING IN", "CPU%", "FDS/LIMIT", "RSS", "USS", "SHM"), tuple(
-        (str(r.pid), r.role, r.state, r.waiting, "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
-         f"{_num(r.num_fds)}/{_num(r.fd_limit)}", _mem(r.rss), _mem(r.uss), _mem(r.shm) if r.shm else "-")
-        for r in rows[:MAX_ROWS]))
+    table = display.Table(
+        ("PID", "ROLE", "ST", "WAITING IN", "CPU%", "FDS/LIMIT", "RSS", "USS", "SHM"),
+        tuple(
+            (
+                str(r.pid),
+                r.role,
+                r.state,
+                r.waiting,
+                "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
+                f"{_num(r.num_fds)}/{_num(r.fd_limit)}",
+                _mem(r.rss),
+                _mem(r.uss),
+                _mem(r.shm) if r.shm else "-",
+            )
+            for r in rows[:MAX_ROWS]
+        ),
+    )
     lines.extend(display.text_table(table, width=width))
     if len(rows) > MAX_ROWS:
         lines.append(f"... {len(rows) - MAX_ROWS} more processes")
@@ -164,7 +196,7 @@ def frame_lines(pid: int, frame: Frame, *, width: int = 80, message: str = "", k
     lines = [terminal_safe(line)[:width] for line in lines]
     if message:  # a path may be longer than the screen is wide: wrapped, never cut
         safe = terminal_safe(message)
-        lines.extend(safe[i:i + width] for i in range(0, len(safe), width))
+        lines.extend(safe[i : i + width] for i in range(0, len(safe), width))
     if keys:
         lines.append("q quit   s write an attach incident now")
     return lines

@@ -24,9 +24,21 @@ from typing import Iterable, Sequence
 
 from dlwatch.model import Frame, StackDump, ThreadStack
 
-__all__ = ["KEEP_OUTERMOST", "MAX_DUMP_BYTES_PER_PROCESS", "MAX_DUMP_READ_BYTES", "MAX_FRAMES_PER_THREAD",
-           "MAX_NAME_CHARS", "MAX_PATH_CHARS", "MAX_PY_SPY_OUTPUT_BYTES", "MAX_RAW_DUMP_BYTES",
-           "MAX_THREADS_PER_PROCESS", "limits", "trim_dump", "trim_frames", "trim_thread"]
+__all__ = [
+    "KEEP_OUTERMOST",
+    "MAX_DUMP_BYTES_PER_PROCESS",
+    "MAX_DUMP_READ_BYTES",
+    "MAX_FRAMES_PER_THREAD",
+    "MAX_NAME_CHARS",
+    "MAX_PATH_CHARS",
+    "MAX_PY_SPY_OUTPUT_BYTES",
+    "MAX_RAW_DUMP_BYTES",
+    "MAX_THREADS_PER_PROCESS",
+    "limits",
+    "trim_dump",
+    "trim_frames",
+    "trim_thread",
+]
 
 MAX_FRAMES_PER_THREAD = 200
 KEEP_OUTERMOST = 50  # of those: the entry points (main, _worker_loop, the dataset's __getitem__ ...)
@@ -41,11 +53,17 @@ MAX_RAW_DUMP_BYTES = 256 << 10  # the copy of a faulthandler dump kept in the in
 
 def limits() -> dict[str, int]:
     """The limits as report.json's ``truncated.limits`` states them."""
-    return {"frames_per_thread": MAX_FRAMES_PER_THREAD, "outermost_frames_kept": KEEP_OUTERMOST,
-            "threads_per_process": MAX_THREADS_PER_PROCESS, "name_chars": MAX_NAME_CHARS,
-            "path_chars": MAX_PATH_CHARS, "py_spy_output_bytes": MAX_PY_SPY_OUTPUT_BYTES,
-            "dump_read_bytes": MAX_DUMP_READ_BYTES, "dump_bytes_per_process": MAX_DUMP_BYTES_PER_PROCESS,
-            "raw_dump_bytes": MAX_RAW_DUMP_BYTES}
+    return {
+        "frames_per_thread": MAX_FRAMES_PER_THREAD,
+        "outermost_frames_kept": KEEP_OUTERMOST,
+        "threads_per_process": MAX_THREADS_PER_PROCESS,
+        "name_chars": MAX_NAME_CHARS,
+        "path_chars": MAX_PATH_CHARS,
+        "py_spy_output_bytes": MAX_PY_SPY_OUTPUT_BYTES,
+        "dump_read_bytes": MAX_DUMP_READ_BYTES,
+        "dump_bytes_per_process": MAX_DUMP_BYTES_PER_PROCESS,
+        "raw_dump_bytes": MAX_RAW_DUMP_BYTES,
+    }
 
 
 def _cut(text: str | None, cap: int) -> str | None:
@@ -60,14 +78,15 @@ def _frame(f: Frame) -> Frame:
     return replace(f, function=_cut(f.function, MAX_NAME_CHARS) or "", filename=_cut(f.filename, MAX_PATH_CHARS))
 
 
-def trim_frames(frames: Sequence[Frame], keep: int = MAX_FRAMES_PER_THREAD,
-                outer: int = KEEP_OUTERMOST) -> tuple[tuple[Frame, ...], int]:
+def trim_frames(
+    frames: Sequence[Frame], keep: int = MAX_FRAMES_PER_THREAD, outer: int = KEEP_OUTERMOST
+) -> tuple[tuple[Frame, ...], int]:
     """(kept frames, how many were left out of the middle); frames are innermost first."""
     if len(frames) <= keep:
         return tuple(_frame(f) for f in frames), 0
     outer = min(outer, keep // 2)
     inner = keep - outer
-    kept = list(frames[:inner]) + (list(frames[len(frames) - outer:]) if outer else [])
+    kept = list(frames[:inner]) + (list(frames[len(frames) - outer :]) if outer else [])
     return tuple(_frame(f) for f in kept), len(frames) - keep
 
 
@@ -81,15 +100,16 @@ def trim_thread(t: ThreadStack, keep: int = MAX_FRAMES_PER_THREAD, outer: int = 
     after = t.frames_omitted_after
     if omitted:  # the gap is right after the innermost frames kept (an earlier gap is inside the one made now)
         after = len(frames) - min(outer, keep // 2)
-    return replace(t, name=name, frames=frames, frames_omitted=total,
-                   frames_omitted_after=after if total else None)
+    return replace(t, name=name, frames=frames, frames_omitted=total, frames_omitted_after=after if total else None)
 
 
 def _rank(t: ThreadStack) -> int:
     return 0 if t.owns_gil else 1 if t.active else 2
 
 
-def trim_threads(threads: Iterable[ThreadStack], keep: int = MAX_THREADS_PER_PROCESS) -> tuple[tuple[ThreadStack, ...], int]:
+def trim_threads(
+    threads: Iterable[ThreadStack], keep: int = MAX_THREADS_PER_PROCESS
+) -> tuple[tuple[ThreadStack, ...], int]:
     """(at most ``keep`` threads in their order, preferring the GIL holder and active ones; how many were left out)."""
     threads = tuple(threads)
     if len(threads) <= keep:

@@ -33,8 +33,16 @@ from dlwatch.collect import bounds
 from dlwatch.collect.pidhandle import ProcessHandle, RefusedSignal
 from dlwatch.model import Frame, StackDump, ThreadStack
 
-__all__ = ["DUMP_SIGNAL", "crash_path", "install", "install_crash", "is_handler_installed", "read_crash",
-           "request_dumps", "parse_faulthandler"]
+__all__ = [
+    "DUMP_SIGNAL",
+    "crash_path",
+    "install",
+    "install_crash",
+    "is_handler_installed",
+    "read_crash",
+    "request_dumps",
+    "parse_faulthandler",
+]
 
 # SIGUSR1/2 are often taken by users and schedulers (SLURM, torchelastic); glibc
 # reserves the first two real-time signals for itself (SIGRTMIN already skips
@@ -160,8 +168,9 @@ def parse_faulthandler(text: str | bytes) -> tuple[ThreadStack, ...]:
             if started:
                 # faulthandler's "Current thread" is the one that ran the signal
                 # handler: not necessarily the GIL holder, so owns_gil stays None.
-                threads.append(bounds.trim_thread(ThreadStack(thread_id=tid, name=name, frames=tuple(frames),
-                                                              active=None)))
+                threads.append(
+                    bounds.trim_thread(ThreadStack(thread_id=tid, name=name, frames=tuple(frames), active=None))
+                )
 
         for line in text.splitlines():
             m = _HEADER.match(line)
@@ -179,8 +188,13 @@ def parse_faulthandler(text: str | bytes) -> tuple[ThreadStack, ...]:
                 raw_line = fm.group("line")
                 line_no = int(raw_line) if raw_line.isascii() and raw_line.lstrip("-").isdigit() else None
                 func = fm.group("func") or "<unknown>"
-                frames.append(Frame(function=func, filename=fm.group("file") or None,
-                                    line=line_no if line_no and line_no > 0 else None))
+                frames.append(
+                    Frame(
+                        function=func,
+                        filename=fm.group("file") or None,
+                        line=line_no if line_no and line_no > 0 else None,
+                    )
+                )
         flush()
         return tuple(threads)
     except Exception:
@@ -205,10 +219,16 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
-                  settle_s: float = 0.05, read: Callable[[str], bytes | None] | None = None,
-                  allow: Callable[[int], bool] | None = None,
-                  raw: dict[int, bytes] | None = None, uid: int | None = None) -> dict[int, StackDump]:
+def request_dumps(
+    pids_to_paths: Mapping[int, str],
+    *,
+    timeout_s: float = 2.0,
+    settle_s: float = 0.05,
+    read: Callable[[str], bytes | None] | None = None,
+    allow: Callable[[int], bool] | None = None,
+    raw: dict[int, bytes] | None = None,
+    uid: int | None = None,
+) -> dict[int, StackDump]:
     """Ask each process for a faulthandler dump and parse it; never raises.
 
     Only pids that installed the handler (``install`` returned ``path``) may be
@@ -229,8 +249,7 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
     base: dict[int, int] = {}
 
     def fail(pid: int, error: str) -> None:
-        results[pid] = StackDump(pid=pid, source="none", error=error,
-                                 duration_s=round(time.monotonic() - start, 6))
+        results[pid] = StackDump(pid=pid, source="none", error=error, duration_s=round(time.monotonic() - start, 6))
 
     # Bytes read per pid, every poll included: a dump that keeps growing (a fake worker answering
     # the signal with megabytes) is read at most bounds.MAX_DUMP_BYTES_PER_PROCESS in all.
@@ -244,12 +263,14 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         if data is None:
             data = read(path) or b""
             spent[pid] = spent.get(pid, 0) + len(data)
-        return data[base.get(pid, 0):base.get(pid, 0) + bounds.MAX_DUMP_READ_BYTES]
+        return data[base.get(pid, 0) : base.get(pid, 0) + bounds.MAX_DUMP_READ_BYTES]
 
     def is_full(pid: int, grown: int) -> bool:
         """No more of it will be read: the read cap is reached, or this pid's read budget is spent."""
-        return base.get(pid, 0) + grown >= bounds.MAX_DUMP_READ_BYTES or \
-            spent.get(pid, 0) >= bounds.MAX_DUMP_BYTES_PER_PROCESS
+        return (
+            base.get(pid, 0) + grown >= bounds.MAX_DUMP_READ_BYTES
+            or spent.get(pid, 0) >= bounds.MAX_DUMP_BYTES_PER_PROCESS
+        )
 
     def parsed(pid: int, text: bytes, now: float, error: str | None = None) -> StackDump | None:
         threads = parse_faulthandler(text)
@@ -258,8 +279,10 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         if raw is not None:
             raw[pid] = text
         cut = len(text) if is_full(pid, len(text)) else None
-        return bounds.trim_dump(StackDump(pid=pid, source="faulthandler", threads=threads, error=error,
-                                          duration_s=round(now - start, 6)), cut_at_bytes=cut)
+        return bounds.trim_dump(
+            StackDump(pid=pid, source="faulthandler", threads=threads, error=error, duration_s=round(now - start, 6)),
+            cut_at_bytes=cut,
+        )
 
     want_uid = os.geteuid() if uid is None else uid
     for pid, path in pids_to_paths.items():
@@ -278,8 +301,11 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
                 fail(pid, f"process {pid} is not the target or one of its processes (not signalled)")
                 continue
             if not is_handler_installed(pid):
-                fail(pid, f"process {pid} has no dlwatch dump handler on signal {DUMP_SIGNAL} "
-                          "(not signalled: it would kill the process)")
+                fail(
+                    pid,
+                    f"process {pid} has no dlwatch dump handler on signal {DUMP_SIGNAL} "
+                    "(not signalled: it would kill the process)",
+                )
                 continue
             if read is not None:
                 before = read(path)
@@ -300,8 +326,11 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
         except RefusedSignal as exc:
             fail(pid, str(exc))
         except PermissionError as exc:
-            fail(pid, f"cannot signal process {pid} or write {path}: {exc.strerror}; "
-                      "run dlwatch as the same user as the training process")
+            fail(
+                pid,
+                f"cannot signal process {pid} or write {path}: {exc.strerror}; "
+                "run dlwatch as the same user as the training process",
+            )
         except OSError as exc:
             fail(pid, f"faulthandler dump file {path} unusable: {exc.strerror or exc}")
         finally:
@@ -337,14 +366,18 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
             break
         if now >= deadline:
             for pid, path in pending.items():
-                dump = parsed(pid, contents(pid, path), now,
-                              error=f"dump still growing after {timeout_s:g} s; may be incomplete")
+                dump = parsed(
+                    pid, contents(pid, path), now, error=f"dump still growing after {timeout_s:g} s; may be incomplete"
+                )
                 if dump is not None:  # partial but useful: say so
                     results[pid] = dump
                 else:
                     state = "gone" if not os.path.exists(f"/proc/{pid}") else "alive"
-                    fail(pid, f"no faulthandler dump from process {pid} within {timeout_s:g} s "
-                              f"(process {state}; a stopped process cannot run the handler)")
+                    fail(
+                        pid,
+                        f"no faulthandler dump from process {pid} within {timeout_s:g} s "
+                        f"(process {state}; a stopped process cannot run the handler)",
+                    )
             break
         time.sleep(0.01 if read is None else 0.05)
     return results
@@ -355,9 +388,14 @@ def request_dumps(pids_to_paths: Mapping[int, str], *, timeout_s: float = 2.0,
 CRASH_SUFFIX = ".crash.txt"
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>[^\n]*)$", re.MULTILINE)
 # faulthandler's names for the fatal signals it handles
-CRASH_SIGNALS = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
-                 "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
-                 "Illegal instruction": "SIGILL"}
+CRASH_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Aborted": "SIGABRT",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
 
 # (pid, fd, path) of the crash file this process enabled
 _crash: tuple[int, int, str] | None = None
@@ -431,8 +469,10 @@ def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
     threads = parse_faulthandler(text)
     if what is None and not threads:
         return None
-    dump = bounds.trim_dump(StackDump(pid=_pid_of(path), source="faulthandler-crash", threads=threads),
-                            cut_at_bytes=len(data) if len(data) >= limit else None)
+    dump = bounds.trim_dump(
+        StackDump(pid=_pid_of(path), source="faulthandler-crash", threads=threads),
+        cut_at_bytes=len(data) if len(data) >= limit else None,
+    )
     return {"signal": CRASH_SIGNALS.get(what or ""), "fatal_error": what, "stack": dump.to_dict()}
 
 

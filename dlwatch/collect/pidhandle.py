@@ -43,7 +43,7 @@ def identity(pid: int) -> tuple[int, int] | None:
     except OSError:
         return None
     try:
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         start = int(fields[19])  # field 22, starttime; fields[] begins at field 3 (state)
         uid = next(int(line.split()[2]) for line in status.splitlines() if line.startswith(b"Uid:"))
     except (ValueError, IndexError, StopIteration):
@@ -115,8 +115,10 @@ class ProcessHandle:
         if now is None:
             raise ProcessLookupError(self.pid)
         if now != (self.uid, self.start):
-            raise RefusedSignal(f"pid {self.pid} now belongs to another process (uid {now[0]}, started at "
-                                f"tick {now[1]}, not {self.start}): it was not signalled")
+            raise RefusedSignal(
+                f"pid {self.pid} now belongs to another process (uid {now[0]}, started at "
+                f"tick {now[1]}, not {self.start}): it was not signalled"
+            )
         os.kill(self.pid, sig)
 
     def close(self) -> None:

@@ -58,11 +58,11 @@ def parse_stat(text: str) -> dict[str, object]:
     lpar = text.find("(")
     if rpar < 0 or lpar < 0 or rpar < lpar:
         raise ValueError("malformed stat")
-    rest = text[rpar + 2:].split()
+    rest = text[rpar + 2 :].split()
     if len(rest) < 20:
         raise ValueError("truncated stat")
     out: dict[str, object] = {
-        "name": text[lpar + 1:rpar],
+        "name": text[lpar + 1 : rpar],
         "state": rest[0],
         "ppid": int(rest[1]),
         "minflt": int(rest[7]),
@@ -143,9 +143,20 @@ def parse_io_chars(text: str) -> tuple[int | None, int | None]:
     return got.get("rchar"), got.get("wchar")
 
 
-TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
-              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
-              11: "CLOSING", 12: "NEW_SYN_RECV"}
+TCP_STATES = {
+    1: "ESTABLISHED",
+    2: "SYN_SENT",
+    3: "SYN_RECV",
+    4: "FIN_WAIT1",
+    5: "FIN_WAIT2",
+    6: "TIME_WAIT",
+    7: "CLOSE",
+    8: "CLOSE_WAIT",
+    9: "LAST_ACK",
+    10: "LISTEN",
+    11: "CLOSING",
+    12: "NEW_SYN_RECV",
+}
 
 
 def _hex_addr(text: str) -> str | None:
@@ -157,7 +168,7 @@ def _hex_addr(text: str) -> str | None:
     if not sep or len(addr) not in (8, 32):
         return None
     try:
-        raw = b"".join(int(addr[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(addr), 8))
+        raw = b"".join(int(addr[i : i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(addr), 8))
         portnum = int(port, 16)
     except (ValueError, OverflowError):  # "-0000001" parses as an int and overflows 4 bytes
         return None
@@ -238,9 +249,15 @@ def _fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
                 shm_bytes += os.stat(f"{base}/{name}").st_size
             except OSError:
                 pass
-    return FdSummary(file=counts["file"], shm=counts["shm"], socket=counts["socket"],
-                     pipe=counts["pipe"], other=counts["other"], shm_bytes=shm_bytes,
-                     top_files=tuple(files.most_common(top)))
+    return FdSummary(
+        file=counts["file"],
+        shm=counts["shm"],
+        socket=counts["socket"],
+        pipe=counts["pipe"],
+        other=counts["other"],
+        shm_bytes=shm_bytes,
+        top_files=tuple(files.most_common(top)),
+    )
 
 
 def shm_mappings(maps_text: str) -> tuple[int, int]:
@@ -342,8 +359,14 @@ def fd_limit(pid: int) -> int | None:
 _CARRIED = ("uss", "pss", "shm_maps", "shm_map_bytes", "uss_ts", "vm_lck", "memlock_limit")
 
 
-def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
-              sched_detail: bool = False, carry: ProcSample | None = None) -> ProcSample:
+def read_proc(
+    pid: int,
+    *,
+    fd_detail: bool = False,
+    mem_detail: bool = False,
+    sched_detail: bool = False,
+    carry: ProcSample | None = None,
+) -> ProcSample:
     """One sample of one process; never raises for a process that vanished or a refused read.
 
     ``sched_detail`` adds schedstat, context switches and byte counts (about 35 us more a
@@ -357,8 +380,13 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
     fields: dict[str, object] = {}
     try:
         stat = parse_stat(_read(f"/proc/{pid}/stat"))
-        fields.update(name=stat["name"], state=stat["state"], cpu_s=stat["cpu_s"],
-                      num_threads=stat["num_threads"], minflt=stat["minflt"])
+        fields.update(
+            name=stat["name"],
+            state=stat["state"],
+            cpu_s=stat["cpu_s"],
+            num_threads=stat["num_threads"],
+            minflt=stat["minflt"],
+        )
         if "exit_code" in stat:
             fields["exit_code"] = stat["exit_code"]
         try:
@@ -401,11 +429,14 @@ def read_proc(pid: int, *, fd_detail: bool = False, mem_detail: bool = False,
             fields["fds"] = _fd_summary(pid)
         if mem_detail:
             try:
-                roll = parse_kv_kib(_read(f"/proc/{pid}/smaps_rollup"),
-                                    ("Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb"))
+                roll = parse_kv_kib(
+                    _read(f"/proc/{pid}/smaps_rollup"), ("Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb")
+                )
                 if "Pss" in roll:
                     fields["pss"] = roll["Pss"]
-                    fields["uss"] = roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
+                    fields["uss"] = (
+                        roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
+                    )
                     fields["uss_ts"] = ts
             except PermissionError:
                 pass
@@ -487,8 +518,11 @@ def read_io(pid: int) -> IoSample:
                 run_ns, _delay, run_count = sched
         except (_Gone, OSError):
             pass
-        threads.append(ThreadIo(tid=tid, state=state, syscall=nr, args=args, fd=fd, fd_target=target,
-                                run_ns=run_ns, run_count=run_count))
+        threads.append(
+            ThreadIo(
+                tid=tid, state=state, syscall=nr, args=args, fd=fd, fd_target=target, run_ns=run_ns, run_count=run_count
+            )
+        )
     socket_fds: dict[int, int] = {}
     files: list[str] = []
     try:
@@ -513,8 +547,16 @@ def read_io(pid: int) -> IoSample:
                 continue
             for inode, (local, remote, state) in table.items():
                 if inode in socket_fds and len(sockets) < MAX_SOCKETS:
-                    sockets.append(SocketPeer(fd=socket_fds[inode], inode=inode, family=family,
-                                              local=local, remote=remote, tcp_state=state))
+                    sockets.append(
+                        SocketPeer(
+                            fd=socket_fds[inode],
+                            inode=inode,
+                            family=family,
+                            local=local,
+                            remote=remote,
+                            tcp_state=state,
+                        )
+                    )
     sockets.sort(key=lambda s: s.fd)
     return IoSample(pid=pid, ts=ts, threads=tuple(threads), sockets=tuple(sockets), files=tuple(files))
 

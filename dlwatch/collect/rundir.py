@@ -113,8 +113,9 @@ def _read_one(dir_fd: int, name: str, uid: int, cap: int) -> tuple[int, bytes]:
             os.close(fd)
 
 
-def _read_all(run_dir: str, names: Iterable[str], uid: int, caps: Mapping[str, int],
-              default_cap: int) -> dict[str, tuple[int, bytes]]:
+def _read_all(
+    run_dir: str, names: Iterable[str], uid: int, caps: Mapping[str, int], default_cap: int
+) -> dict[str, tuple[int, bytes]]:
     try:
         dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -123,8 +124,12 @@ def _read_all(run_dir: str, names: Iterable[str], uid: int, caps: Mapping[str, i
     try:
         if os.fstat(dir_fd).st_uid != uid:
             return {name: (errno.EPERM, b"") for name in names}
-        return {name: _read_one(dir_fd, name, uid, caps.get(name, default_cap)) if _is_relative_name(name)
-                else (errno.EINVAL, b"") for name in names}
+        return {
+            name: _read_one(dir_fd, name, uid, caps.get(name, default_cap))
+            if _is_relative_name(name)
+            else (errno.EINVAL, b"")
+            for name in names
+        }
     finally:
         os.close(dir_fd)
 
@@ -146,8 +151,9 @@ def _explain(name: str, code: int) -> str:
 class RunDirReader:
     """Reads named files of one run directory with the target's rights (see the module docstring)."""
 
-    def __init__(self, run_dir: str, creds: Creds, *, caps: Mapping[str, int] | None = None,
-                 default_cap: int = 1 << 20) -> None:
+    def __init__(
+        self, run_dir: str, creds: Creds, *, caps: Mapping[str, int] | None = None, default_cap: int = 1 << 20
+    ) -> None:
         self.run_dir = run_dir
         self.creds = creds
         self.caps = dict(caps or {})
@@ -207,7 +213,7 @@ class RunDirReader:
                     status, data = results[name]
                     view = memoryview(_HEADER.pack(status, len(data)) + data)
                     while view:
-                        view = view[os.write(wfd, view):]
+                        view = view[os.write(wfd, view) :]
             except BaseException:
                 code = 1
             os._exit(code)
@@ -223,7 +229,8 @@ class RunDirReader:
             raise RefusedError(
                 f"attach runs as uid {os.geteuid()} and cannot take the target's uid {self.creds.uid} to read "
                 f"its run directory ({os.strerror(code)}); its files were not read. Run dlwatch attach as "
-                f"uid {self.creds.uid}, or as root")
+                f"uid {self.creds.uid}, or as root"
+            )
         for name in names:  # the child is the target's user: check every length it sends
             if offset + _HEADER.size > len(raw):
                 break
@@ -232,13 +239,15 @@ class RunDirReader:
             cap = self.caps.get(name, self.default_cap)
             if length > cap or offset + length > len(raw):
                 break
-            results[name] = (status, raw[offset:offset + length]) if status == 0 else (status, b"")
+            results[name] = (status, raw[offset : offset + length]) if status == 0 else (status, b"")
             offset += length
         if len(results) < len(names):
             for name in names:
                 results.setdefault(name, (errno.EIO, b""))
-            self.refusals.append("the helper reading the run directory with the target's rights did not "
-                                 f"finish within {HELPER_TIMEOUT_S:g} s or sent malformed data")
+            self.refusals.append(
+                "the helper reading the run directory with the target's rights did not "
+                f"finish within {HELPER_TIMEOUT_S:g} s or sent malformed data"
+            )
         return results
 
     @staticmethod

@@ -178,18 +178,21 @@ def _thread(raw: Any) -> ThreadStack | None:
             f = _frame(rf)
             if f is not None:
                 frames.append(f)
-    return bounds.trim_thread(ThreadStack(
-        thread_id=_as_int(raw.get("thread_id")),
-        name=_as_str(raw.get("thread_name")),
-        native_tid=_as_int(raw.get("os_thread_id")),
-        active=_as_bool(raw.get("active")),
-        owns_gil=_as_bool(raw.get("owns_gil")),
-        frames=cut_at_worker_loop(frames),
-    ))
+    return bounds.trim_thread(
+        ThreadStack(
+            thread_id=_as_int(raw.get("thread_id")),
+            name=_as_str(raw.get("thread_name")),
+            native_tid=_as_int(raw.get("os_thread_id")),
+            active=_as_bool(raw.get("active")),
+            owns_gil=_as_bool(raw.get("owns_gil")),
+            frames=cut_at_worker_loop(frames),
+        )
+    )
 
 
-def parse_py_spy_json(pid: int, text: str | bytes, *, source: str = "py-spy",
-                      duration_s: float | None = None) -> StackDump:
+def parse_py_spy_json(
+    pid: int, text: str | bytes, *, source: str = "py-spy", duration_s: float | None = None
+) -> StackDump:
     """``py-spy dump --json`` output -> StackDump.  Never raises.
 
     Truncated, garbled or unexpected output gives ``source="none"`` with the
@@ -202,16 +205,20 @@ def parse_py_spy_json(pid: int, text: str | bytes, *, source: str = "py-spy",
         data = json.loads(text)
     except (ValueError, RecursionError, TypeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return StackDump(pid=pid, source="none", duration_s=duration_s,
-                         error=f"py-spy output is not valid JSON ({first[:120]})")
+        return StackDump(
+            pid=pid, source="none", duration_s=duration_s, error=f"py-spy output is not valid JSON ({first[:120]})"
+        )
     if not isinstance(data, list):
-        return StackDump(pid=pid, source="none", duration_s=duration_s,
-                         error=f"py-spy output is not a list of threads (got {type(data).__name__})")
+        return StackDump(
+            pid=pid,
+            source="none",
+            duration_s=duration_s,
+            error=f"py-spy output is not a list of threads (got {type(data).__name__})",
+        )
     # (the output itself is bounded: bounds.MAX_PY_SPY_OUTPUT_BYTES, see _run_once)
     threads, omitted = bounds.trim_threads(t for t in (_thread(raw) for raw in data) if t is not None)
     if not threads:
-        return StackDump(pid=pid, source="none", duration_s=duration_s,
-                         error="py-spy output holds no threads")
+        return StackDump(pid=pid, source="none", duration_s=duration_s, error="py-spy output holds no threads")
     return StackDump(pid=pid, source=source, threads=threads, duration_s=duration_s, threads_omitted=omitted)
 
 
@@ -243,7 +250,7 @@ def summarize_py_spy_error(stderr: str | bytes) -> str:
             causes.append(rest.strip() if sep and head.isascii() and head.isdigit() else line)
             continue
         if headline is None:
-            headline = line[len("Error:"):].strip() if line.startswith("Error:") else line
+            headline = line[len("Error:") :].strip() if line.startswith("Error:") else line
     if headline is None:
         return "py-spy failed without a message"
     text = headline
@@ -265,18 +272,27 @@ def _tracer_pid(pid: int) -> int:
 
 def _classify_failure(pid: int, stderr: str, summary: str) -> _Fatal | None:
     low = stderr.lower()
-    if ("permission denied" in low or "operation not permitted" in low
-            or "(os error 1)" in low or "(os error 13)" in low):
+    if (
+        "permission denied" in low
+        or "operation not permitted" in low
+        or "(os error 1)" in low
+        or "(os error 13)" in low
+    ):
         # A second tracer is refused with EPERM too; that needs a different fix.
         tracer = _tracer_pid(pid)
         if tracer:
-            return _Fatal(f"process {pid} is already traced by pid {tracer} (a debugger or "
-                          "another py-spy); detach it and retry")
+            return _Fatal(
+                f"process {pid} is already traced by pid {tracer} (a debugger or another py-spy); detach it and retry"
+            )
         return _Fatal(f"permission denied reading process {pid}; {PTRACE_HELP}")
     if "failed to find python version" in low or "not a python process" in low:
         return _Fatal(f"process {pid} is not a Python process (py-spy: {summary})")
-    if ("check that the process is running" in low or "no such process" in low
-            or "(os error 3)" in low or not os.path.exists(f"/proc/{pid}")):
+    if (
+        "check that the process is running" in low
+        or "no such process" in low
+        or "(os error 3)" in low
+        or not os.path.exists(f"/proc/{pid}")
+    ):
         return _Fatal(f"process {pid} no longer exists")
     return None
 
@@ -295,7 +311,7 @@ def _task_states(pid: int) -> dict[int, str]:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
                 stat = fh.read()
-            states[int(tid)] = stat[stat.rindex(b")") + 2:][:1].decode("ascii", "replace")
+            states[int(tid)] = stat[stat.rindex(b")") + 2 :][:1].decode("ascii", "replace")
         except (OSError, ValueError):
             continue
     return states
@@ -361,14 +377,18 @@ def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[byte
     return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr]), None
 
 
-def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
-              was_stopped: bool) -> tuple[int | str | None, bytes, bytes]:
+def _run_once(
+    exe: str, pid: int, extra: Sequence[str], timeout_s: float, was_stopped: bool
+) -> tuple[int | str | None, bytes, bytes]:
     """One py-spy run; rc None = timed out, _OVER = its output passed the cap (either way killed,
     and the target resumed if we stopped it)."""
     proc = subprocess.Popen(
         [exe, "dump", "--json", *extra, "--pid", str(pid)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=_child_env(), close_fds=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_child_env(),
+        close_fds=True,
         # own process group, so that a hung py-spy and anything it started die together
         start_new_session=True,
     )
@@ -398,14 +418,14 @@ def _run_once(exe: str, pid: int, extra: Sequence[str], timeout_s: float,
             resume.close()
 
 
-def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0,
-               py_spy: str | None = None) -> StackDump:
+def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0, py_spy: str | None = None) -> StackDump:
     """The stacks of one process; never raises.  See ``dump_stacks``."""
     start = time.monotonic()
 
     def done(source: str, error: str | None, threads: tuple[ThreadStack, ...] = ()) -> StackDump:
-        return StackDump(pid=pid, source=source, threads=threads, error=error,
-                         duration_s=round(time.monotonic() - start, 6))
+        return StackDump(
+            pid=pid, source=source, threads=threads, error=error, duration_s=round(time.monotonic() - start, 6)
+        )
 
     try:
         exe = py_spy if py_spy is not None else find_py_spy()
@@ -437,9 +457,12 @@ def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0,
                 failures.append(f"{label} timed out after {budget:.2f} s (killed)")
                 continue
             if rc == _OVER:  # another mode would read the same stacks: no retry
-                over = done("none", f"py-spy's output for process {pid} passed "
-                                    f"{bounds.MAX_PY_SPY_OUTPUT_BYTES >> 20} MiB (very deep stacks or very many "
-                                    "threads): not read")
+                over = done(
+                    "none",
+                    f"py-spy's output for process {pid} passed "
+                    f"{bounds.MAX_PY_SPY_OUTPUT_BYTES >> 20} MiB (very deep stacks or very many "
+                    "threads): not read",
+                )
                 return dataclasses.replace(over, cut_at_bytes=bounds.MAX_PY_SPY_OUTPUT_BYTES)
             if rc != 0:
                 stderr = err.decode("utf-8", errors="replace")
@@ -459,8 +482,9 @@ def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0,
         return done("none", f"stack dump failed: {type(exc).__name__}: {exc}")
 
 
-def dump_stacks(pids: Iterable[int], *, native: bool = True, timeout_s: float = 5.0,
-                py_spy: str | None = None) -> dict[int, StackDump]:
+def dump_stacks(
+    pids: Iterable[int], *, native: bool = True, timeout_s: float = 5.0, py_spy: str | None = None
+) -> dict[int, StackDump]:
     """``{pid: StackDump}`` for every pid, all dumped in parallel; never raises.
 
     Each pid gets one ``py-spy dump --json`` (``--native`` first when asked, then
@@ -479,8 +503,6 @@ def dump_stacks(pids: Iterable[int], *, native: bool = True, timeout_s: float = 
         return {pid: StackDump(pid=pid, source="none", error=reason) for pid in unique}
     if len(unique) == 1:
         return {unique[0]: dump_stack(unique[0], native=native, timeout_s=timeout_s, py_spy=exe)}
-    with ThreadPoolExecutor(max_workers=min(len(unique), _MAX_PARALLEL),
-                            thread_name_prefix="dlwatch-py-spy") as pool:
-        futures = {pid: pool.submit(dump_stack, pid, native=native, timeout_s=timeout_s, py_spy=exe)
-                   for pid in unique}
+    with ThreadPoolExecutor(max_workers=min(len(unique), _MAX_PARALLEL), thread_name_prefix="dlwatch-py-spy") as pool:
+        futures = {pid: pool.submit(dump_stack, pid, native=native, timeout_s=timeout_s, py_spy=exe) for pid in unique}
         return {pid: fut.result() for pid, fut in futures.items()}

@@ -19,28 +19,100 @@ from __future__ import annotations
 import platform
 from typing import Mapping
 
-__all__ = ["ARCH_ALIASES", "CATEGORIES", "NUMBERS", "arch", "category", "is_connect", "is_fd_first",
-           "is_file_read", "is_send", "number"]
+__all__ = [
+    "ARCH_ALIASES",
+    "CATEGORIES",
+    "NUMBERS",
+    "arch",
+    "category",
+    "is_connect",
+    "is_fd_first",
+    "is_file_read",
+    "is_send",
+    "number",
+]
 
 # Linux's own names (include/uapi/asm-generic/unistd.h for aarch64,
 # arch/x86/entry/syscalls/syscall_64.tbl for x86_64); tests check them against the installed headers.
 NUMBERS: Mapping[str, Mapping[str, int]] = {
     "x86_64": {
-        "read": 0, "write": 1, "open": 2, "poll": 7, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20,
-        "select": 23, "pause": 34, "nanosleep": 35, "sendfile": 40, "connect": 42, "accept": 43,
-        "sendto": 44, "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "wait4": 61, "msgrcv": 70, "flock": 73,
-        "fsync": 74, "fdatasync": 75, "futex": 202, "io_getevents": 208, "semtimedop": 220,
-        "clock_nanosleep": 230, "epoll_wait": 232, "waitid": 247, "openat": 257, "pselect6": 270, "ppoll": 271,
-        "epoll_pwait": 281, "accept4": 288, "preadv": 295, "pwritev": 296, "io_uring_enter": 426,
-        "openat2": 437, "epoll_pwait2": 441, "futex_waitv": 449,
+        "read": 0,
+        "write": 1,
+        "open": 2,
+        "poll": 7,
+        "pread64": 17,
+        "pwrite64": 18,
+        "readv": 19,
+        "writev": 20,
+        "select": 23,
+        "pause": 34,
+        "nanosleep": 35,
+        "sendfile": 40,
+        "connect": 42,
+        "accept": 43,
+        "sendto": 44,
+        "recvfrom": 45,
+        "sendmsg": 46,
+        "recvmsg": 47,
+        "wait4": 61,
+        "msgrcv": 70,
+        "flock": 73,
+        "fsync": 74,
+        "fdatasync": 75,
+        "futex": 202,
+        "io_getevents": 208,
+        "semtimedop": 220,
+        "clock_nanosleep": 230,
+        "epoll_wait": 232,
+        "waitid": 247,
+        "openat": 257,
+        "pselect6": 270,
+        "ppoll": 271,
+        "epoll_pwait": 281,
+        "accept4": 288,
+        "preadv": 295,
+        "pwritev": 296,
+        "io_uring_enter": 426,
+        "openat2": 437,
+        "epoll_pwait2": 441,
+        "futex_waitv": 449,
     },
     "aarch64": {
-        "io_getevents": 4, "epoll_pwait": 22, "flock": 32, "openat": 56, "read": 63, "write": 64, "readv": 65,
-        "writev": 66, "pread64": 67, "pwrite64": 68, "preadv": 69, "pwritev": 70, "sendfile": 71,
-        "pselect6": 72, "ppoll": 73, "fsync": 82, "fdatasync": 83, "waitid": 95, "futex": 98, "nanosleep": 101,
-        "clock_nanosleep": 115, "msgrcv": 188, "semtimedop": 192, "accept": 202, "connect": 203, "sendto": 206,
-        "recvfrom": 207, "sendmsg": 211, "recvmsg": 212, "accept4": 242, "wait4": 260, "io_uring_enter": 426,
-        "openat2": 437, "epoll_pwait2": 441, "futex_waitv": 449,
+        "io_getevents": 4,
+        "epoll_pwait": 22,
+        "flock": 32,
+        "openat": 56,
+        "read": 63,
+        "write": 64,
+        "readv": 65,
+        "writev": 66,
+        "pread64": 67,
+        "pwrite64": 68,
+        "preadv": 69,
+        "pwritev": 70,
+        "sendfile": 71,
+        "pselect6": 72,
+        "ppoll": 73,
+        "fsync": 82,
+        "fdatasync": 83,
+        "waitid": 95,
+        "futex": 98,
+        "nanosleep": 101,
+        "clock_nanosleep": 115,
+        "msgrcv": 188,
+        "semtimedop": 192,
+        "accept": 202,
+        "connect": 203,
+        "sendto": 206,
+        "recvfrom": 207,
+        "sendmsg": 211,
+        "recvmsg": 212,
+        "accept4": 242,
+        "wait4": 260,
+        "io_uring_enter": 426,
+        "openat2": 437,
+        "epoll_pwait2": 441,
+        "futex_waitv": 449,
     },
 }
 
@@ -54,18 +126,62 @@ CATEGORIES: Mapping[str, str] = {
     **dict.fromkeys(("futex", "futex_waitv", "semtimedop"), "lock acquire"),
     **dict.fromkeys(("poll", "select", "pselect6", "ppoll", "epoll_wait", "epoll_pwait", "epoll_pwait2"), "poll"),
     **dict.fromkeys(("nanosleep", "clock_nanosleep", "pause"), "sleep"),
-    **dict.fromkeys(("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev",
-                     "recvfrom", "sendto", "recvmsg", "sendmsg", "accept", "accept4", "connect",
-                     "open", "openat", "openat2", "fsync", "fdatasync", "io_getevents", "io_uring_enter",
-                     "sendfile"), "io"),
+    **dict.fromkeys(
+        (
+            "read",
+            "write",
+            "pread64",
+            "pwrite64",
+            "readv",
+            "writev",
+            "preadv",
+            "pwritev",
+            "recvfrom",
+            "sendto",
+            "recvmsg",
+            "sendmsg",
+            "accept",
+            "accept4",
+            "connect",
+            "open",
+            "openat",
+            "openat2",
+            "fsync",
+            "fdatasync",
+            "io_getevents",
+            "io_uring_enter",
+            "sendfile",
+        ),
+        "io",
+    ),
     **dict.fromkeys(("wait4", "waitid"), "child wait"),
     "msgrcv": "queue get",
 }
 
 # syscalls whose first argument is an fd (sendfile's is the fd written to)
-_FD_FIRST = frozenset({"read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev",
-                       "recvfrom", "sendto", "recvmsg", "sendmsg", "connect", "accept", "accept4",
-                       "fsync", "fdatasync", "flock", "sendfile"})
+_FD_FIRST = frozenset(
+    {
+        "read",
+        "write",
+        "pread64",
+        "pwrite64",
+        "readv",
+        "writev",
+        "preadv",
+        "pwritev",
+        "recvfrom",
+        "sendto",
+        "recvmsg",
+        "sendmsg",
+        "connect",
+        "accept",
+        "accept4",
+        "fsync",
+        "fdatasync",
+        "flock",
+        "sendfile",
+    }
+)
 _SEND = frozenset({"write", "writev", "sendto", "sendmsg"})
 _CONNECT = frozenset({"connect"})
 _FILE_READ = frozenset({"read", "pread64", "readv", "preadv"})
@@ -85,10 +201,13 @@ def _by_number(names: frozenset[str] | Mapping[str, str]) -> dict[str, dict[int,
 
 
 _NAMES = _by_number(frozenset(n for t in NUMBERS.values() for n in t))
-_CATEGORY = {a: {nr: CATEGORIES[name] for nr, name in names.items() if name in CATEGORIES}
-             for a, names in _NAMES.items()}
-_GROUPS = {g: {a: frozenset(_by_number(names)[a]) for a in NUMBERS}
-           for g, names in (("fd", _FD_FIRST), ("send", _SEND), ("connect", _CONNECT), ("read", _FILE_READ))}
+_CATEGORY = {
+    a: {nr: CATEGORIES[name] for nr, name in names.items() if name in CATEGORIES} for a, names in _NAMES.items()
+}
+_GROUPS = {
+    g: {a: frozenset(_by_number(names)[a]) for a in NUMBERS}
+    for g, names in (("fd", _FD_FIRST), ("send", _SEND), ("connect", _CONNECT), ("read", _FILE_READ))
+}
 
 
 def number(name: str, machine: str | None = None) -> int | None:

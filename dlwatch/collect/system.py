@@ -69,8 +69,12 @@ def _cgroup_candidates(paths: tuple[str | None, str | None]) -> list[_Files]:
     candidates = []
     if v1 is not None:
         for base in (os.path.join(_V1, v1.lstrip("/")), _V1):
-            candidates.append(tuple(os.path.join(base, f) for f in
-                                    ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control")))
+            candidates.append(
+                tuple(
+                    os.path.join(base, f)
+                    for f in ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control")
+                )
+            )
     if v2 is not None:
         base = os.path.join(_V2, v2.lstrip("/"))
         candidates.append(tuple(os.path.join(base, f) for f in ("memory.max", "memory.current", "memory.events")))
@@ -86,8 +90,9 @@ def _oom_kills(events_text: str | None) -> int | None:
     return oom
 
 
-def cgroup_memory(pid: int, paths: tuple[str | None, str | None] | None = None
-                  ) -> tuple[int | None, int | None, int | None]:
+def cgroup_memory(
+    pid: int, paths: tuple[str | None, str | None] | None = None
+) -> tuple[int | None, int | None, int | None]:
     """(limit, usage, oom_kill count) for the memory cgroup of ``pid``; None where unreadable.
 
     ``paths`` (from ``cgroup_paths``) may be passed to skip re-reading /proc/<pid>/cgroup.
@@ -129,7 +134,7 @@ def vm_oom_kills() -> int | None:
     idx = text.find("\noom_kill ")
     if idx < 0:
         return None
-    return _int(text[idx + 10:].split("\n", 1)[0])
+    return _int(text[idx + 10 :].split("\n", 1)[0])
 
 
 def _meminfo_kib(text: str, key: str) -> int | None:
@@ -142,7 +147,7 @@ def _meminfo_kib(text: str, key: str) -> int | None:
         if start == 0:
             return None
     end = text.find("\n", start)
-    parts = text[start + len(key) + 1:end if end >= 0 else len(text)].split()
+    parts = text[start + len(key) + 1 : end if end >= 0 else len(text)].split()
     if not parts or not (parts[0].isascii() and parts[0].isdigit()):
         return None
     return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
@@ -163,8 +168,9 @@ class SystemProbe:
     kills), so that a death is judged on counters read after it.
     """
 
-    def __init__(self, pid: int, cgroup_paths: tuple[str | None, str | None] | None = None,
-                 shm_dir: str = SHM_DIR) -> None:
+    def __init__(
+        self, pid: int, cgroup_paths: tuple[str | None, str | None] | None = None, shm_dir: str = SHM_DIR
+    ) -> None:
         self.pid = pid
         self._paths = cgroup_paths
         self._files: _Files | None = None  # the cgroup directory that answered
@@ -221,10 +227,18 @@ class SystemProbe:
         total, free = shm_usage()
         now = time.monotonic()
         limit, usage, ooms = self._cgroup(now)
-        return SystemSample(ts=time.time(), mem_available=_meminfo_kib(meminfo, "MemAvailable"),
-                            mlocked=_meminfo_kib(meminfo, "Mlocked"), shm_total=total, shm_free=free,
-                            shm_torch_files=self._torch_shm_files(now), cgroup_memory_limit=limit,
-                            cgroup_memory_usage=usage, cgroup_oom_kills=ooms, vm_oom_kills=vm_oom_kills())
+        return SystemSample(
+            ts=time.time(),
+            mem_available=_meminfo_kib(meminfo, "MemAvailable"),
+            mlocked=_meminfo_kib(meminfo, "Mlocked"),
+            shm_total=total,
+            shm_free=free,
+            shm_torch_files=self._torch_shm_files(now),
+            cgroup_memory_limit=limit,
+            cgroup_memory_usage=usage,
+            cgroup_oom_kills=ooms,
+            vm_oom_kills=vm_oom_kills(),
+        )
 
 
 def parse_cpu_max(text: str | None) -> float | None:
@@ -291,5 +305,9 @@ def usable_cpus(pid: int = 0) -> dict[str, float | int | None]:
     quota = cpu_quota(pid or os.getpid())
     candidates = [c for c in (affinity, quota, os.cpu_count()) if c]
     usable = min(candidates) if candidates else None
-    return {"affinity": affinity, "cgroup_quota": round(quota, 3) if quota is not None else None,
-            "cpu_count": os.cpu_count(), "usable": round(usable, 3) if usable is not None else None}
+    return {
+        "affinity": affinity,
+        "cgroup_quota": round(quota, 3) if quota is not None else None,
+        "cpu_count": os.cpu_count(),
+        "usable": round(usable, 3) if usable is not None else None,
+    }

@@ -27,12 +27,19 @@ def _classes() -> tuple[type[Detector], ...]:
     from dlwatch.detect.worker_killed import WorkerKilled
     from dlwatch.detect.advice import ADVISORS
 
-    return (FdPressure, ShmPressure, BatchShape, RngDuplication, WorkerKilled, WorkerMemoryGrowth,
-            PinnedMemoryGrowth, *ADVISORS)
+    return (
+        FdPressure,
+        ShmPressure,
+        BatchShape,
+        RngDuplication,
+        WorkerKilled,
+        WorkerMemoryGrowth,
+        PinnedMemoryGrowth,
+        *ADVISORS,
+    )
 
 
-def build(thresholds_by_playbook: Mapping[str, Mapping[str, float]],
-          ignore: Iterable[str] = ()) -> list[Detector]:
+def build(thresholds_by_playbook: Mapping[str, Mapping[str, float]], ignore: Iterable[str] = ()) -> list[Detector]:
     """One detector per playbook, configured by its thresholds; none for an ignored playbook."""
     skip = set(ignore)
     return [cls(thresholds_by_playbook.get(cls.playbook)) for cls in _classes() if cls.playbook not in skip]

@@ -65,8 +65,15 @@ class InputBound(_Advisor):
     """The loop waits for data a large share of its steady time; the workers' figures say why."""
 
     playbook = "input-bound"
-    defaults = {"wait_share": 0.2, "min_steady_batches": 20, "min_loop_s": 5.0, "gpu_busy_percent": 90.0,
-                "saturated_util": 0.75, "io_share": 0.3, "confidence": 0.8}
+    defaults = {
+        "wait_share": 0.2,
+        "min_steady_batches": 20,
+        "min_loop_s": 5.0,
+        "gpu_busy_percent": 90.0,
+        "saturated_util": 0.75,
+        "io_share": 0.3,
+        "confidence": 0.8,
+    }
 
     def judge(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> dict[str, Any] | None:
         t = self.thresholds
@@ -87,9 +94,12 @@ class InputBound(_Advisor):
         num_workers = loader.get("num_workers")
         usable = _usable(run)
         ev: dict[str, Any] = {
-            "steady_data_wait_share": share, "steady_data_wait_s": round(steady_wait, 3),
-            "steady_batch_s": loop.get("steady_batch_s"), "steady_batches": steady_batches,
-            "num_workers": num_workers, "usable_cpus": usable,
+            "steady_data_wait_share": share,
+            "steady_data_wait_s": round(steady_wait, 3),
+            "steady_batch_s": loop.get("steady_batch_s"),
+            "steady_batches": steady_batches,
+            "num_workers": num_workers,
+            "usable_cpus": usable,
         }
         if not num_workers:
             main = run.get("main") or {}
@@ -140,13 +150,19 @@ class SlowEpochStart(_Advisor):
         if mean_first < t["min_first_s"] or factor < t["min_factor"]:
             return None
         cost = mean_first - steady
-        return advice_signal(self.playbook, t["confidence"], epochs=epochs,
-                             first_batch_mean_s=round(mean_first, 3),
-                             first_batch_per_epoch_s=first.get("per_epoch"),
-                             steady_batch_s=round(steady, 4), first_batch_factor=round(factor, 1),
-                             cost_per_epoch_s=round(cost, 3),
-                             cost_total_s=round(cost * (epochs - 1), 3),  # the first epoch starts its workers anyway
-                             num_workers=loader.get("num_workers"), persistent_workers=False)
+        return advice_signal(
+            self.playbook,
+            t["confidence"],
+            epochs=epochs,
+            first_batch_mean_s=round(mean_first, 3),
+            first_batch_per_epoch_s=first.get("per_epoch"),
+            steady_batch_s=round(steady, 4),
+            first_batch_factor=round(factor, 1),
+            cost_per_epoch_s=round(cost, 3),
+            cost_total_s=round(cost * (epochs - 1), 3),  # the first epoch starts its workers anyway
+            num_workers=loader.get("num_workers"),
+            persistent_workers=False,
+        )
 
 
 # --------------------------------------------------------------------------- prefetch-too-deep
@@ -156,8 +172,14 @@ class PrefetchTooDeep(_Advisor):
     """Workers mostly idle with their batches in the full queue, and that queue holds a lot of memory."""
 
     playbook = "prefetch-too-deep"
-    defaults = {"min_prefetch": 3, "blocked_share": 0.5, "min_inflight_bytes": 64 * MIB, "keep_prefetch": 2,
-                "measured_share": 0.5, "confidence": 0.75}
+    defaults = {
+        "min_prefetch": 3,
+        "blocked_share": 0.5,
+        "min_inflight_bytes": 64 * MIB,
+        "keep_prefetch": 2,
+        "measured_share": 0.5,
+        "confidence": 0.75,
+    }
 
     def judge(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> dict[str, Any] | None:
         t = self.thresholds
@@ -177,11 +199,19 @@ class PrefetchTooDeep(_Advisor):
         if isinstance(shm_peak, int) and shm_peak < t["measured_share"] * inflight:
             return None  # /dev/shm never held that much: the batches were not in flight (measured, not assumed)
         keep = int(t["keep_prefetch"])
-        return advice_signal(self.playbook, t["confidence"], prefetch_factor=pf, num_workers=nw, batch_bytes=bb,
-                             inflight_bytes=inflight, blocked_put_share=blocked,
-                             steady_data_wait_share=(run.get("loop") or {}).get("steady_data_wait_share"),
-                             suggested_prefetch_factor=keep, saves_bytes=bb * nw * (pf - keep),
-                             shm_used_peak=shm_peak)
+        return advice_signal(
+            self.playbook,
+            t["confidence"],
+            prefetch_factor=pf,
+            num_workers=nw,
+            batch_bytes=bb,
+            inflight_bytes=inflight,
+            blocked_put_share=blocked,
+            steady_data_wait_share=(run.get("loop") or {}).get("steady_data_wait_share"),
+            suggested_prefetch_factor=keep,
+            saves_bytes=bb * nw * (pf - keep),
+            shm_used_peak=shm_peak,
+        )
 
 
 # --------------------------------------------------------------------------- too-many-workers
@@ -207,10 +237,17 @@ class TooManyWorkers(_Advisor):
         if running < t["running_share"] or util > t["max_util"]:
             return None
         cpus = run.get("cpus") or {}
-        return advice_signal(self.playbook, t["confidence"], num_workers=nw, usable_cpus=usable,
-                             affinity_cpus=cpus.get("affinity"), cgroup_cpu_quota=cpus.get("cgroup_quota"),
-                             worker_cpu_util_mean=util, worker_running_share=running,
-                             suggested_num_workers=max(1, int(usable)))
+        return advice_signal(
+            self.playbook,
+            t["confidence"],
+            num_workers=nw,
+            usable_cpus=usable,
+            affinity_cpus=cpus.get("affinity"),
+            cgroup_cpu_quota=cpus.get("cgroup_quota"),
+            worker_cpu_util_mean=util,
+            worker_running_share=running,
+            suggested_num_workers=max(1, int(usable)),
+        )
 
 
 # --------------------------------------------------------------------------- sampler-epoch-not-set
@@ -244,10 +281,16 @@ class SamplerEpochNotSet(_Advisor):
         if not all(isinstance(v, int) for v in values) or len(set(values)) != 1:
             return None
         first = seen[0]
-        return advice_signal(self.playbook, self.thresholds["confidence"], sampler=first.get("sampler"),
-                             epochs_started=len(seen), sampler_epoch_each_epoch=values[:20],
-                             shuffle=first.get("shuffle"), seed=first.get("seed"),
-                             num_replicas=first.get("num_replicas"))
+        return advice_signal(
+            self.playbook,
+            self.thresholds["confidence"],
+            sampler=first.get("sampler"),
+            epochs_started=len(seen),
+            sampler_epoch_each_epoch=values[:20],
+            shuffle=first.get("shuffle"),
+            seed=first.get("seed"),
+            num_replicas=first.get("num_replicas"),
+        )
 
 
 # --------------------------------------------------------------------------- dataset-memory-per-worker
@@ -281,14 +324,28 @@ class DatasetMemoryPerWorker(_Advisor):
         share = total / limit
         if share < t["share"]:
             return None
-        return advice_signal(self.playbook, t["confidence"], num_workers=nw, worker_uss_peak_median=per_worker,
-                             worker_uss_peaks=uss[:32], workers_private_bytes=total, memory_limit=limit,
-                             memory_limit_source=source, share_of_limit=round(share, 3),
-                             dataset=loader.get("dataset"))
+        return advice_signal(
+            self.playbook,
+            t["confidence"],
+            num_workers=nw,
+            worker_uss_peak_median=per_worker,
+            worker_uss_peaks=uss[:32],
+            workers_private_bytes=total,
+            memory_limit=limit,
+            memory_limit_source=source,
+            share_of_limit=round(share, 3),
+            dataset=loader.get("dataset"),
+        )
 
 
-ADVISORS: tuple[type[Detector], ...] = (InputBound, SlowEpochStart, PrefetchTooDeep, TooManyWorkers,
-                                         SamplerEpochNotSet, DatasetMemoryPerWorker)
+ADVISORS: tuple[type[Detector], ...] = (
+    InputBound,
+    SlowEpochStart,
+    PrefetchTooDeep,
+    TooManyWorkers,
+    SamplerEpochNotSet,
+    DatasetMemoryPerWorker,
+)
 
 
 # --------------------------------------------------------------------------- findings
@@ -317,5 +374,10 @@ def to_finding(signal: Mapping[str, Any], playbooks: Sequence[Any] | Mapping[str
         if pb.remediation:
             parts.append(pb.remediation)
         remediation = "\n\n".join(p.strip() for p in parts if p.strip())
-    return Finding(playbook=pid, title=title, confidence=round(confidence if confidence is not None else 0.5, 3),
-                   evidence=evidence, remediation=remediation).to_dict()
+    return Finding(
+        playbook=pid,
+        title=title,
+        confidence=round(confidence if confidence is not None else 0.5, 3),
+        evidence=evidence,
+        remediation=remediation,
+    ).to_dict()

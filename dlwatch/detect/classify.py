@@ -132,12 +132,22 @@ class StallVerdict(_ToDict):
 # Python code that only implements a wait: the wait is attributed to the frame
 # that called into it.  Paths are matched by suffix so that any install prefix works.
 _PLUMBING_FILES = (
-    "/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/ssl.py",
-    "/subprocess.py", "/multiprocessing/connection.py", "/multiprocessing/queues.py",
-    "/multiprocessing/synchronize.py", "/multiprocessing/managers.py",
-    "/multiprocessing/popen_fork.py", "/multiprocessing/pool.py",
-    "/concurrent/futures/_base.py", "/concurrent/futures/thread.py",
-    "/asyncio/base_events.py", "/asyncio/selector_events.py",
+    "/threading.py",
+    "/queue.py",
+    "/selectors.py",
+    "/socket.py",
+    "/ssl.py",
+    "/subprocess.py",
+    "/multiprocessing/connection.py",
+    "/multiprocessing/queues.py",
+    "/multiprocessing/synchronize.py",
+    "/multiprocessing/managers.py",
+    "/multiprocessing/popen_fork.py",
+    "/multiprocessing/pool.py",
+    "/concurrent/futures/_base.py",
+    "/concurrent/futures/thread.py",
+    "/asyncio/base_events.py",
+    "/asyncio/selector_events.py",
 )
 _TORCH_DATA = "/torch/utils/data/"
 _DATALOADER_FILE = "/torch/utils/data/dataloader.py"
@@ -160,7 +170,8 @@ def _is_plumbing(frame: Frame) -> bool:
 def _is_queue_get(frame: Frame) -> bool:
     p = _path(frame)
     return _short_name(frame) in ("get", "get_nowait") and (
-        p.endswith("/queue.py") or p.endswith("/multiprocessing/queues.py"))
+        p.endswith("/queue.py") or p.endswith("/multiprocessing/queues.py")
+    )
 
 
 def _python_wait_kind(frame: Frame) -> str | None:
@@ -180,16 +191,55 @@ def _python_wait_kind(frame: Frame) -> str | None:
     return None
 
 
-_NATIVE_LOCK = ("pthread_mutex_lock", "__lll_lock_wait", "lll_lock_wait", "pthread_cond_wait",
-                "pthread_cond_timedwait", "pthread_rwlock", "sem_wait", "sem_timedwait",
-                "sem_clockwait", "PyThread_acquire_lock", "acquire_lock", "semlock_acquire",
-                "futex_wait", "__futex_abstimed_wait", "PyCOND_WAIT")
-_NATIVE_POLL = ("poll", "ppoll", "select", "pselect", "epoll_wait", "epoll_pwait",
-                "select_poll_poll", "select_select", "select_epoll")
+_NATIVE_LOCK = (
+    "pthread_mutex_lock",
+    "__lll_lock_wait",
+    "lll_lock_wait",
+    "pthread_cond_wait",
+    "pthread_cond_timedwait",
+    "pthread_rwlock",
+    "sem_wait",
+    "sem_timedwait",
+    "sem_clockwait",
+    "PyThread_acquire_lock",
+    "acquire_lock",
+    "semlock_acquire",
+    "futex_wait",
+    "__futex_abstimed_wait",
+    "PyCOND_WAIT",
+)
+_NATIVE_POLL = (
+    "poll",
+    "ppoll",
+    "select",
+    "pselect",
+    "epoll_wait",
+    "epoll_pwait",
+    "select_poll_poll",
+    "select_select",
+    "select_epoll",
+)
 _NATIVE_SLEEP = ("nanosleep", "clock_nanosleep", "time_sleep", "pysleep", "usleep", "sleep")
-_NATIVE_IO = ("read", "__libc_read", "pread64", "readv", "recv", "recvfrom", "recvmsg",
-              "accept", "accept4", "sock_recv", "sock_accept", "_io__FileIO_read",
-              "_bufferedreader_raw_read", "fsync", "write", "__libc_write", "open64", "openat")
+_NATIVE_IO = (
+    "read",
+    "__libc_read",
+    "pread64",
+    "readv",
+    "recv",
+    "recvfrom",
+    "recvmsg",
+    "accept",
+    "accept4",
+    "sock_recv",
+    "sock_accept",
+    "_io__FileIO_read",
+    "_bufferedreader_raw_read",
+    "fsync",
+    "write",
+    "__libc_write",
+    "open64",
+    "openat",
+)
 
 
 def _is_address(name: str) -> bool:
@@ -213,23 +263,61 @@ def _native_wait_kind(name: str) -> str | None:
 # A rank waiting for the others: torch.distributed's collectives (Python frames), or the
 # native frames of gloo, NCCL and c10d's process groups under them.
 _DIST_DIR = "/torch/distributed/"
-_COLLECTIVES = frozenset((
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
-    "all_gather_coalesced", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
-    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object",
-    "scatter", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
-    "_reduce_scatter_base", "_all_gather_base", "_coalescing_manager",
-))
+_COLLECTIVES = frozenset(
+    (
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_gather_coalesced",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "monitored_barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+        "wait",
+        "_reduce_scatter_base",
+        "_all_gather_base",
+        "_coalescing_manager",
+    )
+)
 # nccl<Op> / gloo::<op> / c10d::ProcessGroupGloo::Async<Op>Work -> torch's name of the op
-_NATIVE_OPS = (re.compile(r"\bnccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|GroupEnd|CommInitRank)\b"),
-               re.compile(r"ProcessGroupGloo::Async(Allreduce|Allgather|Barrier|Broadcast|Reduce|ReduceScatter|"
-                          r"Gather|Scatter|Alltoall)"),
-               re.compile(r"\bgloo::(allreduce|allgather|allgatherv|barrier|broadcast|reduce|reduce_scatter|gather|"
-                          r"scatter|alltoall)\b"))
+_NATIVE_OPS = (
+    re.compile(r"\bnccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|GroupEnd|CommInitRank)\b"),
+    re.compile(
+        r"ProcessGroupGloo::Async(Allreduce|Allgather|Barrier|Broadcast|Reduce|ReduceScatter|"
+        r"Gather|Scatter|Alltoall)"
+    ),
+    re.compile(
+        r"\bgloo::(allreduce|allgather|allgatherv|barrier|broadcast|reduce|reduce_scatter|gather|"
+        r"scatter|alltoall)\b"
+    ),
+)
 _NATIVE_BACKEND = re.compile(r"\b(?:c10d::ProcessGroup(?:NCCL|Gloo)|gloo::|c10d::Work::wait|c10d::ProcessGroupNCCL)")
-_OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgatherv": "all_gather",
-             "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all",
-             "groupend": "group", "comminitrank": "init_process_group"}
+_OP_NAMES = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherv": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "groupend": "group",
+    "comminitrank": "init_process_group",
+}
 
 
 def _native_collective(name: str) -> str | None:
@@ -332,8 +420,7 @@ def main_thread(dump: StackDump | None, pid: int) -> ThreadStack | None:
 
 
 def _is_loader_wait(frame: Frame, funcs: Sequence[str]) -> bool:
-    return (not frame.native and _path(frame).endswith(_DATALOADER_FILE)
-            and _short_name(frame) in funcs)
+    return not frame.native and _path(frame).endswith(_DATALOADER_FILE) and _short_name(frame) in funcs
 
 
 def is_waiting_for_data(thread: ThreadStack | None) -> bool | None:
@@ -348,10 +435,13 @@ _DLWATCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).repla
 
 
 def _is_own_code(frame: Frame) -> bool:
-    return (not frame.native and not _is_plumbing(frame) and _TORCH_DATA not in _path(frame)
-            and _DIST_DIR not in _path(frame)  # a collective's frames: the caller is where it waits
-            and not (_path(frame).startswith(_DLWATCH_DIR)
-                     and not _path(frame).startswith(_DLWATCH_DIR + "_examples/")))
+    return (
+        not frame.native
+        and not _is_plumbing(frame)
+        and _TORCH_DATA not in _path(frame)
+        and _DIST_DIR not in _path(frame)  # a collective's frames: the caller is where it waits
+        and not (_path(frame).startswith(_DLWATCH_DIR) and not _path(frame).startswith(_DLWATCH_DIR + "_examples/"))
+    )
 
 
 def _where(thread: ThreadStack | None, *, skip: tuple[str, ...] = ()) -> str | None:
@@ -401,6 +491,7 @@ def _window(obs: ProcessObservation) -> list[ProcSample]:
 
 def _grew(reads: Sequence[ProcSample], *keys: str) -> bool:
     """Whether the sum of these counters rose between the first and last read that has them all."""
+
     def total(r: ProcSample) -> float | None:
         vals = [getattr(r, k) for k in keys]
         return None if any(v is None for v in vals) else float(sum(vals))
@@ -427,8 +518,7 @@ def alive_signs(obs: ProcessObservation) -> tuple[str, ...]:
         signs.append("run-delay")
     if _grew(reads, "cpu_s") or _grew(reads, "run_ns"):
         signs.append("cpu")
-    if (_grew(reads, "num_ctx_switches_voluntary", "num_ctx_switches_involuntary")
-            or _grew(reads, "run_count")):
+    if _grew(reads, "num_ctx_switches_voluntary", "num_ctx_switches_involuntary") or _grew(reads, "run_count"):
         signs.append("wakes")
     if _grew(reads, "read_chars", "write_chars"):
         signs.append("io")
@@ -446,11 +536,30 @@ def _run_delay_s(obs: ProcessObservation) -> float:
 
 # A thread in remote I/O: native frames of CPython's socket and ssl modules and
 # OpenSSL, or Python frames of the stdlib's and common clients' network code.
-_SOCKET_NATIVE = re.compile(r"^sock_|_sock_|^internal_(connect|select)|^SSL_(read|write|peek|do_handshake|connect)"
-                            r"|^_ssl__SSLSocket_|^ssl3_read|^BIO_read|^sock_call", re.IGNORECASE)
-_NET_FILES = ("/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py", "/ftplib.py",
-              "/urllib3/", "/requests/", "/botocore/", "/httpx/", "/httpcore/", "/aiohttp/",
-              "/grpc/", "/s3fs/", "/gcsfs/", "/adlfs/", "/smart_open/", "/fsspec/implementations/http")
+_SOCKET_NATIVE = re.compile(
+    r"^sock_|_sock_|^internal_(connect|select)|^SSL_(read|write|peek|do_handshake|connect)"
+    r"|^_ssl__SSLSocket_|^ssl3_read|^BIO_read|^sock_call",
+    re.IGNORECASE,
+)
+_NET_FILES = (
+    "/socket.py",
+    "/ssl.py",
+    "/http/client.py",
+    "/urllib/request.py",
+    "/ftplib.py",
+    "/urllib3/",
+    "/requests/",
+    "/botocore/",
+    "/httpx/",
+    "/httpcore/",
+    "/aiohttp/",
+    "/grpc/",
+    "/s3fs/",
+    "/gcsfs/",
+    "/adlfs/",
+    "/smart_open/",
+    "/fsspec/implementations/http",
+)
 # The main thread waits for another thread's result: Future.result, Event.wait, Condition.wait
 _HANDOFF_FILES = ("/concurrent/futures/_base.py", "/threading.py")
 _HANDOFF_FUNCS = ("result", "wait", "wait_for", "exception", "as_completed", "_wait_for_tstate_lock", "join")
@@ -526,8 +635,7 @@ def _kind_from_syscall(nr: int | None, fd_target: str | None, machine: str | Non
 
 
 def _regular_file(target: str | None) -> bool:
-    return (target is not None and target.startswith("/")
-            and not target.startswith(("/dev/", "/proc/", "/sys/")))
+    return target is not None and target.startswith("/") and not target.startswith(("/dev/", "/proc/", "/sys/"))
 
 
 def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | None:
@@ -554,15 +662,22 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
                 return found
         return sockets[0] if len(sockets) == 1 else None
 
-    def build(kind: str, basis: str, tid: int | None, stack: ThreadStack | None, nr: int | None,
-              target: str | None) -> IoWait:
+    def build(
+        kind: str, basis: str, tid: int | None, stack: ThreadStack | None, nr: int | None, target: str | None
+    ) -> IoWait:
         peer = peer_of(target) if kind.startswith("socket") else None
-        return IoWait(kind=kind, basis=basis, tid=tid, thread=stack.name if stack else None,
-                      syscall=nr, peer=peer.remote if peer else None,
-                      tcp_state=peer.tcp_state if peer else None,
-                      sockets=sockets if kind.startswith("socket") else (),
-                      file=target if _regular_file(target) else None,
-                      where=_where(stack, skip=_NET_FILES))
+        return IoWait(
+            kind=kind,
+            basis=basis,
+            tid=tid,
+            thread=stack.name if stack else None,
+            syscall=nr,
+            peer=peer.remote if peer else None,
+            tcp_state=peer.tcp_state if peer else None,
+            sockets=sockets if kind.startswith("socket") else (),
+            file=target if _regular_file(target) else None,
+            where=_where(stack, skip=_NET_FILES),
+        )
 
     def socket_wait(tid: int, stack: ThreadStack | None, nr: int | None, target: str | None) -> IoWait | None:
         if stack is not None and _is_queue_get_wait(stack):
@@ -593,8 +708,14 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
     all_d = bool(reads) and all(r.state == "D" for r in reads)
     if main_io is not None and _regular_file(main_io.fd_target) and syscalls.is_file_read(main_io.syscall, machine):
         if all_d or main_io.state == "D" or (obs.after is not None and obs.after.state in ("S", "D")):
-            return build("file read", "state D" if all_d or main_io.state == "D" else "syscall",
-                         obs.pid, main_t, main_io.syscall, main_io.fd_target)
+            return build(
+                "file read",
+                "state D" if all_d or main_io.state == "D" else "syscall",
+                obs.pid,
+                main_t,
+                main_io.syscall,
+                main_io.fd_target,
+            )
     if all_d:
         return build("uninterruptible", "state D", obs.pid, main_t, nr_main, target_main)
 
@@ -607,8 +728,7 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
         stack = _thread_by_tid(dump, t.tid)
         found = socket_wait(t.tid, stack, t.syscall, t.fd_target)
         if found is None and _regular_file(t.fd_target) and syscalls.is_file_read(t.syscall, machine):
-            found = build("file read", "state D" if t.state == "D" else "syscall", t.tid, stack, t.syscall,
-                          t.fd_target)
+            found = build("file read", "state D" if t.state == "D" else "syscall", t.tid, stack, t.syscall, t.fd_target)
         if found is None and t.state == "D":
             found = build("uninterruptible", "state D", t.tid, stack, t.syscall, t.fd_target)
         if found is not None:
@@ -619,8 +739,7 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
                 continue
             if _socket_frames(st):
                 kind = _native_socket_kind(st) or "socket recv"
-                return dataclasses.replace(build(kind, "stack", st.native_tid, st, None, None),
-                                           via="thread pool")
+                return dataclasses.replace(build(kind, "stack", st.native_tid, st, None, None), via="thread pool")
     return None
 
 
@@ -668,10 +787,18 @@ def judge_process(obs: ProcessObservation, *, machine: str | None = None) -> Pro
     alive = alive_signs(obs)
 
     def verdict(status: str, waiting_in: str | None, io: IoWait | None = None) -> ProcessVerdict:
-        return ProcessVerdict(pid=obs.pid, status=status, waiting_in=waiting_in,
-                              cpu_progress_s=progress, role=obs.role, worker_id=obs.worker_id,
-                              where=_where(thread), in_dataloader=in_loader,
-                              alive_by=alive if status != "gone" else (), io_wait=io)
+        return ProcessVerdict(
+            pid=obs.pid,
+            status=status,
+            waiting_in=waiting_in,
+            cpu_progress_s=progress,
+            role=obs.role,
+            worker_id=obs.worker_id,
+            where=_where(thread),
+            in_dataloader=in_loader,
+            alive_by=alive if status != "gone" else (),
+            io_wait=io,
+        )
 
     if after is None or after.gone or after.state in ("Z", "X", "x"):
         return verdict("gone", None)
@@ -759,10 +886,13 @@ def _summary(verdicts: Iterable[ProcessVerdict]) -> str:
     return _describe(first) + extra
 
 
-def classify_stall(observations: Iterable[ProcessObservation], *,
-                   main_waiting_for_data: bool | None = None,
-                   expected_workers: int | None = None,
-                   machine: str | None = None) -> StallVerdict:
+def classify_stall(
+    observations: Iterable[ProcessObservation],
+    *,
+    main_waiting_for_data: bool | None = None,
+    expected_workers: int | None = None,
+    machine: str | None = None,
+) -> StallVerdict:
     """Judge a stalled run: one classification, a verdict per process, one reason line.
 
     ``main_waiting_for_data``: whether the main process is inside the
@@ -793,11 +923,16 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
     gone = [w for w in workers if w.status == "gone"]
     live = [w for w in workers if w.status != "gone"]
     if gone:
-        return out("dead-worker", f"{len(gone)} of {len(workers)} DataLoader workers gone: "
-                                  + ", ".join(_describe(w) for w in gone))
+        return out(
+            "dead-worker",
+            f"{len(gone)} of {len(workers)} DataLoader workers gone: " + ", ".join(_describe(w) for w in gone),
+        )
     if expected_workers is not None and len(live) < expected_workers:
-        return out("dead-worker", f"only {len(live)} live DataLoader workers of {expected_workers} "
-                                  "expected: the others exited or were killed")
+        return out(
+            "dead-worker",
+            f"only {len(live)} live DataLoader workers of {expected_workers} "
+            "expected: the others exited or were killed",
+        )
 
     if main is not None and main.status == "gone":
         return out("main-blocked", f"the main process (pid {main.pid}) is gone")
@@ -811,22 +946,33 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
             if syscall_category(after.syscall if after else None, machine) == "poll":
                 waiting, how = True, "syscall"
 
-    if waiting is False and main is not None and (main.waiting_in or "").startswith("collective: ") \
-            and not any(w.status == "blocked" and w.io_wait is None and not _wakes(w) for w in live):
-        op = main.waiting_in[len("collective: "):]  # type: ignore[index]
-        loader = (f"its own DataLoader is healthy (workers: {', '.join(sorted({w.status for w in live}))})"
-                  if live else "it has no DataLoader workers")
-        return out("main-blocked", f"the main process waits in the collective {op} for other ranks; "
-                                   f"{loader}: the rank that stalled first is elsewhere "
-                                   f"(see `dlwatch report --job`): {_describe(main)}")
+    if (
+        waiting is False
+        and main is not None
+        and (main.waiting_in or "").startswith("collective: ")
+        and not any(w.status == "blocked" and w.io_wait is None and not _wakes(w) for w in live)
+    ):
+        op = main.waiting_in[len("collective: ") :]  # type: ignore[index]
+        loader = (
+            f"its own DataLoader is healthy (workers: {', '.join(sorted({w.status for w in live}))})"
+            if live
+            else "it has no DataLoader workers"
+        )
+        return out(
+            "main-blocked",
+            f"the main process waits in the collective {op} for other ranks; "
+            f"{loader}: the rank that stalled first is elsewhere "
+            f"(see `dlwatch report --job`): {_describe(main)}",
+        )
 
     if waiting is False:
         state = _describe(main) if main else "the main process"
         busy = " busy" if main is not None and main.status == "running" else ""
-        workers_note = (f"; workers: {', '.join(sorted({w.status for w in live}))}" if live
-                        else "; no workers")
-        return out("main-blocked", f"the main process is{busy} outside the DataLoader "
-                                   f"(in the loop body): {state}{workers_note}")
+        workers_note = f"; workers: {', '.join(sorted({w.status for w in live}))}" if live else "; no workers"
+        return out(
+            "main-blocked",
+            f"the main process is{busy} outside the DataLoader (in the loop body): {state}{workers_note}",
+        )
 
     running = [w for w in live if w.status == "running"]
     io_waits = [w for w in live if w.io_wait is not None]
@@ -840,37 +986,63 @@ def classify_stall(observations: Iterable[ProcessObservation], *,
         if main is None:
             return out("slow", "no processes observed: nothing to judge")
         if main.io_wait is not None:
-            return out("io-wait", "no workers; the main process loads data itself and waits on "
-                                  f"{_io_what(main)} that never returned: {_describe(main)}")
+            return out(
+                "io-wait",
+                "no workers; the main process loads data itself and waits on "
+                f"{_io_what(main)} that never returned: {_describe(main)}",
+            )
         if main.status == "running":
             return out("slow", f"no workers; the main process is loading data itself: {_describe(main)}")
         if main.status == "idle" and waiting:
-            return out("dead-worker", "the main process waits for data from workers but no "
-                                      f"live worker was observed: {_describe(main)}")
+            return out(
+                "dead-worker",
+                f"the main process waits for data from workers but no live worker was observed: {_describe(main)}",
+            )
         if main.waiting_in in _TRANSIENT_WAITS or (main.status == "blocked" and _wakes(main)):
-            return out("slow", f"no workers; the main process waits in {main.waiting_in} "
-                               f"while loading data: {_describe(main)}")
+            return out(
+                "slow", f"no workers; the main process waits in {main.waiting_in} while loading data: {_describe(main)}"
+            )
         if waiting:
-            return out("deadlock", "no workers; the main process is blocked inside the "
-                                   f"DataLoader with no CPU progress: {_describe(main)}")
+            return out(
+                "deadlock",
+                "no workers; the main process is blocked inside the "
+                f"DataLoader with no CPU progress: {_describe(main)}",
+            )
         return out("main-blocked", f"no workers; the main process is blocked: {_describe(main)}")
 
     if running:
-        return out("slow", f"{len(running)} of {len(live)} workers still working "
-                           f"(CPU or I/O): {_summary(running)}; main {waits}")
+        return out(
+            "slow",
+            f"{len(running)} of {len(live)} workers still working (CPU or I/O): {_summary(running)}; main {waits}",
+        )
     if hard:
         note = f"; main {waits}" if waiting else "; main state unknown"
-        return out("deadlock", f"{len(hard)} of {len(live)} workers blocked with no CPU progress "
-                               f"and no sign of life: {_summary(hard)}{note}")
+        return out(
+            "deadlock",
+            f"{len(hard)} of {len(live)} workers blocked with no CPU progress "
+            f"and no sign of life: {_summary(hard)}{note}",
+        )
     if io_waits:
-        return out("io-wait", f"{len(io_waits)} of {len(live)} workers wait on {_io_what(io_waits[0])} "
-                              f"that never returned: {_summary(io_waits)}; main {waits}")
+        return out(
+            "io-wait",
+            f"{len(io_waits)} of {len(live)} workers wait on {_io_what(io_waits[0])} "
+            f"that never returned: {_summary(io_waits)}; main {waits}",
+        )
     if blocked:
-        return out("slow", f"{len(blocked)} of {len(live)} workers waiting but alive "
-                           f"(a transient wait, or waking up): {_summary(blocked)}; main {waits}")
+        return out(
+            "slow",
+            f"{len(blocked)} of {len(live)} workers waiting but alive "
+            f"(a transient wait, or waking up): {_summary(blocked)}; main {waits}",
+        )
     if waiting:
-        return out("lost-batch", f"all {len(live)} workers idle in their loop waiting for work "
-                                 f"while the main process {waits}: the batch it waits for was "
-                                 "never produced or was lost")
-    return out("main-blocked", f"all {len(live)} workers idle and the main process is not "
-                               "seen waiting for data (no main stack): likely stuck in the loop body")
+        return out(
+            "lost-batch",
+            f"all {len(live)} workers idle in their loop waiting for work "
+            f"while the main process {waits}: the batch it waits for was "
+            "never produced or was lost",
+        )
+    return out(
+        "main-blocked",
+        f"all {len(live)} workers idle and the main process is not "
+        "seen waiting for data (no main stack): likely stuck in the loop body",
+    )

@@ -17,8 +17,13 @@ TREND_WINDOW = 30  # samples the fd trend is fitted on
 
 class FdPressure(Detector):
     playbook = "fd-exhaustion"
-    defaults = {"fd_share": th.FD_SHARE, "horizon_s": th.FD_HORIZON_S, "min_rise": th.FD_MIN_RISE,
-                "min_window_s": th.FD_MIN_WINDOW_S, "trend_min_share": th.FD_TREND_MIN_SHARE}
+    defaults = {
+        "fd_share": th.FD_SHARE,
+        "horizon_s": th.FD_HORIZON_S,
+        "min_rise": th.FD_MIN_RISE,
+        "min_window_s": th.FD_MIN_WINDOW_S,
+        "trend_min_share": th.FD_TREND_MIN_SHARE,
+    }
 
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
         t = self.thresholds
@@ -34,6 +39,15 @@ class FdPressure(Detector):
             if evidence:
                 if not evidence.get("fds") and p.last_fds is not None:
                     evidence["fds"] = p.last_fds.to_dict()
-                return [{"ts": view.now, "event": "threshold", "signal": "fd_pressure",
-                         "pid": p.pid, "role": p.role, "worker_id": p.worker_id, **evidence}]
+                return [
+                    {
+                        "ts": view.now,
+                        "event": "threshold",
+                        "signal": "fd_pressure",
+                        "pid": p.pid,
+                        "role": p.role,
+                        "worker_id": p.worker_id,
+                        **evidence,
+                    }
+                ]
         return ()

@@ -27,9 +27,15 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
     return sum((t - mt) * (v - mv) for t, v in points) / var
 
 
-def steady_growth(points: Sequence[tuple[float, float]], *, min_rate: float, min_rise: float,
-                  min_window_s: float, min_points: int = 4,
-                  late_share: float = 0.5) -> dict[str, Any] | None:
+def steady_growth(
+    points: Sequence[tuple[float, float]],
+    *,
+    min_rate: float,
+    min_rise: float,
+    min_window_s: float,
+    min_points: int = 4,
+    late_share: float = 0.5,
+) -> dict[str, Any] | None:
     """The growth of one figure over ``points`` (oldest first), or None when it is not steady.
 
     Steady: at least ``min_points`` over ``min_window_s``; the whole window's slope at
@@ -53,9 +59,15 @@ def steady_growth(points: Sequence[tuple[float, float]], *, min_rate: float, min
     late_rate = slope(late) if len(late) >= 2 else None
     if late_rate is None or late_rate < late_share * max(min_rate, rate):
         return None  # still rising, but slowing to a plateau: start-up, a cache filling up
-    return {"rate_bytes_per_s": round(rate), "late_rate_bytes_per_s": round(late_rate),
-            "rise_bytes": int(rise), "window_s": round(window_s, 1), "points": len(points),
-            "first": int(points[0][1]), "last": int(points[-1][1])}
+    return {
+        "rate_bytes_per_s": round(rate),
+        "late_rate_bytes_per_s": round(late_rate),
+        "rise_bytes": int(rise),
+        "window_s": round(window_s, 1),
+        "points": len(points),
+        "first": int(points[0][1]),
+        "last": int(points[-1][1]),
+    }
 
 
 def time_to_limit(headroom_bytes: int | None, rate_bytes_per_s: float) -> float | None:

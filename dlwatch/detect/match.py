@@ -33,8 +33,10 @@ __all__ = ["match", "errnos_in"]
 # Every pattern here runs on text the training program controls: RE2 (linear time), bounded text.
 _ERRNO_BRACKET = _regex.compile(r"\[Errno (\d+)\]")
 _ERRNO_TORCH = _regex.compile(r":\s+[A-Za-z][A-Za-z ,'-]*? \((\d+)\)")  # "...: No space left on device (28)"
-_SHM_FD_TEXT = _regex.compile(r"Communication with the workers is no longer possible|received 0 items of "
-                              r"ancdata|unable to open shared memory object")
+_SHM_FD_TEXT = _regex.compile(
+    r"Communication with the workers is no longer possible|received 0 items of "
+    r"ancdata|unable to open shared memory object"
+)
 _OPENS_FILE = _regex.compile(r"\bopen\(|Image\.open|np\.load|h5py|lmdb")
 _LIBRARY_PATH = _regex.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[^/\\]*[/\\]|[/\\]torch[/\\]")
 _MAX_FRAMES = 8
@@ -63,7 +65,7 @@ def _exception_text(exception: Mapping[str, Any]) -> str:
 
 
 def _field(value: Any) -> str:
-    return str(value or "")[:_regex.MAX_FIELD_CHARS]
+    return str(value or "")[: _regex.MAX_FIELD_CHARS]
 
 
 def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Finding]:
@@ -75,8 +77,7 @@ def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Find
             finding = _match_one(pb, ctx)
         except Exception as exc:  # one broken user playbook must not hide the others
             finding = None
-            log.warning("playbook_match_failed", playbook=pb.id, source=pb.source,
-                        error=f"{type(exc).__name__}: {exc}")
+            log.warning("playbook_match_failed", playbook=pb.id, source=pb.source, error=f"{type(exc).__name__}: {exc}")
         if finding is not None:
             findings.append((finding.confidence, order, finding))
     findings.sort(key=lambda t: (-t[0], t[1]))
@@ -89,7 +90,7 @@ def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Find
 def _excerpt(text: str, m: Any, width: int = 200) -> str:
     start = text.rfind("\n", 0, m.start()) + 1
     end = text.find("\n", m.end())
-    line = text[start:end if end >= 0 else len(text)].strip()
+    line = text[start : end if end >= 0 else len(text)].strip()
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -156,8 +157,15 @@ class _Context:
         for ev in records:
             if not isinstance(ev, Mapping):
                 continue
-            key = (ev.get("ts"), ev.get("event"), ev.get("signal"), ev.get("pid"), ev.get("worker_id"),
-                   ev.get("batch_index"), ev.get("stage"))
+            key = (
+                ev.get("ts"),
+                ev.get("event"),
+                ev.get("signal"),
+                ev.get("pid"),
+                ev.get("worker_id"),
+                ev.get("batch_index"),
+                ev.get("stage"),
+            )
             if key in seen:
                 continue
             seen.add(key)
@@ -186,8 +194,15 @@ class _Context:
         out = []
         for name, key, found in (("rng_duplicate", "duplicates", dups), ("rng_epoch_repeat", "repeats", repeats)):
             if found and not cls._signal_events(events, name):
-                out.append({"event": "threshold", "signal": name, key: found,
-                            "num_workers_checked": checked, "derived": "rng_fingerprint events"})
+                out.append(
+                    {
+                        "event": "threshold",
+                        "signal": name,
+                        key: found,
+                        "num_workers_checked": checked,
+                        "derived": "rng_fingerprint events",
+                    }
+                )
         return out
 
     def _fd_from_timeline(self, report: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -199,20 +214,29 @@ class _Context:
                 if not isinstance(p, Mapping) or not isinstance(p.get("pid"), int):
                     continue
                 try:
-                    histories.setdefault(p["pid"], []).append(ProcSample(
-                        pid=p["pid"], ts=float(p.get("ts", rec.get("ts", 0.0)) or 0.0),
-                        num_fds=p.get("num_fds"), fd_limit=p.get("fd_limit"), gone=bool(p.get("gone"))))
+                    histories.setdefault(p["pid"], []).append(
+                        ProcSample(
+                            pid=p["pid"],
+                            ts=float(p.get("ts", rec.get("ts", 0.0)) or 0.0),
+                            num_fds=p.get("num_fds"),
+                            fd_limit=p.get("fd_limit"),
+                            gone=bool(p.get("gone")),
+                        )
+                    )
                 except (TypeError, ValueError):
                     continue
         out = []
         t = self.fd_thresholds
         for hist in histories.values():
             hist.sort(key=lambda s: s.ts)
-            ev = th.fd_pressure(hist, fd_share=t.get("fd_share", th.FD_SHARE),
-                                horizon_s=t.get("horizon_s", th.FD_HORIZON_S),
-                                min_rise=t.get("min_rise", th.FD_MIN_RISE),
-                                min_window_s=t.get("min_window_s", th.FD_MIN_WINDOW_S),
-                                trend_min_share=t.get("trend_min_share", th.FD_TREND_MIN_SHARE))
+            ev = th.fd_pressure(
+                hist,
+                fd_share=t.get("fd_share", th.FD_SHARE),
+                horizon_s=t.get("horizon_s", th.FD_HORIZON_S),
+                min_rise=t.get("min_rise", th.FD_MIN_RISE),
+                min_window_s=t.get("min_window_s", th.FD_MIN_WINDOW_S),
+                trend_min_share=t.get("trend_min_share", th.FD_TREND_MIN_SHARE),
+            )
             if ev is not None:
                 out.append({"event": "threshold", **ev, "derived": "timeline"})
         return out
@@ -229,18 +253,33 @@ class _Context:
                 out.append(self._proc_fd_view(p, s))
                 pids.add(p.get("pid"))
         for ev in self.signal_events("fd_pressure"):  # measured before the process died or was re-read
-            if ev.get("pid") not in pids and th.fd_near_limit(ev.get("num_fds"), ev.get("fd_limit"),
-                                                               share=share, margin=margin):
-                out.append({"pid": ev.get("pid"), "role": ev.get("role"), "worker_id": ev.get("worker_id"),
-                            "num_fds": ev.get("num_fds"), "fd_limit": ev.get("fd_limit"),
-                            "fds": ev.get("fds"), "from": "fd_pressure event"})
+            if ev.get("pid") not in pids and th.fd_near_limit(
+                ev.get("num_fds"), ev.get("fd_limit"), share=share, margin=margin
+            ):
+                out.append(
+                    {
+                        "pid": ev.get("pid"),
+                        "role": ev.get("role"),
+                        "worker_id": ev.get("worker_id"),
+                        "num_fds": ev.get("num_fds"),
+                        "fd_limit": ev.get("fd_limit"),
+                        "fds": ev.get("fds"),
+                        "from": "fd_pressure event",
+                    }
+                )
                 pids.add(ev.get("pid"))
         return out
 
     @staticmethod
     def _proc_fd_view(p: Mapping[str, Any], s: Mapping[str, Any]) -> dict[str, Any]:
-        return {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
-                "num_fds": s.get("num_fds"), "fd_limit": s.get("fd_limit"), "fds": s.get("fds")}
+        return {
+            "pid": p.get("pid"),
+            "role": p.get("role"),
+            "worker_id": p.get("worker_id"),
+            "num_fds": s.get("num_fds"),
+            "fd_limit": s.get("fd_limit"),
+            "fds": s.get("fds"),
+        }
 
     def frames(self, role: str) -> Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]:
         for p in self.processes:
@@ -259,8 +298,12 @@ def _eval_signal(sig: Signal, ctx: _Context) -> dict[str, Any] | None:
     if sig.description:
         hit["description"] = sig.description
     exc = ctx.exception
-    needs_exc = (sig.exception_type is not None or sig.exception_text is not None or bool(sig.errno)
-                 or sig.from_loader is not None)
+    needs_exc = (
+        sig.exception_type is not None
+        or sig.exception_text is not None
+        or bool(sig.errno)
+        or sig.from_loader is not None
+    )
     if needs_exc and not exc:
         return None
     if sig.not_errno and set(sig.not_errno) & set(ctx.errnos):
@@ -303,8 +346,12 @@ def _eval_signal(sig: Signal, ctx: _Context) -> dict[str, Any] | None:
         if found is None:
             return None
         p, f = found
-        hit["frame"] = {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
-                        "frame": _frame_str(f)}
+        hit["frame"] = {
+            "pid": p.get("pid"),
+            "role": p.get("role"),
+            "worker_id": p.get("worker_id"),
+            "frame": _frame_str(f),
+        }
     return hit
 
 
@@ -350,9 +397,12 @@ def _match_one(pb: Playbook, ctx: _Context) -> Finding | None:
     if ctx.exception:
         exc = ctx.exception
         lines = str(exc.get("message") or "").strip().splitlines()
-        evidence["exception"] = {"type": exc.get("type"), "errno": ctx.errnos[0] if ctx.errnos else None,
-                                 "message": lines[-1][:300] if lines else "",  # torch puts the cause last
-                                 "from_loader": bool(exc.get("from_loader"))}
+        evidence["exception"] = {
+            "type": exc.get("type"),
+            "errno": ctx.errnos[0] if ctx.errnos else None,
+            "message": lines[-1][:300] if lines else "",  # torch puts the cause last
+            "from_loader": bool(exc.get("from_loader")),
+        }
     enrich = _ENRICHERS.get(pb.id)
     variant = None
     if enrich is not None:
@@ -360,8 +410,13 @@ def _match_one(pb: Playbook, ctx: _Context) -> Finding | None:
     hints = _eval_hints(pb, ctx)
     if hints:
         evidence["points_at"] = [found for _, found in hints]
-    return Finding(playbook=pb.id, title=pb.title, confidence=round(confidence, 3),
-                   evidence=evidence, remediation=_remediation(pb, variant, [h for h, _ in hints]))
+    return Finding(
+        playbook=pb.id,
+        title=pb.title,
+        confidence=round(confidence, 3),
+        evidence=evidence,
+        remediation=_remediation(pb, variant, [h for h, _ in hints]),
+    )
 
 
 def _remediation(pb: Playbook, variant: str | None, hints: Sequence[Hint]) -> str:
@@ -406,9 +461,16 @@ def _enrich_fd(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     if views:
         top = views[0]
         fds = top.get("fds") or {}
-        ev.update({"pid": top.get("pid"), "role": top.get("role"), "worker_id": top.get("worker_id"),
-                   "num_fds": top.get("num_fds"), "fd_limit": top.get("fd_limit"),
-                   "fd_share": round(share(top), 4) if top.get("fd_limit") else None})
+        ev.update(
+            {
+                "pid": top.get("pid"),
+                "role": top.get("role"),
+                "worker_id": top.get("worker_id"),
+                "num_fds": top.get("num_fds"),
+                "fd_limit": top.get("fd_limit"),
+                "fd_share": round(share(top), 4) if top.get("fd_limit") else None,
+            }
+        )
         if fds:
             ev["fds"] = {k: fds.get(k) for k in ("file", "shm", "socket", "pipe", "other", "shm_bytes")}
             ev["top_files"] = [list(x) for x in (fds.get("top_files") or ())][:5]
@@ -421,13 +483,17 @@ def _enrich_fd(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
                 break
     else:  # nothing near a limit now (a failed worker is gone): show the counts as context only
         counts = [_Context._proc_fd_view(p, p.get("sample") or {}) for p in ctx.processes]
-        counts = [{k: c.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit")}
-                  for c in counts if c.get("num_fds") is not None]
+        counts = [
+            {k: c.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit")}
+            for c in counts
+            if c.get("num_fds") is not None
+        ]
         if counts:
-            ev["fd_counts"] = counts[:_MAX_WORKERS + 1]
+            ev["fd_counts"] = counts[: _MAX_WORKERS + 1]
     if ctx.at_limit:
-        ev["at_fd_limit"] = [{k: a.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit")}
-                             for a in ctx.at_limit]
+        ev["at_fd_limit"] = [
+            {k: a.get(k) for k in ("pid", "role", "worker_id", "num_fds", "fd_limit")} for a in ctx.at_limit
+        ]
     strategy = ctx.loader.get("sharing_strategy")
     if strategy:
         ev["sharing_strategy"] = strategy
@@ -449,8 +515,11 @@ def _enrich_shm(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     for key in ("shm_total", "shm_free", "shm_torch_files"):
         if ctx.system.get(key) is not None:
             ev[key] = ctx.system.get(key)
-    loader = {k: ctx.loader.get(k) for k in ("batch_size", "num_workers", "prefetch_factor", "sharing_strategy")
-              if ctx.loader.get(k) is not None}
+    loader = {
+        k: ctx.loader.get(k)
+        for k in ("batch_size", "num_workers", "prefetch_factor", "sharing_strategy")
+        if ctx.loader.get(k) is not None
+    }
     if loader:
         ev["loader"] = loader
     if ctx.errnos:
@@ -478,10 +547,17 @@ def _worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
     main = next((t for t in threads if any(f.get("function") == "_worker_loop" for f in t)), None)
     if main is None:
         main = _main_thread_frames(p) or (threads[0] if threads else [])
-    view = {"pid": p.get("pid"), "worker_id": p.get("worker_id"), "status": p.get("status"),
-            "state": s.get("state"), "syscall": s.get("syscall"), "wchan": s.get("wchan"),
-            "waiting_in": p.get("waiting_in"), "cpu_progress_s": p.get("cpu_progress_s"),
-            "frames": [_frame_str(f) for f in main[:_MAX_FRAMES]]}
+    view = {
+        "pid": p.get("pid"),
+        "worker_id": p.get("worker_id"),
+        "status": p.get("status"),
+        "state": s.get("state"),
+        "syscall": s.get("syscall"),
+        "wchan": s.get("wchan"),
+        "waiting_in": p.get("waiting_in"),
+        "cpu_progress_s": p.get("cpu_progress_s"),
+        "frames": [_frame_str(f) for f in main[:_MAX_FRAMES]],
+    }
     user = next((f for f in main if _is_user_frame(f)), None)
     if user is not None:
         view["user_frame"] = _frame_str(user)
@@ -490,8 +566,7 @@ def _worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
 
 def _is_user_frame(f: Mapping[str, Any]) -> bool:
     name = str(f.get("filename") or "")
-    return (bool(name) and not f.get("native") and not name.startswith("<")
-            and not _LIBRARY_PATH.search(name))
+    return bool(name) and not f.get("native") and not name.startswith("<") and not _LIBRARY_PATH.search(name)
 
 
 def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
@@ -515,18 +590,35 @@ def _enrich_deadlock(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | N
 def _enrich_io(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     """Which workers wait, in which thread, on what (peer ip:port or file), and for how long."""
     waiting = [p for p in ctx.processes if isinstance(p.get("io_wait"), Mapping)]
-    waiting.sort(key=lambda p: (p.get("role") != "worker", p.get("worker_id") if isinstance(p.get("worker_id"), int) else 1 << 30))
+    waiting.sort(
+        key=lambda p: (
+            p.get("role") != "worker",
+            p.get("worker_id") if isinstance(p.get("worker_id"), int) else 1 << 30,
+        )
+    )
     views = []
     peers: dict[str, int] = {}
     for p in waiting:
         w = p["io_wait"]
-        view = {"pid": p.get("pid"), "role": p.get("role"), "worker_id": p.get("worker_id"),
-                "kind": w.get("kind"), "thread": w.get("thread"), "tid": w.get("tid"), "via": w.get("via"),
-                "peer": w.get("peer"), "tcp_state": w.get("tcp_state"), "file": w.get("file"),
-                "syscall": w.get("syscall"), "basis": w.get("basis"), "where": w.get("where") or p.get("where")}
+        view = {
+            "pid": p.get("pid"),
+            "role": p.get("role"),
+            "worker_id": p.get("worker_id"),
+            "kind": w.get("kind"),
+            "thread": w.get("thread"),
+            "tid": w.get("tid"),
+            "via": w.get("via"),
+            "peer": w.get("peer"),
+            "tcp_state": w.get("tcp_state"),
+            "file": w.get("file"),
+            "syscall": w.get("syscall"),
+            "basis": w.get("basis"),
+            "where": w.get("where") or p.get("where"),
+        }
         if not view["peer"] and w.get("sockets"):  # poll on one of several sockets: name them all
-            view["sockets"] = [f"{s.get('remote')} {s.get('tcp_state')}" for s in w["sockets"][:4]
-                               if isinstance(s, Mapping)]
+            view["sockets"] = [
+                f"{s.get('remote')} {s.get('tcp_state')}" for s in w["sockets"][:4] if isinstance(s, Mapping)
+            ]
         views.append({k: v for k, v in view.items() if v is not None})
         key = w.get("peer") or w.get("file")
         if key:
@@ -534,7 +626,7 @@ def _enrich_io(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> str | None:
     stall_s = (ctx.report.get("progress") or {}).get("stall_s")
     if views:  # one line for people first: who waits, on what, how, for how long
         v0 = views[0]
-        who = (f"worker {v0['worker_id']}" if v0.get("worker_id") is not None else str(v0.get("role") or "process"))
+        who = f"worker {v0['worker_id']}" if v0.get("worker_id") is not None else str(v0.get("role") or "process")
         more = f" (+{len(views) - 1} more)" if len(views) > 1 else ""
         thread = f", thread {v0.get('thread') or v0.get('tid')}" + (f" via {v0['via']}" if v0.get("via") else "")
         on = v0.get("peer") or v0.get("file") or ", ".join(v0.get("sockets") or ()) or "?"
@@ -613,8 +705,11 @@ def _enrich_worker_killed(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> st
     pids, sig_text = torch_worker_exit(ctx.text)
     crashed = [p for p in ctx.processes if p.get("role") == "worker" and p.get("crash")]
     gone = [p for p in ctx.processes if p.get("role") == "worker" and p.get("status") == "gone"]
-    pid = (pids[0] if pids else None) or next((e.get("pid") for e in obs), None) \
+    pid = (
+        (pids[0] if pids else None)
+        or next((e.get("pid") for e in obs), None)
         or next((p.get("pid") for p in crashed + gone), None)
+    )
     if pid is None:
         return None
     mine = [e for e in obs if e.get("pid") == pid]
@@ -630,27 +725,45 @@ def _enrich_worker_killed(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> st
     if cg_b is not None and cg_a is not None:
         oom = cg_a > cg_b
     else:
-        oom = (before.get("host") is not None and after.get("host") is not None and after["host"] > before["host"])
-    cause, basis = exit_cause(sig, oom_rose=oom, memory_share=share, crash_signal=crash.get("signal"),
-                              near_share=pb.threshold("near_limit_share", 0.9))
-    ev.update({"pid": pid, "worker_id": (proc or {}).get("worker_id", merged.get("worker_id")),
-               "exit_signal": sig, "cause": cause, "cause_basis": basis})
+        oom = before.get("host") is not None and after.get("host") is not None and after["host"] > before["host"]
+    cause, basis = exit_cause(
+        sig,
+        oom_rose=oom,
+        memory_share=share,
+        crash_signal=crash.get("signal"),
+        near_share=pb.threshold("near_limit_share", 0.9),
+    )
+    ev.update(
+        {
+            "pid": pid,
+            "worker_id": (proc or {}).get("worker_id", merged.get("worker_id")),
+            "exit_signal": sig,
+            "cause": cause,
+            "cause_basis": basis,
+        }
+    )
     if merged.get("exit_status") is not None:
         ev["exit_status"] = merged["exit_status"]
     if merged.get("last_seen_ts") is not None:
         ev["last_seen_ts"] = merged["last_seen_ts"]
-    memory = merged.get("memory") or [{"ts": s.get("ts"), "rss": s.get("rss"), "uss": s.get("uss")}
-                                      for s in _samples_of(ctx, pid)][-12:]
+    memory = (
+        merged.get("memory")
+        or [{"ts": s.get("ts"), "rss": s.get("rss"), "uss": s.get("uss")} for s in _samples_of(ctx, pid)][-12:]
+    )
     if memory:
         ev["memory"] = memory
-    limits = {k: merged.get(k, ctx.system.get(k)) for k in ("cgroup_memory_limit", "cgroup_memory_usage",
-                                                            "mem_available")}
+    limits = {
+        k: merged.get(k, ctx.system.get(k)) for k in ("cgroup_memory_limit", "cgroup_memory_usage", "mem_available")
+    }
     ev["memory_limit"] = {k: v for k, v in limits.items() if v is not None}
     if share is not None:
         ev["memory_share"] = share
     if before or after:
-        ev["oom_kills"] = {"before": before or None, "after": after or None,
-                           "at_start": merged.get("oom_kills_at_start")}
+        ev["oom_kills"] = {
+            "before": before or None,
+            "after": after or None,
+            "at_start": merged.get("oom_kills_at_start"),
+        }
     shm = {k: merged.get(k, ctx.system.get(k)) for k in ("shm_total", "shm_free")}
     if any(v is not None for v in shm.values()):
         ev["shm"] = shm
@@ -667,7 +780,8 @@ def _enrich_worker_killed(pb: Playbook, ctx: _Context, ev: dict[str, Any]) -> st
     if cause == "sigbus":
         ev["see_also"] = "shm-exhaustion"
     growth = ctx.signal_events("worker_memory_growth") + [
-        e for e in ctx.events if e.get("event") == "advice" and e.get("playbook") == "worker-memory-growth"]
+        e for e in ctx.events if e.get("event") == "advice" and e.get("playbook") == "worker-memory-growth"
+    ]
     if growth:
         ev["memory_growth_before"] = _strip_event(growth[-1])
     return cause if cause != "unknown" else None

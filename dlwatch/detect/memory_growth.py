@@ -28,8 +28,9 @@ def headroom(system: SystemSample | None) -> tuple[int | None, str | None, int |
         return None, None, None
     options = []
     if system.cgroup_memory_limit and system.cgroup_memory_usage is not None:
-        options.append((system.cgroup_memory_limit - system.cgroup_memory_usage, "cgroup memory limit",
-                        system.cgroup_memory_limit))
+        options.append(
+            (system.cgroup_memory_limit - system.cgroup_memory_usage, "cgroup memory limit", system.cgroup_memory_limit)
+        )
     if system.mem_available is not None:
         options.append((system.mem_available, "MemAvailable", None))
     if not options:
@@ -40,9 +41,15 @@ def headroom(system: SystemSample | None) -> tuple[int | None, str | None, int |
 
 class WorkerMemoryGrowth(Detector):
     playbook = "worker-memory-growth"
-    defaults = {"min_rate_bytes_per_s": float(1 << 20), "min_rise_bytes": float(64 << 20),
-                "min_window_s": 8.0, "window_s": 120.0, "horizon_s": 900.0, "flat_rss_share": 0.3,
-                "min_observed_share": 0.1}
+    defaults = {
+        "min_rate_bytes_per_s": float(1 << 20),
+        "min_rise_bytes": float(64 << 20),
+        "min_window_s": 8.0,
+        "window_s": 120.0,
+        "horizon_s": 900.0,
+        "flat_rss_share": 0.3,
+        "min_observed_share": 0.1,
+    }
 
     def __init__(self, thresholds: Any = None) -> None:
         super().__init__(thresholds)
@@ -70,14 +77,24 @@ class WorkerMemoryGrowth(Detector):
             if len(reads) < 4:
                 continue
             pts = sorted(reads.values(), key=lambda s: s.uss_ts)
-            g = steady_growth([(s.uss_ts, float(s.uss)) for s in pts], min_rate=t["min_rate_bytes_per_s"],
-                              min_rise=t["min_rise_bytes"], min_window_s=t["min_window_s"])
+            g = steady_growth(
+                [(s.uss_ts, float(s.uss)) for s in pts],
+                min_rate=t["min_rate_bytes_per_s"],
+                min_rise=t["min_rise_bytes"],
+                min_window_s=t["min_window_s"],
+            )
             if g is None:
                 continue
             rss = [(s.uss_ts, float(s.rss)) for s in pts if s.rss is not None]
             rss_rate = slope(rss) if len(rss) >= 2 else None
-            found = {"pid": p.pid, "worker_id": p.worker_id, "uss": g, "rss_first": pts[0].rss,
-                     "rss_last": pts[-1].rss, "rss_rate_bytes_per_s": None if rss_rate is None else round(rss_rate)}
+            found = {
+                "pid": p.pid,
+                "worker_id": p.worker_id,
+                "uss": g,
+                "rss_first": pts[0].rss,
+                "rss_last": pts[-1].rss,
+                "rss_rate_bytes_per_s": None if rss_rate is None else round(rss_rate),
+            }
             self.judged[p.pid] = (last.uss_ts, found)
             growing.append(found)
         if len(self.judged) > 4 * max(1, len(workers)) + 64:  # forget workers long gone
@@ -88,19 +105,25 @@ class WorkerMemoryGrowth(Detector):
         rate = sum(g["uss"]["rate_bytes_per_s"] for g in growing)
         left, limit_name, limit = headroom(view.system)
         eta = time_to_limit(left, rate)
-        cor = all(g["rss_rate_bytes_per_s"] is not None
-                  and g["rss_rate_bytes_per_s"] <= t["flat_rss_share"] * g["uss"]["rate_bytes_per_s"]
-                  for g in growing)
+        cor = all(
+            g["rss_rate_bytes_per_s"] is not None
+            and g["rss_rate_bytes_per_s"] <= t["flat_rss_share"] * g["uss"]["rate_bytes_per_s"]
+            for g in growing
+        )
         evidence: dict[str, Any] = {
             "signal": "worker_memory_growth",
-            "workers_growing": len(growing), "workers": len(workers),
+            "workers_growing": len(growing),
+            "workers": len(workers),
             # USS up with RSS flat can only be shared pages turning private: the signature holds per
             # worker; the other workers may still lack the USS reads to be judged
             "copy_on_read": bool(cor),
             "all_workers_growing": len(growing) == len(workers),
             "rate_bytes_per_s": rate,
-            "headroom_bytes": left, "limit": limit_name, "limit_bytes": limit,
-            "limit_in_s": None if eta is None else round(eta, 1), "horizon_s": t["horizon_s"],
+            "headroom_bytes": left,
+            "limit": limit_name,
+            "limit_bytes": limit,
+            "limit_in_s": None if eta is None else round(eta, 1),
+            "horizon_s": t["horizon_s"],
             "growth": growing[:MAX_SHOWN],
         }
         if view.system is not None:
@@ -119,5 +142,13 @@ class WorkerMemoryGrowth(Detector):
             return ()
         self.advised = True
         evidence.pop("signal")
-        return [{"ts": view.now, "event": "advice", "playbook": self.playbook, "advice": "worker_memory_growth",
-                 "reason": "limit_far" if eta is not None else "no_limit_known", **evidence}]
+        return [
+            {
+                "ts": view.now,
+                "event": "advice",
+                "playbook": self.playbook,
+                "advice": "worker_memory_growth",
+                "reason": "limit_far" if eta is not None else "no_limit_known",
+                **evidence,
+            }
+        ]

@@ -22,8 +22,14 @@ from dlwatch.detect.growth import steady_growth, time_to_limit
 
 class PinnedMemoryGrowth(Detector):
     playbook = "pinned-memory-growth"
-    defaults = {"min_rate_bytes_per_s": float(1 << 20), "min_rise_bytes": float(64 << 20),
-                "min_window_s": 8.0, "window_s": 120.0, "horizon_s": 900.0, "limit_share": 0.9}
+    defaults = {
+        "min_rate_bytes_per_s": float(1 << 20),
+        "min_rise_bytes": float(64 << 20),
+        "min_window_s": 8.0,
+        "window_s": 120.0,
+        "horizon_s": 900.0,
+        "limit_share": 0.9,
+    }
 
     def __init__(self, thresholds: Any = None) -> None:
         super().__init__(thresholds)
@@ -46,18 +52,27 @@ class PinnedMemoryGrowth(Detector):
             self.lockers[p.pid] = (last.uss_ts, None)
             if not last.vm_lck and (cached is None or cached[1] is None):
                 continue  # holds no locked memory, and held none at the last read
-            reads = {s.uss_ts: s for s in p.history
-                     if s.uss_ts is not None and s.vm_lck is not None and view.now - s.uss_ts <= self.thresholds["window_s"]}
+            reads = {
+                s.uss_ts: s
+                for s in p.history
+                if s.uss_ts is not None and s.vm_lck is not None and view.now - s.uss_ts <= self.thresholds["window_s"]
+            }
             if not reads:
                 continue
             pts = sorted(reads.values(), key=lambda s: s.uss_ts)
             last = pts[-1]
             if not last.vm_lck:
                 continue
-            found = {"pid": p.pid, "role": p.role, "worker_id": p.worker_id, "gone": p.gone,
-                     "vm_lck": last.vm_lck, "vm_lck_rise": last.vm_lck - min(s.vm_lck for s in pts),
-                     "memlock_limit": last.memlock_limit,
-                     "memlock_share": round(last.vm_lck / last.memlock_limit, 4) if last.memlock_limit else None}
+            found = {
+                "pid": p.pid,
+                "role": p.role,
+                "worker_id": p.worker_id,
+                "gone": p.gone,
+                "vm_lck": last.vm_lck,
+                "vm_lck_rise": last.vm_lck - min(s.vm_lck for s in pts),
+                "memlock_limit": last.memlock_limit,
+                "memlock_share": round(last.vm_lck / last.memlock_limit, 4) if last.memlock_limit else None,
+            }
             self.lockers[p.pid] = (last.uss_ts, found)
             out.append(found)
         if len(self.lockers) > 4 * len(view.procs) + 64:
@@ -73,10 +88,14 @@ class PinnedMemoryGrowth(Detector):
         if not lockers:
             return ()
         pts = [pt for pt in self.mlocked if view.now - pt[0] <= t["window_s"]]
-        g = steady_growth(pts, min_rate=t["min_rate_bytes_per_s"], min_rise=t["min_rise_bytes"],
-                          min_window_s=t["min_window_s"])
-        near = [x for x in lockers if x["memlock_share"] is not None and x["memlock_share"] >= t["limit_share"]
-                and x["vm_lck_rise"] > 0]
+        g = steady_growth(
+            pts, min_rate=t["min_rate_bytes_per_s"], min_rise=t["min_rise_bytes"], min_window_s=t["min_window_s"]
+        )
+        near = [
+            x
+            for x in lockers
+            if x["memlock_share"] is not None and x["memlock_share"] >= t["limit_share"] and x["vm_lck_rise"] > 0
+        ]
         rising = [x for x in lockers if x["vm_lck_rise"] > 0]
         if g is None and not near:
             return ()
@@ -95,9 +114,12 @@ class PinnedMemoryGrowth(Detector):
         evidence: dict[str, Any] = {
             "signal": "pinned_memory_growth",
             "mlocked": sysm.mlocked if sysm is not None else None,
-            "growth": g, "lockers": lockers[:8],
-            "headroom_bytes": left, "limit": limit_name,
-            "limit_in_s": None if eta is None else round(eta, 1), "horizon_s": t["horizon_s"],
+            "growth": g,
+            "lockers": lockers[:8],
+            "headroom_bytes": left,
+            "limit": limit_name,
+            "limit_in_s": None if eta is None else round(eta, 1),
+            "horizon_s": t["horizon_s"],
         }
         if near:
             return [{"ts": view.now, "event": "threshold", "reason": "near_memlock_limit", **evidence}]
@@ -107,5 +129,13 @@ class PinnedMemoryGrowth(Detector):
             return ()
         self.advised = True
         evidence.pop("signal")
-        return [{"ts": view.now, "event": "advice", "playbook": self.playbook, "advice": "pinned_memory_growth",
-                 "reason": "limit_far" if eta is not None else "no_limit_known", **evidence}]
+        return [
+            {
+                "ts": view.now,
+                "event": "advice",
+                "playbook": self.playbook,
+                "advice": "pinned_memory_growth",
+                "reason": "limit_far" if eta is not None else "no_limit_known",
+                **evidence,
+            }
+        ]

@@ -79,8 +79,7 @@ def _workers(events: Iterable[Mapping[str, Any]]) -> list[_Worker]:
         key = pid if isinstance(pid, int) else ("worker", worker_id)
         w = by_pid.get(key)
         if w is None:
-            w = by_pid[key] = _Worker(pid=pid if isinstance(pid, int) else -1, worker_id=worker_id,
-                                      seq=len(by_pid))
+            w = by_pid[key] = _Worker(pid=pid if isinstance(pid, int) else -1, worker_id=worker_id, seq=len(by_pid))
         epoch = ev.get("epoch")
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             w.epoch = epoch
@@ -147,8 +146,10 @@ def repeated_streams(workers: Iterable[_Worker]) -> list[dict[str, Any]]:
                     else:
                         span, unit = (prev.generation, cur.generation), "generations"
                     groups.setdefault((path, span, unit), set()).add(worker_id)
-    out = [{"attribute": path, "workers": sorted(ids), unit: list(span), "kind": _kind(path)}
-           for (path, span, unit), ids in groups.items()]
+    out = [
+        {"attribute": path, "workers": sorted(ids), unit: list(span), "kind": _kind(path)}
+        for (path, span, unit), ids in groups.items()
+    ]
     out.sort(key=_order)
     return out
 
@@ -192,8 +193,10 @@ class RngDuplication(Detector):
             self.fingerprints = [e for e in self.fingerprints if e.get("pid") != oldest]
         self.fingerprints.append(ev)
         workers = _workers(self.fingerprints)
-        for name, key, found in (("rng_duplicate", "duplicates", duplicated_streams(workers)),
-                                 ("rng_epoch_repeat", "repeats", repeated_streams(workers))):
+        for name, key, found in (
+            ("rng_duplicate", "duplicates", duplicated_streams(workers)),
+            ("rng_epoch_repeat", "repeats", repeated_streams(workers)),
+        ):
             if found and self.sent.get(name) != found:
                 since = self.pending[name][0] if name in self.pending else view.now
                 self.pending[name] = (since, key, found)

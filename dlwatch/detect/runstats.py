@@ -89,8 +89,11 @@ class Steady:
 
 def steady(hb: Heartbeat) -> Steady:
     """The steady part of a heartbeat's totals (exact: the heartbeat sums each epoch's first wait)."""
-    return Steady(batches=max(0, hb.batches - hb.epochs), wait_s=max(0.0, hb.total_wait_s - hb.total_first_wait_s),
-                  body_s=hb.total_step_s)
+    return Steady(
+        batches=max(0, hb.batches - hb.epochs),
+        wait_s=max(0.0, hb.total_wait_s - hb.total_first_wait_s),
+        body_s=hb.total_step_s,
+    )
 
 
 def _peak(old: int | None, new: int | None) -> int | None:
@@ -150,11 +153,21 @@ class RunStats:
             return
         self.hb = hb
         first = hb.first_wait_s
-        if first is not None and hb.epochs and (hb.epochs in self.first_waits or len(self.first_waits) < MAX_EPOCHS_KEPT):
+        if (
+            first is not None
+            and hb.epochs
+            and (hb.epochs in self.first_waits or len(self.first_waits) < MAX_EPOCHS_KEPT)
+        ):
             self.first_waits[hb.epochs] = first
 
-    def update(self, hb: Heartbeat | None, tracked: Iterable[Any], samples: Iterable[ProcSample],
-               system: SystemSample | None, gpus: Iterable[GpuSample] = ()) -> None:
+    def update(
+        self,
+        hb: Heartbeat | None,
+        tracked: Iterable[Any],
+        samples: Iterable[ProcSample],
+        system: SystemSample | None,
+        gpus: Iterable[GpuSample] = (),
+    ) -> None:
         """One poll.  ``tracked``: the monitor's Tracked processes (pid, role, worker_id)."""
         self.polls += 1
         self.heartbeat(hb)
@@ -182,8 +195,13 @@ class RunStats:
             if s.num_fds is not None and s.fd_limit:
                 share = s.num_fds / s.fd_limit
                 if self.fds_peak is None or share > self.fds_peak["share"]:
-                    self.fds_peak = {"num_fds": s.num_fds, "fd_limit": s.fd_limit, "share": round(share, 4),
-                                     "pid": s.pid, "role": t.role}
+                    self.fds_peak = {
+                        "num_fds": s.num_fds,
+                        "fd_limit": s.fd_limit,
+                        "share": round(share, 4),
+                        "pid": s.pid,
+                        "role": t.role,
+                    }
         for pid in [pid for pid in self._prev if pid not in roles]:
             del self._prev[pid]
         if system is not None:
@@ -253,16 +271,18 @@ class RunStats:
                 continue
             total = sum(p.states_s.values())
             util = p.cpu_util()
-            out.append({
-                "pid": p.pid,
-                "worker_id": p.worker_id,
-                "cpu_util": round(util, 3) if util is not None else None,
-                "observed_s": round(total, 3),
-                "state_s": {k: round(v, 3) for k, v in p.states_s.items()},
-                "state_share": {k: round(v / total, 3) for k, v in p.states_s.items()} if total > 0 else None,
-                "rss_peak": p.rss_peak,
-                "uss_peak": p.uss_peak,
-            })
+            out.append(
+                {
+                    "pid": p.pid,
+                    "worker_id": p.worker_id,
+                    "cpu_util": round(util, 3) if util is not None else None,
+                    "observed_s": round(total, 3),
+                    "state_s": {k: round(v, 3) for k, v in p.states_s.items()},
+                    "state_share": {k: round(v / total, 3) for k, v in p.states_s.items()} if total > 0 else None,
+                    "rss_peak": p.rss_peak,
+                    "uss_peak": p.uss_peak,
+                }
+            )
         return out
 
     def main(self) -> dict[str, Any] | None:
@@ -270,38 +290,73 @@ class RunStats:
         if p is None:
             return None
         util = p.cpu_util()
-        return {"pid": p.pid, "cpu_util": round(util, 3) if util is not None else None,
-                "rss_peak": p.rss_peak, "uss_peak": p.uss_peak}
+        return {
+            "pid": p.pid,
+            "cpu_util": round(util, 3) if util is not None else None,
+            "rss_peak": p.rss_peak,
+            "uss_peak": p.uss_peak,
+        }
 
     def peaks(self) -> dict[str, Any]:
-        mlocked_change = (self.mlocked_last - self.mlocked_first
-                          if self.mlocked_first is not None and self.mlocked_last is not None else None)
+        mlocked_change = (
+            self.mlocked_last - self.mlocked_first
+            if self.mlocked_first is not None and self.mlocked_last is not None
+            else None
+        )
         return {
             "fds": self.fds_peak,
-            "shm": {"used_peak": self.shm_used_peak, "total": self.shm_total,
-                    "share": round(self.shm_used_peak / self.shm_total, 4)
-                    if self.shm_used_peak is not None and self.shm_total else None},
-            "mlocked": {"first": self.mlocked_first, "last": self.mlocked_last, "peak": self.mlocked_peak,
-                        "change": mlocked_change},
+            "shm": {
+                "used_peak": self.shm_used_peak,
+                "total": self.shm_total,
+                "share": round(self.shm_used_peak / self.shm_total, 4)
+                if self.shm_used_peak is not None and self.shm_total
+                else None,
+            },
+            "mlocked": {
+                "first": self.mlocked_first,
+                "last": self.mlocked_last,
+                "peak": self.mlocked_peak,
+                "change": mlocked_change,
+            },
             "mem_available": {"first": self.mem_available_first, "low": self.mem_available_low},
             "cgroup_memory": {"usage_peak": self.cgroup_usage_peak, "limit": self.cgroup_limit},
-            "gpus": [{"index": g["index"], "name": g["name"], "util_mean": round(g["sum"] / g["n"], 1),
-                      "util_low": g["low"], "samples": g["n"]} for g in self.gpus.values() if g["n"]],
+            "gpus": [
+                {
+                    "index": g["index"],
+                    "name": g["name"],
+                    "util_mean": round(g["sum"] / g["n"], 1),
+                    "util_low": g["low"],
+                    "samples": g["n"],
+                }
+                for g in self.gpus.values()
+                if g["n"]
+            ],
         }
 
     def figures(self, hb: Heartbeat | None, ended_at: float) -> dict[str, Any]:
         """The measured part of the summary: ``loop``, ``workers``, ``main``, ``peaks``."""
-        return {"loop": self.loop(hb, ended_at), "workers": self.workers(), "main": self.main(),
-                "peaks": self.peaks(), "polls": self.polls}
+        return {
+            "loop": self.loop(hb, ended_at),
+            "workers": self.workers(),
+            "main": self.main(),
+            "peaks": self.peaks(),
+            "polls": self.polls,
+        }
 
 
 def worker_totals(workers: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The workers together: mean CPU utilisation (cores) and time shares by state."""
     ws = [w for w in workers if w.get("observed_s")]
     total = sum(float(w["observed_s"]) for w in ws)
-    shares = {k: round(sum(float((w.get("state_s") or {}).get(k, 0.0)) for w in ws) / total, 3) if total else None
-              for k in WORKER_STATES}
+    shares = {
+        k: round(sum(float((w.get("state_s") or {}).get(k, 0.0)) for w in ws) / total, 3) if total else None
+        for k in WORKER_STATES
+    }
     utils = [float(w["cpu_util"]) for w in ws if w.get("cpu_util") is not None]
-    return {"workers": len(ws), "observed_s": round(total, 3), "state_share": shares,
-            "cpu_util_mean": round(sum(utils) / len(utils), 3) if utils else None,
-            "cpu_util_max": round(max(utils), 3) if utils else None}
+    return {
+        "workers": len(ws),
+        "observed_s": round(total, 3),
+        "state_share": shares,
+        "cpu_util_mean": round(sum(utils) / len(utils), 3) if utils else None,
+        "cpu_util_max": round(max(utils), 3) if utils else None,
+    }

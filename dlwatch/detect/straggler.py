@@ -72,14 +72,27 @@ def _median(values: Sequence[float]) -> float | None:
 def judge(ranks: Sequence[Mapping[str, Any]], t: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """One ``straggler-rank`` finding per straggling rank, with every rank's figures as evidence."""
     th = dict(DEFAULTS, **(t or {}))
-    usable = [r for r in ranks if (_num(r.get("batches")) or 0) >= th["min_batches"]
-              and _num(r.get("data_wait_share")) is not None and _num(r.get("batch_rate_per_s"))]
+    usable = [
+        r
+        for r in ranks
+        if (_num(r.get("batches")) or 0) >= th["min_batches"]
+        and _num(r.get("data_wait_share")) is not None
+        and _num(r.get("batch_rate_per_s"))
+    ]
     if len(usable) < 2:
         return []
-    table = [{"rank": r.get("rank"), "host": r.get("host"), "batches": r.get("batches"),
-              "data_wait_share": r.get("data_wait_share"), "batch_rate_per_s": r.get("batch_rate_per_s"),
-              "first_batch_s": r.get("first_batch_s"), "worker_idle_share": r.get("worker_idle_share")}
-             for r in usable]
+    table = [
+        {
+            "rank": r.get("rank"),
+            "host": r.get("host"),
+            "batches": r.get("batches"),
+            "data_wait_share": r.get("data_wait_share"),
+            "batch_rate_per_s": r.get("batch_rate_per_s"),
+            "first_batch_s": r.get("first_batch_s"),
+            "worker_idle_share": r.get("worker_idle_share"),
+        }
+        for r in usable
+    ]
     out = []
     for i, r in enumerate(usable):
         others = [o for j, o in enumerate(usable) if j != i]
@@ -88,6 +101,7 @@ def judge(ranks: Sequence[Mapping[str, Any]], t: Mapping[str, float] | None = No
         o_share = _median([float(o["data_wait_share"]) for o in others]) or 0.0
         o_rate = _median([float(o["batch_rate_per_s"]) for o in others]) or 0.0
         reasons = []
+
         def idle_of(x: Mapping[str, Any]) -> float | None:
             enough = (_num(x.get("worker_reads")) or 0) >= th["min_worker_reads"]
             return _num(x.get("worker_idle_share")) if enough else None
@@ -95,7 +109,8 @@ def judge(ranks: Sequence[Mapping[str, Any]], t: Mapping[str, float] | None = No
         idle = idle_of(r)
         o_idle = _median([i for i in (idle_of(o) for o in others) if i is not None])
         spare = (idle is None and not r.get("worker_reads")) or (
-            idle is not None and o_idle is not None and o_idle - idle >= th["idle_gap"])
+            idle is not None and o_idle is not None and o_idle - idle >= th["idle_gap"]
+        )
         if share - o_share >= th["wait_share_gap"] and share >= th["wait_share_min"] and spare:
             why = f"waits for data {share:.0%} of its loop time, the others {o_share:.0%}"
             if idle is not None and o_idle is not None:
@@ -105,15 +120,32 @@ def judge(ranks: Sequence[Mapping[str, Any]], t: Mapping[str, float] | None = No
             reasons.append(f"{rate:.2f} batches/s, the others {o_rate:.2f}")
         first = _num(r.get("first_batch_s"))
         o_first = _median([f for f in (_num(o.get("first_batch_s")) for o in others) if f is not None])
-        if first is not None and o_first is not None and o_first > 0 and first / o_first >= th["first_batch_ratio"] \
-                and first - o_first >= th["first_batch_gap_s"]:
+        if (
+            first is not None
+            and o_first is not None
+            and o_first > 0
+            and first / o_first >= th["first_batch_ratio"]
+            and first - o_first >= th["first_batch_gap_s"]
+        ):
             reasons.append(f"first batch after {first:.1f} s, the others {o_first:.1f} s")
         if reasons:
-            out.append({"playbook": PLAYBOOK, "rank": r.get("rank"), "host": r.get("host"),
-                        "reason": "; ".join(reasons),
-                        "evidence": {"data_wait_share": share, "others_data_wait_share": o_share,
-                                     "worker_idle_share": idle, "others_worker_idle_share": o_idle,
-                                     "batch_rate_per_s": rate, "others_batch_rate_per_s": o_rate,
-                                     "first_batch_s": first, "others_first_batch_s": o_first,
-                                     "ranks": table}})
+            out.append(
+                {
+                    "playbook": PLAYBOOK,
+                    "rank": r.get("rank"),
+                    "host": r.get("host"),
+                    "reason": "; ".join(reasons),
+                    "evidence": {
+                        "data_wait_share": share,
+                        "others_data_wait_share": o_share,
+                        "worker_idle_share": idle,
+                        "others_worker_idle_share": o_idle,
+                        "batch_rate_per_s": rate,
+                        "others_batch_rate_per_s": o_rate,
+                        "first_batch_s": first,
+                        "others_first_batch_s": o_first,
+                        "ranks": table,
+                    },
+                }
+            )
     return out

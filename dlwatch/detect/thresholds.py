@@ -42,10 +42,16 @@ def fd_trend(history: Sequence[ProcSample]) -> float | None:
     return slope([(s.ts, s.num_fds) for s in history if s.num_fds is not None and not s.gone])
 
 
-def fd_pressure(history: Sequence[ProcSample], *, fd_share: float = FD_SHARE,
-                horizon_s: float = FD_HORIZON_S, min_rise: float = FD_MIN_RISE,
-                min_points: int = FD_MIN_POINTS, min_window_s: float = FD_MIN_WINDOW_S,
-                trend_min_share: float = FD_TREND_MIN_SHARE) -> dict[str, Any] | None:
+def fd_pressure(
+    history: Sequence[ProcSample],
+    *,
+    fd_share: float = FD_SHARE,
+    horizon_s: float = FD_HORIZON_S,
+    min_rise: float = FD_MIN_RISE,
+    min_points: int = FD_MIN_POINTS,
+    min_window_s: float = FD_MIN_WINDOW_S,
+    trend_min_share: float = FD_TREND_MIN_SHARE,
+) -> dict[str, Any] | None:
     """fds of one process above ``fd_share`` of its soft limit, or heading there within ``horizon_s``.
 
     ``history`` is the samples of one pid, oldest first.  The latest sample with both
@@ -64,8 +70,7 @@ def fd_pressure(history: Sequence[ProcSample], *, fd_share: float = FD_SHARE,
     rise = (count - min(s.num_fds for s in usable)) if usable else 0  # type: ignore[type-var]
     eta: float | None = None
     window_s = usable[-1].ts - usable[0].ts
-    if (slope is not None and slope > 0 and rise >= min_rise and window_s >= min_window_s
-            and share >= trend_min_share):
+    if slope is not None and slope > 0 and rise >= min_rise and window_s >= min_window_s and share >= trend_min_share:
         eta = max(0.0, (limit - count) / slope)
     if share >= fd_share:
         reason = "above_share"
@@ -90,16 +95,16 @@ def fd_pressure(history: Sequence[ProcSample], *, fd_share: float = FD_SHARE,
     }
 
 
-def fd_near_limit(num_fds: int | None, fd_limit: int | None, *, share: float = FD_AT_LIMIT_SHARE,
-                  margin: int = FD_AT_LIMIT_MARGIN) -> bool:
+def fd_near_limit(
+    num_fds: int | None, fd_limit: int | None, *, share: float = FD_AT_LIMIT_SHARE, margin: int = FD_AT_LIMIT_MARGIN
+) -> bool:
     """At or near the soft limit: the state in which opens fail (EMFILE) or a feeder thread dies."""
     if num_fds is None or not fd_limit or fd_limit <= 0:
         return False
     return num_fds >= fd_limit - margin or num_fds / fd_limit >= share
 
 
-def inflight_shm_bytes(batch_bytes: int | None, prefetch_factor: int | None,
-                       num_workers: int | None) -> int | None:
+def inflight_shm_bytes(batch_bytes: int | None, prefetch_factor: int | None, num_workers: int | None) -> int | None:
     """What the loader keeps in shared memory at once: batch bytes × prefetch_factor × num_workers.
 
     None when unknown; 0 with no workers (batches then never travel through /dev/shm).
@@ -131,8 +136,13 @@ def held_shm_bytes(procs: Iterable[tuple[ProcSample | None, FdSummary | None]]) 
     return total
 
 
-def shm_pressure(system: SystemSample, need_bytes: int | Mapping[str, Any] | None = None, *,
-                 held_bytes: int = 0, need_factor: float = SHM_NEED_FACTOR) -> dict[str, Any] | None:
+def shm_pressure(
+    system: SystemSample,
+    need_bytes: int | Mapping[str, Any] | None = None,
+    *,
+    held_bytes: int = 0,
+    need_factor: float = SHM_NEED_FACTOR,
+) -> dict[str, Any] | None:
     """This job's batches in flight do not fit in /dev/shm: judged against the job's own need only.
 
     ``need_bytes`` is the in-flight need (see :func:`inflight_shm_bytes`), or the
@@ -153,8 +163,9 @@ def shm_pressure(system: SystemSample, need_bytes: int | Mapping[str, Any] | Non
     loader: Mapping[str, Any] = {}
     if isinstance(need_bytes, Mapping):
         loader = need_bytes
-        need_bytes = inflight_shm_bytes(loader.get("batch_bytes"), loader.get("prefetch_factor"),
-                                        loader.get("num_workers"))
+        need_bytes = inflight_shm_bytes(
+            loader.get("batch_bytes"), loader.get("prefetch_factor"), loader.get("num_workers")
+        )
     total, free = system.shm_total, system.shm_free
     if not total or total <= 0 or free is None or not need_bytes or need_bytes <= 0:
         return None

@@ -27,9 +27,18 @@ NEAR_LIMIT_SHARE = 0.9  # memory at this share of its limit: the OOM killer's te
 HISTORY_SHOWN = 12
 
 
-TORCH_SIGNALS = {"Killed": "SIGKILL", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
-                 "Aborted": "SIGABRT", "Floating point exception": "SIGFPE", "Terminated": "SIGTERM",
-                 "Illegal instruction": "SIGILL", "Interrupt": "SIGINT", "Hangup": "SIGHUP", "Quit": "SIGQUIT"}
+TORCH_SIGNALS = {
+    "Killed": "SIGKILL",
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Aborted": "SIGABRT",
+    "Floating point exception": "SIGFPE",
+    "Terminated": "SIGTERM",
+    "Illegal instruction": "SIGILL",
+    "Interrupt": "SIGINT",
+    "Hangup": "SIGHUP",
+    "Quit": "SIGQUIT",
+}
 
 
 def torch_worker_exit(text: str) -> tuple[list[int], str | None]:
@@ -43,9 +52,9 @@ def torch_worker_exit(text: str) -> tuple[list[int], str | None]:
         j = text.find(")", i + len(head))
         if j < 0:
             break
-        inner = text[i + len(head):j]
+        inner = text[i + len(head) : j]
         if text.startswith(killed, j + 1) and inner.isascii() and inner.isdigit():
-            rest = text[j + 1 + len(killed):j + 1 + len(killed) + 40]
+            rest = text[j + 1 + len(killed) : j + 1 + len(killed) + 40]
             name = rest.split(".", 1)[0].split("\n", 1)[0].strip()
             return [int(inner)], TORCH_SIGNALS.get(name, name or None)
         i = text.find(head, j)
@@ -54,7 +63,7 @@ def torch_worker_exit(text: str) -> tuple[list[int], str | None]:
     if i >= 0:
         j = text.find(")", i + len(head_s))
         if j > 0 and text.startswith(" exited unexpectedly", j + 1):
-            pids = [int(x) for x in text[i + len(head_s):j].replace(",", " ").split() if x.isascii() and x.isdigit()]
+            pids = [int(x) for x in text[i + len(head_s) : j].replace(",", " ").split() if x.isascii() and x.isdigit()]
             return pids, None
     return [], None
 
@@ -76,8 +85,14 @@ def wait_status_signal(status: int | None) -> int | None:
     return sig or None
 
 
-def exit_cause(sig: str | None, *, oom_rose: bool, memory_share: float | None, crash_signal: str | None,
-               near_share: float = NEAR_LIMIT_SHARE) -> tuple[str, str]:
+def exit_cause(
+    sig: str | None,
+    *,
+    oom_rose: bool,
+    memory_share: float | None,
+    crash_signal: str | None,
+    near_share: float = NEAR_LIMIT_SHARE,
+) -> tuple[str, str]:
     """(cause, basis): ``oom-kill``, ``sigbus``, ``native-crash``, ``external-kill`` or ``unknown``."""
     sig = crash_signal or sig
     if sig == "SIGBUS":
@@ -90,8 +105,11 @@ def exit_cause(sig: str | None, *, oom_rose: bool, memory_share: float | None, c
     if sig == "SIGKILL" and near:
         return "oom-kill", f"SIGKILL with memory at {memory_share:.0%} of its limit"
     if sig in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
-        where = f"memory at {memory_share:.0%} of its cgroup limit" if memory_share is not None \
+        where = (
+            f"memory at {memory_share:.0%} of its cgroup limit"
+            if memory_share is not None
             else "no cgroup memory limit"
+        )
         return "external-kill", f"{sig} from outside the process: {where}, no OOM kill counted"
     if near:
         return "oom-kill", f"memory at {memory_share:.0%} of its limit when the worker died"
@@ -147,8 +165,15 @@ class WorkerKilled(Detector):
             except (TypeError, ValueError):
                 continue
             sig = signal_name(-code) if code < 0 else None
-            out.append(self._observe(view, pid, sig=sig, exit_status=None if code < 0 else code,
-                                     source="exit code read by the training process"))
+            out.append(
+                self._observe(
+                    view,
+                    pid,
+                    sig=sig,
+                    exit_status=None if code < 0 else code,
+                    source="exit code read by the training process",
+                )
+            )
         return out
 
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
@@ -166,31 +191,53 @@ class WorkerKilled(Detector):
             before = self.systems[0] if self.systems else None
             oom = oom_rose(before, view.system)
             share = _max_share(self.systems)
-            if not (sig or crash or oom or (share is not None and share >= self.thresholds["near_limit_share"])
-                    or (status is not None and status != 0)):
+            if not (
+                sig
+                or crash
+                or oom
+                or (share is not None and share >= self.thresholds["near_limit_share"])
+                or (status is not None and status != 0)
+            ):
                 continue  # an ordinary exit as far as dlwatch can tell (epoch end, shutdown)
-            out.append(self._observe(view, p.pid, sig=sig,
-                                     exit_status=(status >> 8) & 0xFF if status is not None and not sig else None,
-                                     source="zombie's wait status" if status is not None else "monitor"))
+            out.append(
+                self._observe(
+                    view,
+                    p.pid,
+                    sig=sig,
+                    exit_status=(status >> 8) & 0xFF if status is not None and not sig else None,
+                    source="zombie's wait status" if status is not None else "monitor",
+                )
+            )
         return out
 
-    def _observe(self, view: View, pid: int, *, sig: str | None, exit_status: int | None,
-                 source: str) -> dict[str, Any]:
+    def _observe(
+        self, view: View, pid: int, *, sig: str | None, exit_status: int | None, source: str
+    ) -> dict[str, Any]:
         p = view.procs.get(pid)
         before = self.systems[0] if self.systems else None
         after = view.system
         crash = getattr(p, "crash", None) if p is not None else None
         share = _max_share(self.systems)
         oom = oom_rose(before, after)
-        cause, basis = exit_cause(sig, oom_rose=oom, memory_share=share,
-                                  crash_signal=(crash or {}).get("signal"),
-                                  near_share=self.thresholds["near_limit_share"])
+        cause, basis = exit_cause(
+            sig,
+            oom_rose=oom,
+            memory_share=share,
+            crash_signal=(crash or {}).get("signal"),
+            near_share=self.thresholds["near_limit_share"],
+        )
         hist = [s for s in (p.history if p is not None else ()) if not s.gone][-HISTORY_SHOWN:]
         ev: dict[str, Any] = {
-            "ts": view.now, "event": "observation", "signal": "worker_exit", "pid": pid,
+            "ts": view.now,
+            "event": "observation",
+            "signal": "worker_exit",
+            "pid": pid,
             "worker_id": p.worker_id if p is not None else None,
-            "exit_signal": sig, "exit_status": exit_status, "exit_source": source,
-            "cause": cause, "cause_basis": basis,
+            "exit_signal": sig,
+            "exit_status": exit_status,
+            "exit_source": source,
+            "cause": cause,
+            "cause_basis": basis,
             "last_seen_ts": hist[-1].ts if hist else None,
             "memory": [{"ts": round(s.ts, 3), "rss": s.rss, "uss": s.uss} for s in hist if s.rss is not None],
             "memory_share": share,
@@ -199,8 +246,13 @@ class WorkerKilled(Detector):
             if src is not None:
                 ev[f"oom_kills_{key}"] = {"cgroup": src.cgroup_oom_kills, "host": src.vm_oom_kills}
         if after is not None:
-            ev.update(cgroup_memory_limit=after.cgroup_memory_limit, cgroup_memory_usage=after.cgroup_memory_usage,
-                      mem_available=after.mem_available, shm_total=after.shm_total, shm_free=after.shm_free)
+            ev.update(
+                cgroup_memory_limit=after.cgroup_memory_limit,
+                cgroup_memory_usage=after.cgroup_memory_usage,
+                mem_available=after.mem_available,
+                shm_total=after.shm_total,
+                shm_free=after.shm_free,
+            )
         if crash:
             ev["crash"] = {k: crash.get(k) for k in ("signal", "fatal_error")}
         return ev

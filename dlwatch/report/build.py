@@ -23,12 +23,16 @@ def summary_line(report: Mapping[str, Any]) -> str:
     trig = report.get("trigger")
     exc = report.get("exception") or {}
     findings = report.get("findings") or []
-    top = f" -> {findings[0]['title']}" if findings and isinstance(findings[0], dict) and findings[0].get("title") else ""
+    top = (
+        f" -> {findings[0]['title']}" if findings and isinstance(findings[0], dict) and findings[0].get("title") else ""
+    )
     job = report.get("job") or {}
     if isinstance(job, dict) and job.get("role") == "waiting":
         rank = (report.get("rank") or {}).get("rank")
-        top = (f" -> rank {rank if rank is not None else '?'} waits in {job.get('waiting_in')} for another rank: "
-               f"see `{job.get('view')}`")
+        top = (
+            f" -> rank {rank if rank is not None else '?'} waits in {job.get('waiting_in')} for another rank: "
+            f"see `{job.get('view')}`"
+        )
     if trig == "exception":
         msg = (str(exc.get("message") or "").strip().splitlines() or [""])[-1][:160]
         return f"{exc.get('type', 'exception')}: {msg}{top}"
@@ -42,8 +46,13 @@ def summary_line(report: Mapping[str, Any]) -> str:
     return (report.get("summary") or "a threshold was crossed") + top
 
 
-def add_findings(report: dict[str, Any], playbook_dirs: Sequence[str] = (), *,
-                 playbooks: Sequence[Any] | None = None, ignore: Iterable[str] = ()) -> None:
+def add_findings(
+    report: dict[str, Any],
+    playbook_dirs: Sequence[str] = (),
+    *,
+    playbooks: Sequence[Any] | None = None,
+    ignore: Iterable[str] = (),
+) -> None:
     """Match playbooks (``playbooks`` when already loaded, else those of ``playbook_dirs``).
 
     A playbook in ``ignore`` (the ``ignore`` option) makes no finding; the report says so.
@@ -83,24 +92,23 @@ def write(report: dict[str, Any], report_dir: str, *, extra_files: Mapping[str, 
 
     bound_report(report)  # report.json under its cap, saying what was left out (sets "truncated")
     try:
-        path = store.write_incident(report_dir, report, render_markdown=render.render_markdown,
-                                    extra_files=extra_files)
+        path = store.write_incident(report_dir, report, render_markdown=render.render_markdown, extra_files=extra_files)
     except OSError as exc:
         fallback = store.fallback_dir()
         if os.path.abspath(report_dir) == os.path.abspath(fallback):
             raise
         log.warning("report_dir_unwritable", report_dir=report_dir, error=str(exc), fallback=fallback)
         report["notes"].append(f"could not write to {report_dir} ({exc.strerror or exc}); written here instead")
-        path = store.write_incident(fallback, report, render_markdown=render.render_markdown,
-                                    extra_files=extra_files)
+        path = store.write_incident(fallback, report, render_markdown=render.render_markdown, extra_files=extra_files)
     from dlwatch.report import html  # report.html in a short-lived child: not in this process's memory
 
     html.spawn_render(path)
     return path
 
 
-def write_run_summary(summary: dict[str, Any], report_dir: str, *, keep_runs: int,
-                      timeline_dir: str | None) -> str | None:
+def write_run_summary(
+    summary: dict[str, Any], report_dir: str, *, keep_runs: int, timeline_dir: str | None
+) -> str | None:
     """Write ``runs/<id>/`` (falling back to the private temporary directory if report_dir fails),
     remove the oldest summaries beyond ``keep_runs`` there (never this one), and start the child
     that draws its report.html from the timeline files in ``timeline_dir``, handed to it open.
@@ -164,8 +172,10 @@ def exception_report_from_run(run_dir: str, report_dir: str, exception: Mapping[
     report["config"] = cfg.get("options") or {}
     report["exception"] = dict(exception)
     report["timeline"] = read_timeline(run_dir)
-    report["notes"].append("the monitor process was not running; this report was written by the training process "
-                           "and holds no samples taken after the monitor stopped")
+    report["notes"].append(
+        "the monitor process was not running; this report was written by the training process "
+        "and holds no samples taken after the monitor stopped"
+    )
     opts = cfg.get("options") or {}
     add_findings(report, opts.get("playbooks") or (), ignore=opts.get("ignore") or ())
     return write(report, report_dir)
@@ -180,9 +190,16 @@ def compact(obj: Any) -> Any:
     return obj
 
 
-def process_entry(pid: int, role: str, *, worker_id: int | None = None, start_method: str | None = None,
-                  name: str | None = None, cmdline: Iterable[str] | None = None,
-                  sample: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def process_entry(
+    pid: int,
+    role: str,
+    *,
+    worker_id: int | None = None,
+    start_method: str | None = None,
+    name: str | None = None,
+    cmdline: Iterable[str] | None = None,
+    sample: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     from dlwatch.redact import redact_argv
 
     return {

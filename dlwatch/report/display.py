@@ -24,6 +24,7 @@ class Table:
 
 # ---------------------------------------------------------------------------- scalars
 
+
 def human_bytes(n: Any) -> str:
     if isinstance(n, bool) or not isinstance(n, (int, float)):
         return "?" if n is not None else "-"
@@ -64,7 +65,7 @@ def human_number(v: Any) -> str:
 
 def one_line(v: Any, limit: int = 300) -> str:
     text = " ".join(str(v).split()) if not isinstance(v, str) else " ".join(v.splitlines())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def percent(v: Any) -> str:
@@ -73,8 +74,21 @@ def percent(v: Any) -> str:
     return f"{v:.0%}" if v <= 1 else f"{v:.0f}%"
 
 
-BYTES_KEYS = {"rss", "uss", "pss", "shm_free", "shm_total", "mem_available", "mlocked", "memory_used",
-              "memory_total", "cgroup_memory_limit", "cgroup_memory_usage", "vm_lck", "memlock_limit"}
+BYTES_KEYS = {
+    "rss",
+    "uss",
+    "pss",
+    "shm_free",
+    "shm_total",
+    "mem_available",
+    "mlocked",
+    "memory_used",
+    "memory_total",
+    "cgroup_memory_limit",
+    "cgroup_memory_usage",
+    "vm_lck",
+    "memlock_limit",
+}
 # nested figures named only "first"/"last" take their unit from the key above them
 _BYTES_PARENTS = BYTES_KEYS | {"growth", "memory"}
 
@@ -111,14 +125,19 @@ def inline(v: Any, depth: int = 0, parent: str = "") -> str:
     if isinstance(v, Mapping) and "rate_bytes_per_s" in v and "first" in v:
         return str(_growth(v))  # a growth fit reads as a sentence
     if isinstance(v, Mapping):
-        parts = [f"{label(str(k))} {scalar(str(k), x, parent) if not isinstance(x, (Mapping, list, tuple)) else inline(x, depth + 1, str(k))}"
-                 for k, x in list(v.items())[:12]]
+        parts = [
+            f"{label(str(k))} {scalar(str(k), x, parent) if not isinstance(x, (Mapping, list, tuple)) else inline(x, depth + 1, str(k))}"
+            for k, x in list(v.items())[:12]
+        ]
         return ", ".join(parts) + (", ..." if len(v) > 12 else "")
     if isinstance(v, (list, tuple)):
         if v and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in v[:12]):
-            return ", ".join(f"{one_line(a, 120)} x{human_number(b)}" for a, b in v[:12]) + (", ..." if len(v) > 12 else "")
-        return ", ".join(inline(x, depth + 1) if isinstance(x, (Mapping, list, tuple)) else scalar("", x)
-                         for x in v[:12]) + (", ..." if len(v) > 12 else "")
+            return ", ".join(f"{one_line(a, 120)} x{human_number(b)}" for a, b in v[:12]) + (
+                ", ..." if len(v) > 12 else ""
+            )
+        return ", ".join(
+            inline(x, depth + 1) if isinstance(x, (Mapping, list, tuple)) else scalar("", x) for x in v[:12]
+        ) + (", ..." if len(v) > 12 else "")
     return scalar("", v)
 
 
@@ -142,8 +161,11 @@ def frame_excerpt(frames: Any, n: int = 4) -> tuple[str, ...]:
             if f.get("native"):
                 continue
             name = f.get("filename")
-            where = f"{os.path.basename(str(name))}:{f.get('line')}" if name and f.get("line") is not None else \
-                (os.path.basename(str(name)) if name else "")
+            where = (
+                f"{os.path.basename(str(name))}:{f.get('line')}"
+                if name and f.get("line") is not None
+                else (os.path.basename(str(name)) if name else "")
+            )
             text = f"{one_line(f.get('function'), 80)} ({where})" if where else one_line(f.get("function"), 80)
         elif isinstance(f, str):
             if _is_native(f):
@@ -170,8 +192,11 @@ def thread_frames(stack: Any) -> list[Any]:
     """The main thread's frames (else the first thread's) of a StackDump record."""
     if not isinstance(stack, Mapping):
         return []
-    threads = [t for t in stack.get("threads") or () if isinstance(t, Mapping)] \
-        if isinstance(stack.get("threads"), (list, tuple)) else []
+    threads = (
+        [t for t in stack.get("threads") or () if isinstance(t, Mapping)]
+        if isinstance(stack.get("threads"), (list, tuple))
+        else []
+    )
     if not threads:
         return []
     main = next((t for t in threads if t.get("name") == "MainThread"), threads[0])
@@ -197,11 +222,26 @@ def process_row(p: Mapping[str, Any]) -> tuple[str, ...]:
     if _get(s, "gone"):
         state = f"{state}, gone" if p.get("status") and p.get("status") != "gone" else "gone"
     progress = p.get("cpu_progress_s")
-    cpu = human_seconds(progress) if progress is not None else (
-        f"{human_seconds(_get(s, 'cpu_s'))} total" if _get(s, "cpu_s") is not None else "-")
-    fds = f"{human_number(_get(s, 'num_fds'))}/{human_number(_get(s, 'fd_limit'))}" if _get(s, "num_fds") is not None else "-"
-    return (human_number(p.get("pid")), role, one_line(state, 20), one_line(p.get("waiting_in") or "-", 40), cpu, fds,
-            human_bytes(_get(s, "rss")), human_bytes(_get(s, "uss")))
+    cpu = (
+        human_seconds(progress)
+        if progress is not None
+        else (f"{human_seconds(_get(s, 'cpu_s'))} total" if _get(s, "cpu_s") is not None else "-")
+    )
+    fds = (
+        f"{human_number(_get(s, 'num_fds'))}/{human_number(_get(s, 'fd_limit'))}"
+        if _get(s, "num_fds") is not None
+        else "-"
+    )
+    return (
+        human_number(p.get("pid")),
+        role,
+        one_line(state, 20),
+        one_line(p.get("waiting_in") or "-", 40),
+        cpu,
+        fds,
+        human_bytes(_get(s, "rss")),
+        human_bytes(_get(s, "uss")),
+    )
 
 
 def process_table(procs: Any) -> Table:
@@ -225,8 +265,26 @@ def process_excerpts(procs: Any, n: int = 4) -> list[tuple[str, tuple[str, ...]]
 # ---------------------------------------------------------------------------- evidence
 
 # Columns of a per-process evidence record, in this order; other keys follow.
-_RECORD_ORDER = ("pid", "worker_id", "role", "status", "state", "waiting_in", "wait", "kind", "thread", "peer",
-                 "tcp_state", "file", "cpu_progress_s", "num_fds", "fd_limit", "rss", "uss", "stall_s")
+_RECORD_ORDER = (
+    "pid",
+    "worker_id",
+    "role",
+    "status",
+    "state",
+    "waiting_in",
+    "wait",
+    "kind",
+    "thread",
+    "peer",
+    "tcp_state",
+    "file",
+    "cpu_progress_s",
+    "num_fds",
+    "fd_limit",
+    "rss",
+    "uss",
+    "stall_s",
+)
 _RECORD_SKIP = {"frames", "syscall", "wchan", "sockets", "ts"}
 
 
@@ -240,18 +298,30 @@ def records_table(records: Sequence[Any]) -> Table:
     headers = tuple(label(k) for k in keys) + (("at",) if has_frames else ())
     rows = []
     for r in recs[:64]:
-        row = [(_short_frame(r[k]) if "frame" in k and isinstance(r.get(k), str) else scalar(k, r.get(k)))
-               if not isinstance(r.get(k), (Mapping, list, tuple)) else inline(r.get(k), 0, k)
-               for k in keys]
+        row = [
+            (_short_frame(r[k]) if "frame" in k and isinstance(r.get(k), str) else scalar(k, r.get(k)))
+            if not isinstance(r.get(k), (Mapping, list, tuple))
+            else inline(r.get(k), 0, k)
+            for k in keys
+        ]
         if has_frames:
             row.append((frame_excerpt(r.get("frames"), 1) or ("-",))[0])
         rows.append(tuple(one_line(c, 120) for c in row))
     return Table(headers, tuple(rows))
 
 
-_LABELS = {"limit_bytes": "limit size", "limit_in_s": "time to limit", "rate_bytes_per_s": "rate",
-           "late_rate_bytes_per_s": "late rate", "vm_lck": "VmLck", "memlock_limit": "RLIMIT_MEMLOCK",
-           "rss": "RSS", "uss": "USS", "rss_first": "RSS first", "rss_last": "RSS last"}
+_LABELS = {
+    "limit_bytes": "limit size",
+    "limit_in_s": "time to limit",
+    "rate_bytes_per_s": "rate",
+    "late_rate_bytes_per_s": "late rate",
+    "vm_lck": "VmLck",
+    "memlock_limit": "RLIMIT_MEMLOCK",
+    "rss": "RSS",
+    "uss": "USS",
+    "rss_first": "RSS first",
+    "rss_last": "RSS last",
+}
 
 
 def label(key: str) -> str:
@@ -270,10 +340,13 @@ def label(key: str) -> str:
 def _fds(v: Any) -> str:
     if not isinstance(v, Mapping):
         return inline(v)
-    parts = [f"{human_number(v.get('file'))} files", f"{human_number(v.get('shm'))} shm"
-             + (f" ({human_bytes(v.get('shm_bytes'))})" if v.get("shm_bytes") else ""),
-             f"{human_number(v.get('socket'))} sockets", f"{human_number(v.get('pipe'))} pipes",
-             f"{human_number(v.get('other'))} other"]
+    parts = [
+        f"{human_number(v.get('file'))} files",
+        f"{human_number(v.get('shm'))} shm" + (f" ({human_bytes(v.get('shm_bytes'))})" if v.get("shm_bytes") else ""),
+        f"{human_number(v.get('socket'))} sockets",
+        f"{human_number(v.get('pipe'))} pipes",
+        f"{human_number(v.get('other'))} other",
+    ]
     return ", ".join(parts)
 
 
@@ -281,7 +354,9 @@ def _signals(v: Any) -> list[str]:
     out = []
     for m in v if isinstance(v, (list, tuple)) else ():
         if isinstance(m, Mapping):
-            out.append(f"{one_line(m.get('signal'), 60)} ({percent(m.get('confidence'))}): {one_line(m.get('description') or '', 200)}")
+            out.append(
+                f"{one_line(m.get('signal'), 60)} ({percent(m.get('confidence'))}): {one_line(m.get('description') or '', 200)}"
+            )
     return out
 
 
@@ -334,49 +409,122 @@ def _memory_history(v: Any) -> str:
 # key -> form: "bytes", "seconds", "count", "text", "table" (records), "lines", or a function
 EVIDENCE_FORMS: dict[str, Any] = {
     # worker-deadlock
-    "workers": "table", "main": _process, "points_at": "table", "multiprocessing_context": "text", "timeout": "seconds",
+    "workers": "table",
+    "main": _process,
+    "points_at": "table",
+    "multiprocessing_context": "text",
+    "timeout": "seconds",
     "matched": _signals,
     # fd-exhaustion
-    "pid": "text", "role": "text", "worker_id": "text", "num_fds": "count", "fd_limit": "count", "fds": _fds,
-    "top_files": "text", "cause": "text", "sharing_strategy": "text", "pressure": "text", "errno": "text",
+    "pid": "text",
+    "role": "text",
+    "worker_id": "text",
+    "num_fds": "count",
+    "fd_limit": "count",
+    "fds": _fds,
+    "top_files": "text",
+    "cause": "text",
+    "sharing_strategy": "text",
+    "pressure": "text",
+    "errno": "text",
     # shm-exhaustion
-    "shm_free": "bytes", "shm_total": "bytes", "need_bytes": "bytes", "held_bytes": "bytes",
-    "available_bytes": "bytes", "shm_torch_files": "count", "loader": "text", "text": "text",
+    "shm_free": "bytes",
+    "shm_total": "bytes",
+    "need_bytes": "bytes",
+    "held_bytes": "bytes",
+    "available_bytes": "bytes",
+    "shm_torch_files": "count",
+    "loader": "text",
+    "text": "text",
     # io-stall
-    "wait": "text", "peers": "table", "stall_s": "seconds",
+    "wait": "text",
+    "peers": "table",
+    "stall_s": "seconds",
     # rng-duplication
-    "duplicates": "table", "repeats": "table", "persistent_workers": "text", "sampler": "text",
+    "duplicates": "table",
+    "repeats": "table",
+    "persistent_workers": "text",
+    "sampler": "text",
     "worker_init_fn": "text",
     # batch-dim-mismatch
-    "batch_index": "count", "expected_batch_size": "count", "shapes": "text", "leading_dims": "text",
-    "collate_fn": "text", "reason": "text", "leaf": "text", "multiple": "count", "sample_count": "count",
-    "confirmed_batches": "count", "confirmed_at_index": "count", "ignored_keys": "text",
+    "batch_index": "count",
+    "expected_batch_size": "count",
+    "shapes": "text",
+    "leading_dims": "text",
+    "collate_fn": "text",
+    "reason": "text",
+    "leaf": "text",
+    "multiple": "count",
+    "sample_count": "count",
+    "confirmed_batches": "count",
+    "confirmed_at_index": "count",
+    "ignored_keys": "text",
     # pinned-memory-growth
-    "mlocked": "bytes", "growth": _growth, "lockers": "table", "limit": "text", "limit_in_s": "seconds",
+    "mlocked": "bytes",
+    "growth": _growth,
+    "lockers": "table",
+    "limit": "text",
+    "limit_in_s": "seconds",
     # worker-killed
-    "exit_signal": "text", "cause_basis": "text", "memory": _memory_history, "memory_limit": "text",
-    "oom_kills": "text", "shm": "text", "crash_stack": _stack, "crash_frame": "text",
+    "exit_signal": "text",
+    "cause_basis": "text",
+    "memory": _memory_history,
+    "memory_limit": "text",
+    "oom_kills": "text",
+    "shm": "text",
+    "crash_stack": _stack,
+    "crash_frame": "text",
     # worker-memory-growth
-    "workers_growing": "count", "copy_on_read": "text", "all_workers_growing": "text",
+    "workers_growing": "count",
+    "copy_on_read": "text",
+    "all_workers_growing": "text",
     "rate_bytes_per_s": "text",
     # straggler-rank (job view)
-    "rank": "text", "data_wait_share": "text", "batch_rate_per_s": "text", "first_batch_s": "text",
+    "rank": "text",
+    "data_wait_share": "text",
+    "batch_rate_per_s": "text",
+    "first_batch_s": "text",
     "ranks": "table",
     # advice playbooks (the run summary) and preflight checks
-    "steady_data_wait_share": "text", "steady_data_wait_s": "seconds", "steady_batch_s": "seconds",
-    "num_workers": "count", "usable_cpus": "text", "worker_cpu_util_mean": "text", "worker_state_share": "text",
-    "suggested_num_workers": "count", "affinity_cpus": "count", "cgroup_cpu_quota": "text",
+    "steady_data_wait_share": "text",
+    "steady_data_wait_s": "seconds",
+    "steady_batch_s": "seconds",
+    "num_workers": "count",
+    "usable_cpus": "text",
+    "worker_cpu_util_mean": "text",
+    "worker_state_share": "text",
+    "suggested_num_workers": "count",
+    "affinity_cpus": "count",
+    "cgroup_cpu_quota": "text",
     "worker_running_share": "text",
-    "epochs": "count", "first_batch_mean_s": "seconds", "first_batch_per_epoch_s": "text",
-    "first_batch_factor": "text", "cost_per_epoch_s": "seconds", "cost_total_s": "seconds",
-    "prefetch_factor": "count", "batch_bytes": "bytes", "inflight_bytes": "bytes", "blocked_put_share": "text",
-    "saves_bytes": "bytes", "shm_used_peak": "bytes",
-    "pin_memory": "text", "cuda_available": "text", "accelerator": "text",
-    "epochs_started": "count", "sampler_epoch_each_epoch": "text", "shuffle": "text", "seed": "text",
+    "epochs": "count",
+    "first_batch_mean_s": "seconds",
+    "first_batch_per_epoch_s": "text",
+    "first_batch_factor": "text",
+    "cost_per_epoch_s": "seconds",
+    "cost_total_s": "seconds",
+    "prefetch_factor": "count",
+    "batch_bytes": "bytes",
+    "inflight_bytes": "bytes",
+    "blocked_put_share": "text",
+    "saves_bytes": "bytes",
+    "shm_used_peak": "bytes",
+    "pin_memory": "text",
+    "cuda_available": "text",
+    "accelerator": "text",
+    "epochs_started": "count",
+    "sampler_epoch_each_epoch": "text",
+    "shuffle": "text",
+    "seed": "text",
     "num_replicas": "count",
-    "worker_uss_peak_median": "bytes", "workers_private_bytes": "bytes", "share_of_limit": "text",
-    "tensors_per_batch": "count", "fds_in_flight": "count",
-    "start_method": "text", "cuda_initialized": "text", "threads": "table",
+    "worker_uss_peak_median": "bytes",
+    "workers_private_bytes": "bytes",
+    "share_of_limit": "text",
+    "tensors_per_batch": "count",
+    "fds_in_flight": "count",
+    "start_method": "text",
+    "cuda_initialized": "text",
+    "threads": "table",
     # stacks in evidence
     "frames": _stack,
 }
@@ -417,6 +565,7 @@ def evidence_items(evidence: Any, *, plumbing: bool = True) -> list[tuple[str, s
 
 # ---------------------------------------------------------------------------- layout helpers
 
+
 def text_table(table: Table, width: int = 80, max_rows: int | None = None) -> list[str]:
     """Plain columns for a terminal, cut to ``width``."""
     rows = list(table.rows[:max_rows] if max_rows is not None else table.rows)
@@ -431,10 +580,10 @@ def text_table(table: Table, width: int = 80, max_rows: int | None = None) -> li
         parts = []
         for i in range(cols):
             c = cells[i] if i < len(cells) else ""
-            c = c if len(c) <= widths[i] else c[:widths[i] - 1] + "~"
+            c = c if len(c) <= widths[i] else c[: widths[i] - 1] + "~"
             parts.append(c.ljust(widths[i]))
         line = "  ".join(parts).rstrip()
-        return line if len(line) <= width else line[:width - 1] + "~"
+        return line if len(line) <= width else line[: width - 1] + "~"
 
     out = [fmt(table.headers)]
     out.extend(fmt(r) for r in rows)
@@ -459,9 +608,11 @@ def _plain_safe(text: str) -> bool:
 def md_table(table: Table, code_fn: Callable[[Any], str]) -> list[str]:
     if not table.rows:
         return []
-    out = ["| " + " | ".join(md_cell(h) for h in table.headers) + " |",
-           "|" + "|".join("---" for _ in table.headers) + "|"]
+    out = [
+        "| " + " | ".join(md_cell(h) for h in table.headers) + " |",
+        "|" + "|".join("---" for _ in table.headers) + "|",
+    ]
     for r in table.rows:
         cells = list(r) + [""] * (len(table.headers) - len(r))
-        out.append("| " + " | ".join(md_cell(c, code_fn) for c in cells[:len(table.headers)]) + " |")
+        out.append("| " + " | ".join(md_cell(c, code_fn) for c in cells[: len(table.headers)]) + " |")
     return out

@@ -46,8 +46,7 @@ RENDER_TIMEOUT_S = 60.0
 # Scripts: only the page's own two (uPlot and the drawing code), allowed by their sha256, so that
 # markup that got past the escaping (a class name, a frame, a message) still could not run a script.
 _CSP = "default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data:"
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def _vendor(name: str) -> str:
@@ -92,8 +91,11 @@ def _share_text(share: float) -> str:
     return f"{share:.0%}" if share >= 0.01 else "under 1%"
 
 
-def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str, Any]], Any],
-            label_of: Callable[[Any, Mapping[str, Any]], str]) -> list[dict[str, Any]]:
+def _charts(
+    samples: Sequence[Mapping[str, Any]],
+    slot_of: Callable[[Mapping[str, Any]], Any],
+    label_of: Callable[[Any, Mapping[str, Any]], str],
+) -> list[dict[str, Any]]:
     """The charts over ``samples`` (both pages): one series per process slot (``slot_of`` a sample's proc)."""
     slots: list[Any] = []
     labels: dict[Any, str] = {}
@@ -114,7 +116,9 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
         per.append(row)
     slots = slots[:16]  # a legend people can read; the table below has every process
 
-    def series(values: Callable[[int, Any], float | None], dash: bool = False, suffix: str = "") -> list[dict[str, Any]]:
+    def series(
+        values: Callable[[int, Any], float | None], dash: bool = False, suffix: str = ""
+    ) -> list[dict[str, Any]]:
         out = []
         for i, slot in enumerate(slots):
             ys = [values(j, slot) for j in range(len(per))]
@@ -137,24 +141,32 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
     charts: list[dict[str, Any]] = []
     fds = series(field("num_fds"))
     if fds:
-        limits = [max((v for v in (_num(p.get("fd_limit")) for p in row.values()) if v is not None), default=None)
-                  for row in per]
+        limits = [
+            max((v for v in (_num(p.get("fd_limit")) for p in row.values()) if v is not None), default=None)
+            for row in per
+        ]
         title = "Open file descriptors against the limit, per process"
         peak = _peak_share(((_num(p.get("num_fds")), _num(p.get("fd_limit"))) for row in per for p in row.values()))
         if peak is not None and peak[0] >= LIMIT_IN_REACH:
             fds.append({"label": "fd limit", "y": limits, "color": "#000000", "dash": True})
         elif peak is not None:  # drawn, the limit would flatten the fds into a line at zero
-            title = (f"Open file descriptors per process (limit {peak[1]:,.0f}, not drawn: "
-                     f"peak {_share_text(peak[0])})")
+            title = f"Open file descriptors per process (limit {peak[1]:,.0f}, not drawn: peak {_share_text(peak[0])})"
         charts.append({"id": "fds", "title": title, "unit": "count", "series": fds})
     mem = series(field("rss"), suffix=" RSS") + series(field("uss"), dash=True, suffix=" USS")
     if mem:
-        charts.append({"id": "memory", "title": "Memory per process: RSS (solid) and USS (dashed)",
-                       "unit": "bytes", "series": mem})
+        charts.append(
+            {
+                "id": "memory",
+                "title": "Memory per process: RSS (solid) and USS (dashed)",
+                "unit": "bytes",
+                "series": mem,
+            }
+        )
     cpus = series(cpu)
     if cpus:
-        charts.append({"id": "cpu", "title": "CPU per process (cores: CPU seconds per second)",
-                       "unit": "cores", "series": cpus})
+        charts.append(
+            {"id": "cpu", "title": "CPU per process (cores: CPU seconds per second)", "unit": "cores", "series": cpus}
+        )
     systems = [r.get("system") if isinstance(r.get("system"), Mapping) else {} for r in samples]
     total = [_num(s.get("shm_total")) for s in systems]
     free = [_num(s.get("shm_free")) for s in systems]
@@ -170,12 +182,24 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
         charts.append({"id": "shm", "title": title, "unit": "bytes", "series": shm})
     locked = [_num(s.get("mlocked")) for s in systems]
     if any(v is not None for v in locked):
-        charts.append({"id": "mlocked", "title": "Mlocked (pinned memory)", "unit": "bytes", "series": [
-            {"label": "Mlocked", "y": locked, "color": _COLORS[4], "dash": False}]})
+        charts.append(
+            {
+                "id": "mlocked",
+                "title": "Mlocked (pinned memory)",
+                "unit": "bytes",
+                "series": [{"label": "Mlocked", "y": locked, "color": _COLORS[4], "dash": False}],
+            }
+        )
     available = [_num(s.get("mem_available")) for s in systems]
     if any(v is not None for v in available):
-        charts.append({"id": "mem_available", "title": "MemAvailable (the machine's)", "unit": "bytes", "series": [
-            {"label": "MemAvailable", "y": available, "color": _COLORS[2], "dash": False}]})
+        charts.append(
+            {
+                "id": "mem_available",
+                "title": "MemAvailable (the machine's)",
+                "unit": "bytes",
+                "series": [{"label": "MemAvailable", "y": available, "color": _COLORS[2], "dash": False}],
+            }
+        )
     beats = [r.get("heartbeat") if isinstance(r.get("heartbeat"), Mapping) else {} for r in samples]
     if any(_num(b.get("batches")) is not None for b in beats):
         interval = [_num(b.get("last_interval_s")) or None for b in beats]
@@ -190,11 +214,18 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
                     value = round(100.0 * max(0.0, dw) / (max(0.0, dw) + max(0.0, ds)), 1)
             share.append(value)
             prev = b
-        charts.append({"id": "batches", "title": "Batch interval (left) and share of time waiting for data (right)",
-                       "unit": "seconds", "unit2": "percent", "series": [
-                           {"label": "batch interval", "y": interval, "color": _COLORS[0], "dash": False},
-                           {"label": "data-wait share", "y": share, "color": _COLORS[3], "dash": False,
-                            "scale": "pct"}]})
+        charts.append(
+            {
+                "id": "batches",
+                "title": "Batch interval (left) and share of time waiting for data (right)",
+                "unit": "seconds",
+                "unit2": "percent",
+                "series": [
+                    {"label": "batch interval", "y": interval, "color": _COLORS[0], "dash": False},
+                    {"label": "data-wait share", "y": share, "color": _COLORS[3], "dash": False, "scale": "pct"},
+                ],
+            }
+        )
 
     def gpus_of(r: Mapping[str, Any]) -> list[Any]:
         g = r.get("gpus")
@@ -208,8 +239,17 @@ def _charts(samples: Sequence[Mapping[str, Any]], slot_of: Callable[[Mapping[str
     if gpu_idx:
         gpu_series = []
         for i, idx in enumerate(gpu_idx[:16]):
-            ys = [next((_num(g.get("util_percent")) for g in gpus_of(r)
-                        if isinstance(g, Mapping) and g.get("index") == idx), None) for r in samples]
+            ys = [
+                next(
+                    (
+                        _num(g.get("util_percent"))
+                        for g in gpus_of(r)
+                        if isinstance(g, Mapping) and g.get("index") == idx
+                    ),
+                    None,
+                )
+                for r in samples
+            ]
             gpu_series.append({"label": f"GPU {idx}", "y": ys, "color": _COLORS[i % len(_COLORS)], "dash": False})
         charts.append({"id": "gpu", "title": "GPU utilisation", "unit": "percent", "series": gpu_series})
     return charts
@@ -228,7 +268,8 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
     for p in processes if isinstance(processes, list) else ():
         if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
             roles[p["pid"]] = str(p.get("role") or "process") + (
-                f" {p['worker_id']}" if p.get("worker_id") is not None else "")
+                f" {p['worker_id']}" if p.get("worker_id") is not None else ""
+            )
 
     def label(pid: Any, p: Mapping[str, Any]) -> str:
         return f"{roles.get(pid) or p.get('role') or 'process'} ({pid})"
@@ -238,15 +279,22 @@ def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None)
     stall = _num((report.get("progress") or {}).get("stall_s")) if isinstance(report.get("progress"), Mapping) else None
     if stall:
         markers.append({"x": -round(stall, 3), "label": "last batch", "color": "#7f7f7f"})
-    return {"x": xs, "charts": charts, "markers": markers, "pin": 0.0,
-            "xlabel": "seconds relative to the incident", "xname": "s from incident"}
+    return {
+        "x": xs,
+        "charts": charts,
+        "markers": markers,
+        "pin": 0.0,
+        "xlabel": "seconds relative to the incident",
+        "xname": "s from incident",
+    }
 
 
 MAX_EPOCH_MARKERS = 20
 
 
-def summary_chart_data(summary: Mapping[str, Any], timeline: Sequence[Any] | None,
-                       incident_times: Mapping[str, float] | None = None) -> dict[str, Any]:
+def summary_chart_data(
+    summary: Mapping[str, Any], timeline: Sequence[Any] | None, incident_times: Mapping[str, float] | None = None
+) -> dict[str, Any]:
     """The run's charts: x in seconds since the block started; one series per worker slot (worker_id),
     so a worker restarted each epoch stays one line; epochs and incidents marked."""
     samples = _samples(timeline or [])
@@ -255,8 +303,11 @@ def summary_chart_data(summary: Mapping[str, Any], timeline: Sequence[Any] | Non
         started = _dt.datetime.fromisoformat(str(summary.get("started_at"))).timestamp()
     except (TypeError, ValueError):
         pass
-    t0 = started if started is not None and (not samples or started <= samples[0]["ts"]) else (
-        samples[0]["ts"] if samples else 0.0)
+    t0 = (
+        started
+        if started is not None and (not samples or started <= samples[0]["ts"])
+        else (samples[0]["ts"] if samples else 0.0)
+    )
     xs = [round(r["ts"] - t0, 3) for r in samples]
     worker_ids: dict[int, Any] = {}
     workers = summary.get("workers")
@@ -284,17 +335,30 @@ def summary_chart_data(summary: Mapping[str, Any], timeline: Sequence[Any] | Non
         markers = []  # a line per epoch would hide the data
     for name, ts in (incident_times or {}).items():
         markers.append({"x": round(ts - t0, 3), "label": f"incident {name}", "color": "#d62728"})
-    return {"x": xs, "charts": charts, "markers": markers, "pin": None,
-            "xlabel": "seconds since the watched block started", "xname": "s since start"}
+    return {
+        "x": xs,
+        "charts": charts,
+        "markers": markers,
+        "pin": None,
+        "xlabel": "seconds since the watched block started",
+        "xname": "s since start",
+    }
 
 
 # ---------------------------------------------------------------------------- page
 
+
 def _e(v: Any) -> str:
     # html.escape(quote=True), without importing the html package (its entity tables cost the
     # monitor, which imports this module to start the render child, about half a MiB)
-    return str(v).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") \
-        .replace('"', "&quot;").replace("'", "&#x27;")
+    return (
+        str(v)
+        .replace("&", "&amp;")
+        .replace("<", "&lt;")
+        .replace(">", "&gt;")
+        .replace('"', "&quot;")
+        .replace("'", "&#x27;")
+    )
 
 
 def _table(t: display.Table) -> str:
@@ -323,8 +387,13 @@ def _evidence(ev: Any) -> str:
 def _json_script(obj: Any) -> str:
     # inside <script>: no "</" can end the element early, no U+2028/9 surprises
     text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
-        .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _clean(obj: Any) -> Any:
@@ -423,19 +492,21 @@ def csp() -> str:
 
 def _page_head(title: str) -> list[str]:
     """Doctype, the no-fetch policy, the styles and the heading; ``title`` already escaped."""
-    return ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp()}\">",
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-            f"<title>{title}</title>",
-            f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
-            f"<h1>{title}</h1>"]
+    return [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{csp()}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{title}</title>",
+        f"<style>{_vendor('uPlot.min.css')}{_STYLE}</style></head><body>",
+        f"<h1>{title}</h1>",
+    ]
 
 
 def _page_end(parts: list[str], notes: Any, data: Any) -> str:
     """The notes, the chart data (as JSON in a non-executing script tag), uPlot and the drawing code."""
     if notes and isinstance(notes, list):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-    parts.append(f"<script id=\"dlwatch-data\" type=\"application/json\">{_json_script(data)}</script>")
+    parts.append(f'<script id="dlwatch-data" type="application/json">{_json_script(data)}</script>')
     uplot, draw = _scripts()  # exactly the text the policy hashed
     parts.append(f"<script>{uplot}</script>")
     parts.append(f"<script>{draw}</script></body></html>")
@@ -448,28 +519,34 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
     findings = [f for f in report.get("findings") or () if isinstance(f, Mapping)]
     procs = [p for p in report.get("processes") or () if isinstance(p, Mapping)]
     parts = _page_head(f"dlwatch incident {_e(report.get('id'))}") + [
-             "<div class=\"headline\">",
-             f"<div><b>{_e(str(report.get('trigger') or '?').upper())}</b>"
-             + (f" ({_e(report['classification'])})" if report.get("classification") else "")
-             + f": {_e(report.get('summary') or '')}</div>"]
+        '<div class="headline">',
+        f"<div><b>{_e(str(report.get('trigger') or '?').upper())}</b>"
+        + (f" ({_e(report['classification'])})" if report.get("classification") else "")
+        + f": {_e(report.get('summary') or '')}</div>",
+    ]
     if findings:
         top = findings[0]
-        parts.append(f"<div>Top finding: <b>{_e(top.get('title'))}</b> (<code>{_e(top.get('playbook'))}</code>, "
-                     f"confidence {_e(display.percent(top.get('confidence')))})</div>")
+        parts.append(
+            f"<div>Top finding: <b>{_e(top.get('title'))}</b> (<code>{_e(top.get('playbook'))}</code>, "
+            f"confidence {_e(display.percent(top.get('confidence')))})</div>"
+        )
     exc = report.get("exception") if isinstance(report.get("exception"), Mapping) else None
     if exc:
         # the message's last line: a worker's exception carries its whole traceback in the message
         last = ([line for line in str(exc.get("message") or "").splitlines() if line.strip()] or [""])[-1]
-        parts.append(f"<div>Exception: <code>{_e(exc.get('type'))}</code>: "
-                     f"{_e(display.one_line(last, 300))}</div>")
-    parts.append(f"<div class=\"muted\">{_e(report.get('created_at'))} on {_e(report.get('host'))}, "
-                 f"pid {_e(report.get('pid'))}</div></div>")
+        parts.append(f"<div>Exception: <code>{_e(exc.get('type'))}</code>: {_e(display.one_line(last, 300))}</div>")
+    parts.append(
+        f'<div class="muted">{_e(report.get("created_at"))} on {_e(report.get("host"))}, '
+        f"pid {_e(report.get('pid'))}</div></div>"
+    )
     parts.append("<h2>Timeline</h2>")
     if data["charts"]:
-        parts.append(f"<p class=\"muted\">{len(data['x'])} samples before the incident; the dashed red line is "
-                     "the incident, the grey one the last batch.</p>")
+        parts.append(
+            f'<p class="muted">{len(data["x"])} samples before the incident; the dashed red line is '
+            "the incident, the grey one the last batch.</p>"
+        )
         for c in data["charts"]:
-            parts.append(f"<div class=\"chart\" id=\"chart-{_e(c['id'])}\"></div>")
+            parts.append(f'<div class="chart" id="chart-{_e(c["id"])}"></div>')
     else:
         parts.append("<p>No samples were recorded before this incident.</p>")
     parts.append("<h2>Findings</h2>")
@@ -494,24 +571,36 @@ def _headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     shown = ", ".join(f"{i}: {display.human_seconds(v)}" for i, v in enumerate(per_epoch[:40], 1))
     if len(per_epoch) > 40:
         shown += f", ... ({len(per_epoch) - 40} more epochs; mean {display.human_seconds(first.get('mean_s'))})"
-    rows = [("batches", display.human_number(loop.get("batches"))),
-            ("epochs", display.human_number(loop.get("epochs"))),
-            ("wall time of the block", display.human_seconds(loop.get("wall_s"))),
-            ("data-wait share (whole loop)", display.percent(loop.get("data_wait_share"))),
-            ("data-wait share (steady: after each epoch's first batch)", display.percent(loop.get("steady_data_wait_share"))),
-            ("loop-body share", display.percent(loop.get("body_share"))),
-            ("steady batch interval", display.human_seconds(loop.get("steady_batch_s"))),
-            ("first-batch latency per epoch", shown or "-")]
+    rows = [
+        ("batches", display.human_number(loop.get("batches"))),
+        ("epochs", display.human_number(loop.get("epochs"))),
+        ("wall time of the block", display.human_seconds(loop.get("wall_s"))),
+        ("data-wait share (whole loop)", display.percent(loop.get("data_wait_share"))),
+        (
+            "data-wait share (steady: after each epoch's first batch)",
+            display.percent(loop.get("steady_data_wait_share")),
+        ),
+        ("loop-body share", display.percent(loop.get("body_share"))),
+        ("steady batch interval", display.human_seconds(loop.get("steady_batch_s"))),
+        ("first-batch latency per epoch", shown or "-"),
+    ]
     cpus = s.get("cpus") if isinstance(s.get("cpus"), Mapping) else {}
     if cpus:
-        rows.append(("CPUs this process may use", f"{display.human_number(cpus.get('usable'))} (affinity "
-                     f"{display.human_number(cpus.get('affinity'))}, cgroup quota "
-                     f"{display.human_number(cpus.get('cgroup_quota'))}, machine {display.human_number(cpus.get('cpu_count'))})"))
+        rows.append(
+            (
+                "CPUs this process may use",
+                f"{display.human_number(cpus.get('usable'))} (affinity "
+                f"{display.human_number(cpus.get('affinity'))}, cgroup quota "
+                f"{display.human_number(cpus.get('cgroup_quota'))}, machine {display.human_number(cpus.get('cpu_count'))})",
+            )
+        )
     return rows
 
 
 def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
-    return "<table><tbody>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</tbody></table>"
+    return (
+        "<table><tbody>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</tbody></table>"
+    )
 
 
 def _workers_table(s: Mapping[str, Any]) -> display.Table:
@@ -521,15 +610,45 @@ def _workers_table(s: Mapping[str, Any]) -> display.Table:
         if not isinstance(w, Mapping):
             continue
         share = w.get("state_share") if isinstance(w.get("state_share"), Mapping) else {}
-        rows.append((f"worker {display.human_number(w.get('worker_id'))}", display.human_number(w.get("pid")),
-                     display.human_number(w.get("cpu_util")), *(display.percent(share.get(k)) for k in states),
-                     display.human_bytes(w.get("rss_peak")), display.human_bytes(w.get("uss_peak"))))
+        rows.append(
+            (
+                f"worker {display.human_number(w.get('worker_id'))}",
+                display.human_number(w.get("pid")),
+                display.human_number(w.get("cpu_util")),
+                *(display.percent(share.get(k)) for k in states),
+                display.human_bytes(w.get("rss_peak")),
+                display.human_bytes(w.get("uss_peak")),
+            )
+        )
     main = s.get("main") if isinstance(s.get("main"), Mapping) else None
     if main:
-        rows.append(("training process", display.human_number(main.get("pid")), display.human_number(main.get("cpu_util")),
-                     "", "", "", "", display.human_bytes(main.get("rss_peak")), display.human_bytes(main.get("uss_peak"))))
-    return display.Table(("process", "pid", "CPU (cores)", "running", "waiting for work", "blocked on put", "I/O",
-                          "RSS peak", "USS peak"), tuple(rows))
+        rows.append(
+            (
+                "training process",
+                display.human_number(main.get("pid")),
+                display.human_number(main.get("cpu_util")),
+                "",
+                "",
+                "",
+                "",
+                display.human_bytes(main.get("rss_peak")),
+                display.human_bytes(main.get("uss_peak")),
+            )
+        )
+    return display.Table(
+        (
+            "process",
+            "pid",
+            "CPU (cores)",
+            "running",
+            "waiting for work",
+            "blocked on put",
+            "I/O",
+            "RSS peak",
+            "USS peak",
+        ),
+        tuple(rows),
+    )
 
 
 def _findings_html(findings: Sequence[Mapping[str, Any]], none: str) -> list[str]:
@@ -538,16 +657,19 @@ def _findings_html(findings: Sequence[Mapping[str, Any]], none: str) -> list[str
         return [f"<p>{_e(none)}</p>"]
     parts = []
     for i, f in enumerate(findings, 1):
-        parts.append(f"<h3>{i}. {_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>, "
-                     f"confidence {_e(display.percent(f.get('confidence')))})</h3>")
+        parts.append(
+            f"<h3>{i}. {_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>, "
+            f"confidence {_e(display.percent(f.get('confidence')))})</h3>"
+        )
         parts.append(_evidence(f.get("evidence") or {}))
         if f.get("remediation"):
             parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f['remediation']).strip())}</pre>")
     return parts
 
 
-def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | None = None,
-                        incident_times: Mapping[str, float] | None = None) -> str:
+def render_summary_html(
+    summary: Mapping[str, Any], timeline: Sequence[Any] | None = None, incident_times: Mapping[str, float] | None = None
+) -> str:
     """The page for one run summary (as loaded and redacted), with the run's thinned timeline."""
     from dlwatch.report import summary as sm
 
@@ -556,10 +678,14 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
     advice = [f for f in s.get("advice") or () if isinstance(f, Mapping)]
     preflight = [f for f in s.get("preflight") or () if isinstance(f, Mapping)]
     parts = _page_head(f"dlwatch run summary {_e(s.get('id'))}") + [
-             "<div class=\"headline" + (" calm" if not advice else "") + "\">"]
+        '<div class="headline' + (" calm" if not advice else "") + '">'
+    ]
     if advice:
-        parts.append("<div><b>ADVICE</b>: " + "; ".join(
-            f"{_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>)" for f in advice) + "</div>")
+        parts.append(
+            "<div><b>ADVICE</b>: "
+            + "; ".join(f"{_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>)" for f in advice)
+            + "</div>"
+        )
     else:
         parts.append("<div><b>No advice</b>: nothing in this run's figures called for a change.</div>")
     try:
@@ -568,18 +694,26 @@ def render_summary_html(summary: Mapping[str, Any], timeline: Sequence[Any] | No
         loop_line = f"loop figures damaged ({type(exc).__name__})"
     parts.append(f"<div>{_e(display.one_line(loop_line, 500))}</div>")
     if s.get("incidents"):
-        parts.append("<div>Incidents in this run: " + ", ".join(f"<code>{_e(i)}</code>" for i in s["incidents"]) + "</div>")
-    parts.append(f"<div class=\"muted\">ended {_e(s.get('ended'))}; started {_e(s.get('started_at'))}, written "
-                 f"{_e(s.get('created_at'))} on {_e(s.get('host'))}, pid {_e(s.get('pid'))}</div></div>")
+        parts.append(
+            "<div>Incidents in this run: " + ", ".join(f"<code>{_e(i)}</code>" for i in s["incidents"]) + "</div>"
+        )
+    parts.append(
+        f'<div class="muted">ended {_e(s.get("ended"))}; started {_e(s.get("started_at"))}, written '
+        f"{_e(s.get('created_at'))} on {_e(s.get('host'))}, pid {_e(s.get('pid'))}</div></div>"
+    )
     parts.append("<h2>Timeline</h2>")
     if data["charts"]:
-        parts.append(f"<p class=\"muted\">{len(data['x'])} samples over the run (thinned evenly to at most "
-                     f"{MAX_POINTS + 1}; the peaks below are exact). Grey dashed lines: an epoch starts; red: an incident.</p>")
+        parts.append(
+            f'<p class="muted">{len(data["x"])} samples over the run (thinned evenly to at most '
+            f"{MAX_POINTS + 1}; the peaks below are exact). Grey dashed lines: an epoch starts; red: an incident.</p>"
+        )
         for c in data["charts"]:
-            parts.append(f"<div class=\"chart\" id=\"chart-{_e(c['id'])}\"></div>")
+            parts.append(f'<div class="chart" id="chart-{_e(c["id"])}"></div>')
     else:
-        parts.append("<p>No samples were kept for this run (the monitor took none, or report.html was turned "
-                     "off with DLWATCH_HTML=0 when the run ended, so no render child kept them).</p>")
+        parts.append(
+            "<p>No samples were kept for this run (the monitor took none, or report.html was turned "
+            "off with DLWATCH_HTML=0 when the run ended, so no render child kept them).</p>"
+        )
     parts.append("<h2>Figures</h2>")
     parts.append(_kv_table(_headline_rows(s)))
     parts.append("<h2>Workers</h2>")
@@ -657,10 +791,12 @@ def write_html(incident_dir: str) -> str:
 TIMELINE_NAME = "timeline.jsonl"  # runs/<id>/timeline.jsonl: the run's samples, thinned, for the charts
 MAX_POINTS = 500  # samples kept for a run's charts: the page stays well under 1 MB for any run length
 MAX_TIMELINE_BYTES = 16 << 20
-_KEEP = {"heartbeat": ("batches", "epochs", "data_wait_s", "step_s", "last_interval_s"),
-         "system": ("shm_total", "shm_free", "mlocked", "mem_available"),
-         "procs": ("pid", "role", "num_fds", "fd_limit", "rss", "uss", "cpu_s", "gone"),
-         "gpus": ("index", "util_percent")}
+_KEEP = {
+    "heartbeat": ("batches", "epochs", "data_wait_s", "step_s", "last_interval_s"),
+    "system": ("shm_total", "shm_free", "mlocked", "mem_available"),
+    "procs": ("pid", "role", "num_fds", "fd_limit", "rss", "uss", "cpu_s", "gone"),
+    "gpus": ("index", "util_percent"),
+}
 
 
 def _slim(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -753,6 +889,7 @@ def write_summary_html(run_dir: str, timeline_fds: Sequence[int] = ()) -> str:
     try:
         summary = outbound(store.load_summary(run_dir, dir_fd=fd))
         if timeline_fds:
+
             def lines() -> Iterable[bytes]:
                 for tfd in timeline_fds:
                     yield from _read_fd_lines(tfd)
@@ -816,9 +953,14 @@ def spawn_render(target_dir: str, timeline_dir: str | None = None) -> subprocess
         for fd in fds:
             args += ["--timeline-fd", str(fd)]
         with sigint_blocked():  # the page is finished even when the user's Ctrl-C reaches the whole group
-            proc = subprocess.Popen(python_argv(module="dlwatch.report.html", args=args, ignore_sigint=True),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, close_fds=True, pass_fds=fds)
+            proc = subprocess.Popen(
+                python_argv(module="dlwatch.report.html", args=args, ignore_sigint=True),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=fds,
+            )
     except Exception:
         return None
     finally:

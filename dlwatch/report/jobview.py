@@ -26,10 +26,12 @@ from dlwatch.errors import NotFoundError, ReportError
 __all__ = ["annotate", "job_view", "job_lines", "is_waiting"]
 
 # An exception of a rank that waited for another: the collective's own error, not the data's.
-_COLLECTIVE_ERROR = _re2(r"(?i)ProcessGroupGloo|ProcessGroupNCCL|NCCL (error|communicator|watchdog)|"
-                         r"Watchdog caught collective operation timeout|gloo/transport|DistBackendError|"
-                         r"DistNetworkError|Connection closed by peer|Timed out waiting .* for (the )?collective|"
-                         r"monitoredBarrier|barrier timed out")
+_COLLECTIVE_ERROR = _re2(
+    r"(?i)ProcessGroupGloo|ProcessGroupNCCL|NCCL (error|communicator|watchdog)|"
+    r"Watchdog caught collective operation timeout|gloo/transport|DistBackendError|"
+    r"DistNetworkError|Connection closed by peer|Timed out waiting .* for (the )?collective|"
+    r"monitoredBarrier|barrier timed out"
+)
 _DIST_TRACE = _re2(r"torch[/\\]distributed[/\\]")
 
 
@@ -81,8 +83,10 @@ def annotate(report: dict[str, Any]) -> None:
     report["job"] = {"role": "waiting", "waiting_in": waiting, "job_id": job_id, "view": view}
     if report.get("findings"):
         dropped = ", ".join(str(f.get("playbook")) for f in report["findings"] if isinstance(f, dict))
-        report["notes"].append(f"this rank only waits for other ranks ({waiting}); DataLoader findings "
-                               f"left to the rank that stalled first: {dropped}")
+        report["notes"].append(
+            f"this rank only waits for other ranks ({waiting}); DataLoader findings "
+            f"left to the rank that stalled first: {dropped}"
+        )
     report["findings"] = []
 
 
@@ -122,16 +126,30 @@ def _incident_entry(path: str, r: Mapping[str, Any]) -> dict[str, Any]:
     last_batch = _num(prog.get("last_batch_ts"))
     stall_s = _num(prog.get("stall_s"))
     # when this rank stopped making progress: its last batch, else the incident minus the stall
-    stalled_at = last_batch if last_batch is not None else (
-        created - stall_s if created is not None and stall_s is not None else created)
+    stalled_at = (
+        last_batch
+        if last_batch is not None
+        else (created - stall_s if created is not None and stall_s is not None else created)
+    )
     main = _main(r) or {}
     return {
-        "id": r.get("id"), "path": path, "rank": rank.get("rank"), "host": r.get("host"), "pid": r.get("pid"),
-        "trigger": r.get("trigger"), "created_at": r.get("created_at"), "created_ts": created,
-        "classification": r.get("classification"), "top_finding": top.get("playbook"),
-        "top_title": top.get("title"), "summary": r.get("summary"), "waiting": is_waiting(r),
+        "id": r.get("id"),
+        "path": path,
+        "rank": rank.get("rank"),
+        "host": r.get("host"),
+        "pid": r.get("pid"),
+        "trigger": r.get("trigger"),
+        "created_at": r.get("created_at"),
+        "created_ts": created,
+        "classification": r.get("classification"),
+        "top_finding": top.get("playbook"),
+        "top_title": top.get("title"),
+        "summary": r.get("summary"),
+        "waiting": is_waiting(r),
         "waiting_in": (r.get("job") or {}).get("waiting_in") or _collective_wait(r) or main.get("waiting_in"),
-        "stalled_at": stalled_at, "batches": prog.get("batches"), "stall_s": stall_s,
+        "stalled_at": stalled_at,
+        "batches": prog.get("batches"),
+        "stall_s": stall_s,
     }
 
 
@@ -179,20 +197,27 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
 
     jobs, warnings = _jobs(report_dir)
     if not jobs:
-        raise NotFoundError(f"no multi-rank job in {report_dir}",
-                            help="incidents name a job when the training ran under torchrun (or with "
-                                 "WORLD_SIZE and DLWATCH_JOB_ID set)")
+        raise NotFoundError(
+            f"no multi-rank job in {report_dir}",
+            help="incidents name a job when the training ran under torchrun (or with "
+            "WORLD_SIZE and DLWATCH_JOB_ID set)",
+        )
     if job_id is None:
         job_id = max(jobs, key=lambda k: jobs[k]["newest"])
     elif job_id not in jobs:
-        raise NotFoundError(f"no job {job_id!r} in {report_dir}",
-                            help="known jobs: " + ", ".join(sorted(jobs)[:20]))
+        raise NotFoundError(f"no job {job_id!r} in {report_dir}", help="known jobs: " + ", ".join(sorted(jobs)[:20]))
     j = jobs[job_id]
-    incidents = sorted(j["incidents"], key=lambda e: (e["created_ts"] or 0.0))
+    incidents = sorted(j["incidents"], key=lambda e: e["created_ts"] or 0.0)
     own = [e for e in incidents if not e["waiting"]]
     waiting = [e for e in incidents if e["waiting"]]
-    origin = min(own, key=lambda e: (e["stalled_at"] if e["stalled_at"] is not None else float("inf"),
-                                     e["created_ts"] or 0.0)) if own else None
+    origin = (
+        min(
+            own,
+            key=lambda e: (e["stalled_at"] if e["stalled_at"] is not None else float("inf"), e["created_ts"] or 0.0),
+        )
+        if own
+        else None
+    )
     waiting_ranks: dict[Any, dict[str, Any]] = {}
     own_ranks = {e["rank"] for e in own}
     for e in waiting:
@@ -211,9 +236,14 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
     timeline: list[dict[str, Any]] = []
     for e in incidents:
         if e["stalled_at"] is not None and e["trigger"] in ("stall", "attach"):
-            timeline.append({"ts": e["stalled_at"], "rank": e["rank"], "host": e["host"],
-                             "what": "no progress from here on" + (" (waiting for its first batch)"
-                                                                  if not e["batches"] else "")})
+            timeline.append(
+                {
+                    "ts": e["stalled_at"],
+                    "rank": e["rank"],
+                    "host": e["host"],
+                    "what": "no progress from here on" + (" (waiting for its first batch)" if not e["batches"] else ""),
+                }
+            )
         what = f"{e['trigger']} incident"
         if e["classification"]:
             what += f": {e['classification']}"
@@ -221,23 +251,34 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
             what += f", waiting in {e['waiting_in']}"
         elif e["top_finding"]:
             what += f" -> {e['top_finding']}"
-        timeline.append({"ts": e["created_ts"], "rank": e["rank"], "host": e["host"], "what": what,
-                         "incident": e["id"]})
+        timeline.append(
+            {"ts": e["created_ts"], "rank": e["rank"], "host": e["host"], "what": what, "incident": e["id"]}
+        )
     timeline.sort(key=lambda t: (t["ts"] is None, t["ts"] or 0.0))
     for t in timeline:
         t["at"] = _iso(t["ts"])
     stragglers = straggler.judge(list(per_rank.values()), straggler.thresholds(playbooks))
     notes: list[str] = []
     if origin is None and waiting:
-        notes.append("every incident of this job is a rank waiting in a collective: the rank that stalled first "
-                     "wrote none (not watched, or killed before its monitor wrote)"
-                     + (f"; ranks with nothing at all: {', '.join(map(str, missing))}" if missing else ""))
+        notes.append(
+            "every incident of this job is a rank waiting in a collective: the rank that stalled first "
+            "wrote none (not watched, or killed before its monitor wrote)"
+            + (f"; ranks with nothing at all: {', '.join(map(str, missing))}" if missing else "")
+        )
     return {
-        "job_id": job_id, "world_size": world, "report_dir": report_dir,
-        "origin": origin, "waiting": list(waiting_ranks.values()),
-        "incidents": incidents, "ranks": list(per_rank.values()), "missing_ranks": missing,
-        "timeline": timeline, "stragglers": stragglers, "other_jobs": sorted(k for k in jobs if k != job_id),
-        "notes": notes, "warnings": warnings,
+        "job_id": job_id,
+        "world_size": world,
+        "report_dir": report_dir,
+        "origin": origin,
+        "waiting": list(waiting_ranks.values()),
+        "incidents": incidents,
+        "ranks": list(per_rank.values()),
+        "missing_ranks": missing,
+        "timeline": timeline,
+        "stragglers": stragglers,
+        "other_jobs": sorted(k for k in jobs if k != job_id),
+        "notes": notes,
+        "warnings": warnings,
     }
 
 
@@ -254,9 +295,11 @@ def job_lines(v: Mapping[str, Any]) -> Iterator[str]:
     yield f"job {v.get('job_id')}" + (f"  ({world} ranks)" if world else "")
     o = v.get("origin")
     if o:
-        yield (f"  stalled first: rank {o.get('rank')} on {o.get('host')} (pid {o.get('pid')}): "
-               f"{o.get('classification') or o.get('trigger')}"
-               + (f" -> {o.get('top_finding')}" if o.get("top_finding") else ", no playbook matched"))
+        yield (
+            f"  stalled first: rank {o.get('rank')} on {o.get('host')} (pid {o.get('pid')}): "
+            f"{o.get('classification') or o.get('trigger')}"
+            + (f" -> {o.get('top_finding')}" if o.get("top_finding") else ", no playbook matched")
+        )
         if o.get("summary"):
             yield f"    {o['summary']}"
         yield f"    incident: {o.get('path')}"
@@ -265,24 +308,33 @@ def job_lines(v: Mapping[str, Any]) -> Iterator[str]:
     else:
         yield "  no incident: no rank stalled"
     for w in v.get("waiting") or ():
-        yield (f"  waited for it: rank {w.get('rank')} on {w.get('host')} (pid {w.get('pid')}) in "
-               f"{w.get('waiting_in')}; incident {w.get('id')}")
+        yield (
+            f"  waited for it: rank {w.get('rank')} on {w.get('host')} (pid {w.get('pid')}) in "
+            f"{w.get('waiting_in')}; incident {w.get('id')}"
+        )
     if v.get("missing_ranks"):
         yield f"  ranks with no incident and no figures: {', '.join(map(str, v['missing_ranks']))}"
     stragglers = v.get("stragglers") or []
     for s in stragglers:
         yield f"  straggler-rank: rank {s.get('rank')} on {s.get('host')}: {s.get('reason')}"
     if v.get("ranks"):
-        yield (f"  per rank:  {'RANK':>5} {'HOST':<16} {'BATCHES':>8} {'DATA-WAIT':>9} {'BATCH/S':>8} "
-               f"{'FIRST BATCH':>12} {'STALLS':>6} {'INCIDENTS':>9}")
+        yield (
+            f"  per rank:  {'RANK':>5} {'HOST':<16} {'BATCHES':>8} {'DATA-WAIT':>9} {'BATCH/S':>8} "
+            f"{'FIRST BATCH':>12} {'STALLS':>6} {'INCIDENTS':>9}"
+        )
         for f in v["ranks"]:
-            first = "-" if f.get("first_batch_s") is None else (
-                ("" if f.get("first_batch_exact") else "<=") + format(f["first_batch_s"], ".2f") + " s")
+            first = (
+                "-"
+                if f.get("first_batch_s") is None
+                else (("" if f.get("first_batch_exact") else "<=") + format(f["first_batch_s"], ".2f") + " s")
+            )
             share = f.get("data_wait_share")
-            yield (f"             {str(f.get('rank')):>5} {str(f.get('host'))[:16]:<16} {f.get('batches'):>8} "
-                   f"{'-' if share is None else format(share * 100, '.0f') + '%':>9} "
-                   f"{_f(f.get('batch_rate_per_s'), '.2f'):>8} {first:>12} {f.get('stalls'):>6} "
-                   f"{f.get('incidents'):>9}")
+            yield (
+                f"             {str(f.get('rank')):>5} {str(f.get('host'))[:16]:<16} {f.get('batches'):>8} "
+                f"{'-' if share is None else format(share * 100, '.0f') + '%':>9} "
+                f"{_f(f.get('batch_rate_per_s'), '.2f'):>8} {first:>12} {f.get('stalls'):>6} "
+                f"{f.get('incidents'):>9}"
+            )
     if stragglers:
         yield "  advice (straggler-rank): look at the slow rank's data path first: its shard (a larger or "
         yield "    remote share of the data), its node (CPU, disk, network), its num_workers; see "

@@ -49,19 +49,27 @@ def prom_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         except ValueError:
             port = -1
         if not 1 <= port <= 65535:
-            raise ValueError(f"dlwatch.watch: {ENV_PORT} must be a TCP port number (1-65535), got {raw_port!r}; "
-                             "unset it to expose no metrics")
+            raise ValueError(
+                f"dlwatch.watch: {ENV_PORT} must be a TCP port number (1-65535), got {raw_port!r}; "
+                "unset it to expose no metrics"
+            )
     if path is not None:
         if "\0" in path or not path.endswith(".prom"):
-            raise ValueError(f"dlwatch.watch: {ENV_FILE} must be a path ending in .prom (node_exporter reads "
-                             f"only those), got {path!r}")
+            raise ValueError(
+                f"dlwatch.watch: {ENV_FILE} must be a path ending in .prom (node_exporter reads "
+                f"only those), got {path!r}"
+            )
         if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise ValueError(f"dlwatch.watch: {ENV_FILE}: directory {os.path.dirname(os.path.abspath(path))!r} "
-                             "does not exist; create it (node_exporter's --collector.textfile.directory)")
+            raise ValueError(
+                f"dlwatch.watch: {ENV_FILE}: directory {os.path.dirname(os.path.abspath(path))!r} "
+                "does not exist; create it (node_exporter's --collector.textfile.directory)"
+            )
         path = os.path.abspath(path)
     if (path or port) and not _have_client():
-        raise ValueError(f"dlwatch.watch: {ENV_FILE}/{ENV_PORT} need prometheus_client: "
-                         "pip install 'dlwatch[prometheus]' (or unset them)")
+        raise ValueError(
+            f"dlwatch.watch: {ENV_FILE}/{ENV_PORT} need prometheus_client: "
+            "pip install 'dlwatch[prometheus]' (or unset them)"
+        )
     return {"file": path, "port": port}
 
 
@@ -103,18 +111,24 @@ class _Collector:
             return
         base_names = ["job_id", "rank"]
         base = [_label(self.rank.get("job_id")), _label(self.rank.get("rank"))]
-        info = GaugeMetricFamily("dlwatch_rank_info", "one per watched training process",
-                                 labels=[*base_names, "local_rank", "world_size", "pid"])
-        info.add_metric([*base, _label(self.rank.get("local_rank")), _label(self.rank.get("world_size")),
-                         str(st.pid)], 1)
+        info = GaugeMetricFamily(
+            "dlwatch_rank_info",
+            "one per watched training process",
+            labels=[*base_names, "local_rank", "world_size", "pid"],
+        )
+        info.add_metric(
+            [*base, _label(self.rank.get("local_rank")), _label(self.rank.get("world_size")), str(st.pid)], 1
+        )
         yield info
         fig = figures(st.heartbeat)
-        counters = (("dlwatch_batches", "batches handed out by the watched loader", fig["batches"]),
-                    ("dlwatch_epochs", "epochs started", fig["epochs"]),
-                    ("dlwatch_data_wait_seconds", "time spent inside next(loader)", fig["data_wait_s"]),
-                    ("dlwatch_step_seconds", "time spent in the loop body", fig["step_s"]),
-                    ("dlwatch_stalls", "stalls detected in this run", st.stalls),
-                    ("dlwatch_incidents", "incidents written by this run", st.incidents))
+        counters = (
+            ("dlwatch_batches", "batches handed out by the watched loader", fig["batches"]),
+            ("dlwatch_epochs", "epochs started", fig["epochs"]),
+            ("dlwatch_data_wait_seconds", "time spent inside next(loader)", fig["data_wait_s"]),
+            ("dlwatch_step_seconds", "time spent in the loop body", fig["step_s"]),
+            ("dlwatch_stalls", "stalls detected in this run", st.stalls),
+            ("dlwatch_incidents", "incidents written by this run", st.incidents),
+        )
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=base_names)
             c.add_metric(base, float(value))
@@ -124,19 +138,23 @@ class _Collector:
             ("dlwatch_stalled", "1 while a detected stall lasts", 1 if st.stalled else 0),
         ]
         if st.system is not None:
-            gauges += [("dlwatch_shm_free_bytes", "free bytes in /dev/shm", st.system.shm_free),
-                       ("dlwatch_shm_size_bytes", "size of /dev/shm", st.system.shm_total)]
+            gauges += [
+                ("dlwatch_shm_free_bytes", "free bytes in /dev/shm", st.system.shm_free),
+                ("dlwatch_shm_size_bytes", "size of /dev/shm", st.system.shm_total),
+            ]
         for name, doc, value in gauges:
             if value is None:
                 continue
             g = GaugeMetricFamily(name, doc, labels=base_names)
             g.add_metric(base, float(value))
             yield g
-        per_proc = (("dlwatch_process_open_fds", "open file descriptors", "num_fds"),
-                    ("dlwatch_process_max_fds", "soft limit on open file descriptors", "fd_limit"),
-                    ("dlwatch_process_resident_memory_bytes", "resident set size (RSS)", "rss"),
-                    ("dlwatch_process_unique_memory_bytes", "unique set size (USS), slow cadence", "uss"),
-                    ("dlwatch_process_shm_bytes", "bytes of /dev/shm mapped, slow cadence", "shm_map_bytes"))
+        per_proc = (
+            ("dlwatch_process_open_fds", "open file descriptors", "num_fds"),
+            ("dlwatch_process_max_fds", "soft limit on open file descriptors", "fd_limit"),
+            ("dlwatch_process_resident_memory_bytes", "resident set size (RSS)", "rss"),
+            ("dlwatch_process_unique_memory_bytes", "unique set size (USS), slow cadence", "uss"),
+            ("dlwatch_process_shm_bytes", "bytes of /dev/shm mapped, slow cadence", "shm_map_bytes"),
+        )
         labels = [*base_names, "role", "worker", "pid"]
         for name, doc, attr in per_proc:
             g = GaugeMetricFamily(name, doc, labels=labels)

@@ -69,16 +69,24 @@ def figures(hb: hbmod.Heartbeat | None, *, steady: bool = False) -> dict[str, An
     otherwise, and before, those of the whole run.
     """
     if hb is None:
-        return {"batches": 0, "epochs": 0, "data_wait_s": 0.0, "step_s": 0.0,
-                "data_wait_share": None, "batch_rate_per_s": None}
+        return {
+            "batches": 0,
+            "epochs": 0,
+            "data_wait_s": 0.0,
+            "step_s": 0.0,
+            "data_wait_share": None,
+            "batch_rate_per_s": None,
+        }
     batches, wait_s, step_s = hb.batches, hb.total_wait_s, hb.total_step_s
     st = runstats.steady(hb)
     if steady and st.batches:
         batches, wait_s, step_s = st.batches, st.wait_s, st.body_s
     loop_s = wait_s + step_s
     return {
-        "batches": hb.batches, "epochs": hb.epochs,
-        "data_wait_s": round(hb.total_wait_s, 6), "step_s": round(hb.total_step_s, 6),
+        "batches": hb.batches,
+        "epochs": hb.epochs,
+        "data_wait_s": round(hb.total_wait_s, 6),
+        "step_s": round(hb.total_step_s, 6),
         "data_wait_share": round(wait_s / loop_s, 4) if loop_s > 0 and batches else None,
         "batch_rate_per_s": round(batches / loop_s, 4) if loop_s > 0 and batches else None,
     }
@@ -112,16 +120,25 @@ class RankFiguresSink(Sink):
 
     def record(self, state: PollState, *, ended: bool) -> dict[str, Any]:
         return {
-            "kind": "dlwatch-rank-figures", "version": 1,
-            "job_id": self.rank.get("job_id"), "rank": self.rank.get("rank"),
-            "local_rank": self.rank.get("local_rank"), "world_size": self.rank.get("world_size"),
-            "host": self.host, "pid": self.pid,
-            "started_at": state.started_at, "updated_at": round(state.now, 3), "ended": ended,
+            "kind": "dlwatch-rank-figures",
+            "version": 1,
+            "job_id": self.rank.get("job_id"),
+            "rank": self.rank.get("rank"),
+            "local_rank": self.rank.get("local_rank"),
+            "world_size": self.rank.get("world_size"),
+            "host": self.host,
+            "pid": self.pid,
+            "started_at": state.started_at,
+            "updated_at": round(state.now, 3),
+            "ended": ended,
             **figures(state.heartbeat, steady=True),
-            "first_batch_s": self.first_batch_s, "first_batch_exact": self.first_batch_exact,
+            "first_batch_s": self.first_batch_s,
+            "first_batch_exact": self.first_batch_exact,
             "worker_idle_share": round(self.worker_idle / self.worker_reads, 4) if self.worker_reads else None,
             "worker_reads": self.worker_reads,
-            "stalls": state.stalls, "incidents": state.incidents, "stalled": state.stalled,
+            "stalls": state.stalls,
+            "incidents": state.incidents,
+            "stalled": state.stalled,
         }
 
     def _write(self, state: PollState, *, ended: bool) -> None:
@@ -154,9 +171,16 @@ class RankFiguresSink(Sink):
 
 _NUM = (int, float)
 _FIELDS: dict[str, Any] = {
-    "job_id": str, "rank": (int, type(None)), "host": (str, type(None)), "pid": int,
-    "batches": int, "data_wait_share": (*_NUM, type(None)), "batch_rate_per_s": (*_NUM, type(None)),
-    "first_batch_s": (*_NUM, type(None)), "updated_at": _NUM, "started_at": _NUM,
+    "job_id": str,
+    "rank": (int, type(None)),
+    "host": (str, type(None)),
+    "pid": int,
+    "batches": int,
+    "data_wait_share": (*_NUM, type(None)),
+    "batch_rate_per_s": (*_NUM, type(None)),
+    "first_batch_s": (*_NUM, type(None)),
+    "updated_at": _NUM,
+    "started_at": _NUM,
 }
 
 

@@ -22,8 +22,9 @@ _BACKTICKS = re.compile("`+")
 def terminal_safe(text: Any) -> str:
     """``text`` with every control character shown as an escape (``\\x1b``), so it prints as text."""
     text = str(text)
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                       else f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text
+    )
 
 
 def fence(text: str) -> str:
@@ -76,8 +77,9 @@ def _frame_line(f: Mapping[str, Any]) -> str:
     return str(f.get("function"))
 
 
-def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12, python_only: bool = False,
-                 max_threads: int = 64) -> Iterator[str]:
+def _stack_lines(
+    stack: Mapping[str, Any] | None, *, max_frames: int = 12, python_only: bool = False, max_threads: int = 64
+) -> Iterator[str]:
     if not stack:
         return
     if stack.get("error") and not stack.get("threads"):
@@ -91,8 +93,9 @@ def _stack_lines(stack: Mapping[str, Any] | None, *, max_frames: int = 12, pytho
             yield f"      {_frame_line(f)}"
         omitted = t.get("frames_omitted") if isinstance(t.get("frames_omitted"), int) else 0
         if len(frames) > max_frames or omitted:
-            yield f"      ... {len(frames) - min(max_frames, len(frames)) + omitted} more frames" + \
-                (f" ({omitted} left out of the report)" if omitted else "")
+            yield f"      ... {len(frames) - min(max_frames, len(frames)) + omitted} more frames" + (
+                f" ({omitted} left out of the report)" if omitted else ""
+            )
     if isinstance(stack.get("threads_omitted"), int) and stack["threads_omitted"]:
         yield f"    ... {stack['threads_omitted']} more threads left out of the report"
 
@@ -122,9 +125,11 @@ def _md_value(label: str, value: Any) -> Iterator[str]:
 
 
 def _progress_line(prog: Mapping[str, Any]) -> str:
-    text = (f"{display.human_number(prog.get('batches', 0))} batches, {display.human_number(prog.get('epochs', 0))} epochs; "
-            f"waiting for data {display.human_seconds(prog.get('data_wait_s'))}, "
-            f"in the loop body {display.human_seconds(prog.get('step_s'))}")
+    text = (
+        f"{display.human_number(prog.get('batches', 0))} batches, {display.human_number(prog.get('epochs', 0))} epochs; "
+        f"waiting for data {display.human_seconds(prog.get('data_wait_s'))}, "
+        f"in the loop body {display.human_seconds(prog.get('step_s'))}"
+    )
     if prog.get("stall_s"):
         text += f"; no progress for {display.human_seconds(prog.get('stall_s'))}"
         if prog.get("stall_timeout_s"):
@@ -145,15 +150,17 @@ def _first_remediation(f: Mapping[str, Any], limit: int = 160) -> str:
     if len(text) <= limit:
         return text
     cut = text.rfind(". ", 0, limit)
-    return text[:cut + 1] if cut > 40 else text[:limit - 3].rstrip() + "..."
+    return text[: cut + 1] if cut > 40 else text[: limit - 3].rstrip() + "..."
 
 
 def finding_md(i: int, f: Mapping[str, Any]) -> Iterator[str]:
     """One finding in Markdown: title, evidence for people (tables, units, stacks), what to do.
 
     The same for an incident's findings and a run summary's advice and preflight."""
-    yield (f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, "
-           f"confidence {display.percent(f.get('confidence'))})")
+    yield (
+        f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, "
+        f"confidence {display.percent(f.get('confidence'))})"
+    )
     yield ""
     items = display.evidence_items(f.get("evidence") or {})
     if items:
@@ -183,7 +190,7 @@ def evidence_terminal(evidence: Any, *, width: int, indent: str = "  ", max_rows
         else:
             text = str(value)
             room = max(20, width - len(indent) - len(str(label)) - 2)
-            yield f"{indent}{label}: {text[:room - 3] + '...' if len(text) > room else text}"
+            yield f"{indent}{label}: {text[: room - 3] + '...' if len(text) > room else text}"
 
 
 def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
@@ -196,15 +203,19 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     yield f"- what happened: {_md_text(r.get('trigger'))}" + (f", verdict {_md_text(verdict)}" if verdict else "")
     if findings:
         top = findings[0]
-        yield (f"- top finding: {_md_text(top.get('title'))} ({code(top.get('playbook'))}, "
-               f"confidence {display.percent(top.get('confidence'))})")
+        yield (
+            f"- top finding: {_md_text(top.get('title'))} ({code(top.get('playbook'))}, "
+            f"confidence {display.percent(top.get('confidence'))})"
+        )
         todo = _first_remediation(top)
         if todo:
             yield f"- what to do: {_md_text(todo)} (details below)"
     rank = r.get("rank") or {}
     rank_txt = "" if rank.get("rank") is None else f", rank {rank.get('rank')}/{rank.get('world_size')}"
-    yield (f"- when and where: {_md_text(r.get('created_at'))} on {_md_text(r.get('host'))}, "
-           f"pid {display.human_number(r.get('pid'))}{rank_txt}")
+    yield (
+        f"- when and where: {_md_text(r.get('created_at'))} on {_md_text(r.get('host'))}, "
+        f"pid {display.human_number(r.get('pid'))}{rank_txt}"
+    )
     job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
     if job.get("job_id") or job.get("role") == "waiting":  # multi-rank jobs (issue 13's `job` key)
         waits = f"; this rank waits in {code(job.get('waiting_in'))}" if job.get("role") == "waiting" else ""
@@ -244,16 +255,24 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
             s = p.get("sample") or {}
             fds = s.get("fds") if isinstance(s, Mapping) else None
             if isinstance(fds, Mapping):
-                fd_rows.append((display.human_number(p.get("pid")), display.human_number(fds.get("file")),
-                                display.human_number(fds.get("shm")), display.human_bytes(fds.get("shm_bytes")),
-                                display.human_number(fds.get("socket")), display.human_number(fds.get("pipe")),
-                                display.human_number(fds.get("other"))))
+                fd_rows.append(
+                    (
+                        display.human_number(p.get("pid")),
+                        display.human_number(fds.get("file")),
+                        display.human_number(fds.get("shm")),
+                        display.human_bytes(fds.get("shm_bytes")),
+                        display.human_number(fds.get("socket")),
+                        display.human_number(fds.get("pipe")),
+                        display.human_number(fds.get("other")),
+                    )
+                )
         if fd_rows:
             yield ""
             yield "Open file descriptors:"
             yield ""
-            yield from display.md_table(display.Table(("pid", "files", "shm", "shm size", "sockets", "pipes", "other"),
-                                                      tuple(fd_rows)), code)
+            yield from display.md_table(
+                display.Table(("pid", "files", "shm", "shm size", "sockets", "pipes", "other"), tuple(fd_rows)), code
+            )
         excerpts = display.process_excerpts(procs)
         if excerpts:
             yield ""
@@ -266,8 +285,10 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
             for p in procs:
                 if p.get("stack"):
                     yield ""
-                    yield (f"<details><summary>pid {display.human_number(p.get('pid'))} "
-                           f"({_md_text(p.get('role'))}), full stack from {_md_text(p['stack'].get('source'))}</summary>")
+                    yield (
+                        f"<details><summary>pid {display.human_number(p.get('pid'))} "
+                        f"({_md_text(p.get('role'))}), full stack from {_md_text(p['stack'].get('source'))}</summary>"
+                    )
                     yield ""
                     yield from _fenced(_stack_lines(p["stack"], max_frames=40))
                     yield "</details>"
@@ -276,18 +297,26 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
         yield ""
         yield "## System"
         yield ""
-        yield (f"- /dev/shm: {human_bytes(sysd.get('shm_free'))} free of {human_bytes(sysd.get('shm_total'))}; "
-               f"MemAvailable {human_bytes(sysd.get('mem_available'))}; Mlocked {human_bytes(sysd.get('mlocked'))}")
+        yield (
+            f"- /dev/shm: {human_bytes(sysd.get('shm_free'))} free of {human_bytes(sysd.get('shm_total'))}; "
+            f"MemAvailable {human_bytes(sysd.get('mem_available'))}; Mlocked {human_bytes(sysd.get('mlocked'))}"
+        )
         if sysd.get("cgroup_memory_limit") is not None or sysd.get("cgroup_oom_kills"):
-            yield (f"- cgroup memory: {human_bytes(sysd.get('cgroup_memory_usage'))} of "
-                   f"{human_bytes(sysd.get('cgroup_memory_limit'))}, OOM kills {_fmt(sysd.get('cgroup_oom_kills'))}")
+            yield (
+                f"- cgroup memory: {human_bytes(sysd.get('cgroup_memory_usage'))} of "
+                f"{human_bytes(sysd.get('cgroup_memory_limit'))}, OOM kills {_fmt(sysd.get('cgroup_oom_kills'))}"
+            )
     for g in r.get("gpus") or ():
-        yield (f"- GPU {_md_text(g.get('index'))} {_md_text(g.get('name'))}: util {_fmt(g.get('util_percent'))}%, "
-               f"memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}")
+        yield (
+            f"- GPU {_md_text(g.get('index'))} {_md_text(g.get('name'))}: util {_fmt(g.get('util_percent'))}%, "
+            f"memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}"
+        )
     yield from loader_and_notes_md(r)
     yield ""
-    yield (f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl; "
-           "report.html draws them (`dlwatch report ID --html`).")
+    yield (
+        f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl; "
+        "report.html draws them (`dlwatch report ID --html`)."
+    )
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
@@ -323,10 +352,12 @@ def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
         yield "  no playbook matched"
     prog = r.get("progress") or {}
     if prog:
-        stalled = (f"no progress for {display.human_seconds(prog.get('stall_s'))}; " if prog.get("stall_s") else "")
-        yield (f"  {stalled}{display.human_number(prog.get('batches', 0))} batches, "
-               f"data wait {display.human_seconds(prog.get('data_wait_s'))}, "
-               f"loop body {display.human_seconds(prog.get('step_s'))}")
+        stalled = f"no progress for {display.human_seconds(prog.get('stall_s'))}; " if prog.get("stall_s") else ""
+        yield (
+            f"  {stalled}{display.human_number(prog.get('batches', 0))} batches, "
+            f"data wait {display.human_seconds(prog.get('data_wait_s'))}, "
+            f"loop body {display.human_seconds(prog.get('step_s'))}"
+        )
     if findings:
         lines = list(evidence_terminal(findings[0].get("evidence"), width=width))
         if lines:
@@ -373,7 +404,7 @@ def terminal_view(r: Mapping[str, Any], *, color: bool = False, width: int = 100
     for i, line in enumerate(terminal_lines(r, width=width)):
         safe = terminal_safe(line)
         if len(safe) > width:  # one screen wide; report.md has every word
-            safe = safe[:width - 1] + "~"
+            safe = safe[: width - 1] + "~"
         if not color:
             yield safe
         elif i == 0:

@@ -52,8 +52,9 @@ class Sink:
         """Called once when the monitor ends (``clean``: the watch block ended)."""
 
 
-def build(cfg: Mapping[str, Any], report_dir: str, rank: Mapping[str, Any],
-          warn: Callable[[str, str], None]) -> list[Sink]:
+def build(
+    cfg: Mapping[str, Any], report_dir: str, rank: Mapping[str, Any], warn: Callable[[str, str], None]
+) -> list[Sink]:
     """The sinks this run asked for: the rank figures in a multi-rank job, Prometheus when enabled."""
     sinks: list[Sink] = []
     if rank.get("job_id"):

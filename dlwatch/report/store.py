@@ -30,8 +30,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from dlwatch import __version__
-from dlwatch._fs import (UnsafeDirError, check_links, check_report_dir, make_private_child, make_private_dir,
-                         publish_private_dir, sticky_parent, verify_created, write_json, write_jsonl, write_private)
+from dlwatch._fs import (
+    UnsafeDirError,
+    check_links,
+    check_report_dir,
+    make_private_child,
+    make_private_dir,
+    publish_private_dir,
+    sticky_parent,
+    verify_created,
+    write_json,
+    write_jsonl,
+    write_private,
+)
 from dlwatch.errors import NotFoundError, ReportError
 from dlwatch.redact import outbound
 
@@ -119,9 +130,13 @@ def prepare_report_dir(report_dir: str) -> str:
     return report_dir
 
 
-def write_incident(report_dir: str, report: dict[str, Any], *,
-                   render_markdown: Callable[[Mapping[str, Any]], str],
-                   extra_files: Mapping[str, bytes] | None = None) -> str:
+def write_incident(
+    report_dir: str,
+    report: dict[str, Any],
+    *,
+    render_markdown: Callable[[Mapping[str, Any]], str],
+    extra_files: Mapping[str, bytes] | None = None,
+) -> str:
     """Write ``<report_dir>/<id>/`` atomically; return its path.  Raises OSError, leaving nothing."""
     report = outbound(report)
     report_dir = prepare_report_dir(report_dir)
@@ -141,9 +156,12 @@ def write_incident(report_dir: str, report: dict[str, Any], *,
 ID_ATTEMPTS = 8
 
 
-def _write_incident_once(report_dir: str, report: dict[str, Any],
-                         render_markdown: Callable[[Mapping[str, Any]], str],
-                         extra_files: Mapping[str, bytes] | None) -> str:
+def _write_incident_once(
+    report_dir: str,
+    report: dict[str, Any],
+    render_markdown: Callable[[Mapping[str, Any]], str],
+    extra_files: Mapping[str, bytes] | None,
+) -> str:
     def fill(tmp: str) -> None:
         write_json(os.path.join(tmp, "report.json"), report)
         write_private(os.path.join(tmp, "report.md"), render_markdown(report))
@@ -154,8 +172,11 @@ def _write_incident_once(report_dir: str, report: dict[str, Any],
                 raise UnsafeDirError(f"refusing to write {rel!r} outside the incident")
             head = tmp
             for part in parts[:-1]:
-                head = os.path.join(head, part) if os.path.isdir(os.path.join(head, part)) \
+                head = (
+                    os.path.join(head, part)
+                    if os.path.isdir(os.path.join(head, part))
                     else make_private_child(head, part)
+                )
             write_private(os.path.join(head, parts[-1]), data)
 
     return publish_private_dir(report_dir, report["id"], fill, tmp_prefix=TMP_PREFIX)
@@ -238,23 +259,55 @@ _OPT_INT = (int, type(None))
 _OPT_NUM = (int, float, type(None))
 # What the renderers index into, by key: a report whose fields have other types is damaged.
 _TOP_TYPES: dict[str, Any] = {
-    "id": str, "created_at": str, "trigger": str, "pid": int, "summary": _OPT_STR, "host": _OPT_STR,
-    "classification": _OPT_STR, "classification_reason": _OPT_STR, "rank": _OPT_DICT, "progress": _OPT_DICT,
-    "exception": _OPT_DICT, "findings": (list, type(None)), "processes": (list, type(None)), "system": _OPT_DICT,
-    "gpus": (list, type(None)), "loader": _OPT_DICT, "notes": (list, type(None)), "timeline": (list, type(None)),
-    "events": (list, type(None)), "config": _OPT_DICT, "job": _OPT_DICT,
+    "id": str,
+    "created_at": str,
+    "trigger": str,
+    "pid": int,
+    "summary": _OPT_STR,
+    "host": _OPT_STR,
+    "classification": _OPT_STR,
+    "classification_reason": _OPT_STR,
+    "rank": _OPT_DICT,
+    "progress": _OPT_DICT,
+    "exception": _OPT_DICT,
+    "findings": (list, type(None)),
+    "processes": (list, type(None)),
+    "system": _OPT_DICT,
+    "gpus": (list, type(None)),
+    "loader": _OPT_DICT,
+    "notes": (list, type(None)),
+    "timeline": (list, type(None)),
+    "events": (list, type(None)),
+    "config": _OPT_DICT,
+    "job": _OPT_DICT,
 }
 _ITEM_TYPES: dict[str, dict[str, Any]] = {
     "exception": {"type": _OPT_STR, "message": _OPT_STR, "traceback": _OPT_STR, "errno": _OPT_INT},
-    "findings[]": {"playbook": _OPT_STR, "title": _OPT_STR, "confidence": _OPT_NUM, "evidence": _OPT_DICT,
-                   "remediation": _OPT_STR},
-    "processes[]": {"pid": _OPT_INT, "role": _OPT_STR, "worker_id": _OPT_INT, "status": _OPT_STR,
-                    "waiting_in": _OPT_STR, "where": _OPT_STR, "sample": _OPT_DICT, "stack": _OPT_DICT},
+    "findings[]": {
+        "playbook": _OPT_STR,
+        "title": _OPT_STR,
+        "confidence": _OPT_NUM,
+        "evidence": _OPT_DICT,
+        "remediation": _OPT_STR,
+    },
+    "processes[]": {
+        "pid": _OPT_INT,
+        "role": _OPT_STR,
+        "worker_id": _OPT_INT,
+        "status": _OPT_STR,
+        "waiting_in": _OPT_STR,
+        "where": _OPT_STR,
+        "sample": _OPT_DICT,
+        "stack": _OPT_DICT,
+    },
     "processes[].sample": {"fds": _OPT_DICT},
     "processes[].stack": {"threads": (list, type(None)), "error": _OPT_STR, "source": _OPT_STR},
     "processes[].stack.threads[]": {"frames": (list, type(None)), "name": _OPT_STR},
     "processes[].stack.threads[].frames[]": {"function": _OPT_STR, "filename": _OPT_STR, "line": _OPT_INT},
-    "gpus[]": {}, "progress": {}, "system": {}, "loader": {},
+    "gpus[]": {},
+    "progress": {},
+    "system": {},
+    "loader": {},
     "rank": {"rank": _OPT_INT, "local_rank": _OPT_INT, "world_size": _OPT_INT, "job_id": _OPT_STR},
     "job": {"role": _OPT_STR, "waiting_in": _OPT_STR, "job_id": _OPT_STR, "view": _OPT_STR},
 }
@@ -266,8 +319,9 @@ def _type_problem(data: dict[str, Any]) -> str | None:
         if key in data and not isinstance(data[key], types) or isinstance(data.get(key), bool) and key == "pid":
             return f"{key} is {type(data[key]).__name__}"
     # (where, value, may it be None): an object field may be null, a list item may not
-    todo: list[tuple[str, Any, bool]] = [(k, data.get(k), True)
-                                         for k in ("exception", "rank", "progress", "system", "loader", "job")]
+    todo: list[tuple[str, Any, bool]] = [
+        (k, data.get(k), True) for k in ("exception", "rank", "progress", "system", "loader", "job")
+    ]
     todo += [(f"{k}[]", item, False) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
     if any(not isinstance(n, str) for n in data.get("notes") or ()):
         return "notes[] holds a non-string"
@@ -288,30 +342,38 @@ def _type_problem(data: dict[str, Any]) -> str | None:
     return None
 
 
-def _load_json_document(path: str, raw: bytes, noun: str, what: str, has_keys: Callable[[dict[str, Any]], bool],
-                        schema_version: int) -> dict[str, Any]:
+def _load_json_document(
+    path: str, raw: bytes, noun: str, what: str, has_keys: Callable[[dict[str, Any]], bool], schema_version: int
+) -> dict[str, Any]:
     """``raw`` (read from ``path`` with :func:`read_regular`) parsed and checked as a JSON object with
     the keys ``has_keys`` wants, a schema_version this dlwatch understands, nested at most MAX_DEPTH
     deep; ReportError naming ``path`` otherwise.  The checks load_report and load_summary share."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path} is damaged or truncated ({type(exc).__name__})",
-                          help="it was not written by a complete dlwatch run; remove it") from None
+        raise ReportError(
+            f"{path} is damaged or truncated ({type(exc).__name__})",
+            help="it was not written by a complete dlwatch run; remove it",
+        ) from None
     except RecursionError:
-        raise ReportError(f"{path} is damaged (nested deeper than any {noun})",
-                          help="it was not written by dlwatch; remove it") from None
+        raise ReportError(
+            f"{path} is damaged (nested deeper than any {noun})", help="it was not written by dlwatch; remove it"
+        ) from None
     if not isinstance(data, dict) or not has_keys(data):
         raise ReportError(f"{path} is not {what} (missing keys)")
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise ReportError(f"{path} has no valid schema_version")
     if version > schema_version:
-        raise ReportError(f"{path} has schema_version {version}, newer than this dlwatch understands ({schema_version})",
-                          help="upgrade dlwatch (pip install -U dlwatch)")
+        raise ReportError(
+            f"{path} has schema_version {version}, newer than this dlwatch understands ({schema_version})",
+            help="upgrade dlwatch (pip install -U dlwatch)",
+        )
     if _too_deep(data):
-        raise ReportError(f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
-                          help="it was not written by dlwatch; remove it")
+        raise ReportError(
+            f"{path} is damaged (nested deeper than {MAX_DEPTH} levels)",
+            help="it was not written by dlwatch; remove it",
+        )
     return data
 
 
@@ -325,8 +387,14 @@ def load_report(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     """
     if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "report.json")
-    data = _load_json_document(path, read_regular(path, MAX_REPORT_BYTES, dir_fd=dir_fd), "report", "a dlwatch report",
-                               lambda d: all(k in d for k in REQUIRED_KEYS), SCHEMA_VERSION)
+    data = _load_json_document(
+        path,
+        read_regular(path, MAX_REPORT_BYTES, dir_fd=dir_fd),
+        "report",
+        "a dlwatch report",
+        lambda d: all(k in d for k in REQUIRED_KEYS),
+        SCHEMA_VERSION,
+    )
     problem = _type_problem(data)
     if problem:
         raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
@@ -350,8 +418,10 @@ class IncidentSummary:
 def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
     """Incidents newest first, damaged ones last (listed as such), and one warning per damaged entry."""
     if not os.path.isdir(report_dir):
-        raise NotFoundError(f"no report directory {report_dir}",
-                            help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named")
+        raise NotFoundError(
+            f"no report directory {report_dir}",
+            help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named",
+        )
     found: list[IncidentSummary] = []
     damaged: list[IncidentSummary] = []
     warnings: list[str] = []
@@ -370,8 +440,11 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
             continue
         except ReportError as exc:
             warnings.append(f"skipped {name}: {exc.message}")
-            damaged.append(IncidentSummary(id=name, path=path, created_at="-", trigger="-", top_finding=None,
-                                           summary="", damaged=exc.message))
+            damaged.append(
+                IncidentSummary(
+                    id=name, path=path, created_at="-", trigger="-", top_finding=None, summary="", damaged=exc.message
+                )
+            )
             continue
         except OSError:
             continue
@@ -379,14 +452,24 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
             data = load_report(path)
         except (ReportError, NotFoundError) as exc:
             warnings.append(f"skipped {name}: {exc.message}")
-            damaged.append(IncidentSummary(id=name, path=path, created_at="-", trigger="-", top_finding=None,
-                                           summary="", damaged=exc.message))
+            damaged.append(
+                IncidentSummary(
+                    id=name, path=path, created_at="-", trigger="-", top_finding=None, summary="", damaged=exc.message
+                )
+            )
             continue
         findings = data.get("findings") or []
         top = findings[0].get("playbook") if findings and isinstance(findings[0], dict) else None
-        found.append(IncidentSummary(id=str(data["id"]), path=path, created_at=str(data["created_at"]),
-                                     trigger=str(data["trigger"]), top_finding=top,
-                                     summary=str(data.get("summary") or "")))
+        found.append(
+            IncidentSummary(
+                id=str(data["id"]),
+                path=path,
+                created_at=str(data["created_at"]),
+                trigger=str(data["trigger"]),
+                top_finding=top,
+                summary=str(data.get("summary") or ""),
+            )
+        )
     found.sort(key=lambda s: (s.created_at, s.id), reverse=True)
     return found + damaged, warnings
 
@@ -415,15 +498,18 @@ def resolve_report(target: str | None, default_dir: str) -> tuple[str, str]:
         return "summary", os.path.dirname(target) or "."
     if os.sep not in target and os.path.isdir(candidate):
         return "show", candidate
-    raise NotFoundError(f"no incident or report directory named {target!r} (looked in {default_dir})",
-                        help="run `dlwatch report` to list incident ids")
+    raise NotFoundError(
+        f"no incident or report directory named {target!r} (looked in {default_dir})",
+        help="run `dlwatch report` to list incident ids",
+    )
 
 
 # --------------------------------------------------------------------------- run summaries
 
 
-def write_summary(report_dir: str, summary: dict[str, Any], *,
-                  render_markdown: Callable[[Mapping[str, Any]], str]) -> str:
+def write_summary(
+    report_dir: str, summary: dict[str, Any], *, render_markdown: Callable[[Mapping[str, Any]], str]
+) -> str:
     """Write ``<report_dir>/runs/<id>/`` (summary.json, summary.md) atomically; return its path.
 
     Created like an incident: redacted (``outbound``), in the directory ``prepare_report_dir``
@@ -522,26 +608,35 @@ def _log() -> Any:
     return get_logger("dlwatch.store")
 
 
-def _prune_runs(report_dir: str, keep: int, spare: str | None, subdir: str = SUMMARIES_DIR,
-                entry: Callable[[int, str, int], _Kept | None] | None = None, event: str = "prune_runs") -> list[str]:
+def _prune_runs(
+    report_dir: str,
+    keep: int,
+    spare: str | None,
+    subdir: str = SUMMARIES_DIR,
+    entry: Callable[[int, str, int], _Kept | None] | None = None,
+    event: str = "prune_runs",
+) -> list[str]:
     """The remover behind prune_runs (and prune_jobs: ``subdir`` ".jobs", its own ``entry`` test)."""
     entry = entry or _summary_entry
     if not getattr(shutil.rmtree, "avoids_symlink_attacks", False):
-        _log().warning(f"{event}_skipped", report_dir=report_dir,
-                       reason="shutil.rmtree cannot avoid symlink attacks on this platform")
+        _log().warning(
+            f"{event}_skipped",
+            report_dir=report_dir,
+            reason="shutil.rmtree cannot avoid symlink attacks on this platform",
+        )
         return []
     check_report_dir(report_dir)  # ours and private, as when the summary was written
     try:
-        fd = os.open(os.path.join(report_dir, subdir),
-                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(report_dir, subdir), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
     try:
         st = os.fstat(fd)
         euid = os.geteuid()
         if st.st_uid != euid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise UnsafeDirError(f"{subdir}/ is not ours or is writable by others "
-                                 f"(uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+            raise UnsafeDirError(
+                f"{subdir}/ is not ours or is writable by others (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
+            )
         runs = [k for k in (entry(fd, name, euid) for name in os.listdir(fd)) if k is not None]
         excess = len(runs) - keep
         if excess <= 0:
@@ -562,8 +657,7 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None, subdir: str = SUM
             else:
                 removed.append(name)
         if failures:
-            _log().warning(f"{event}_incomplete", report_dir=report_dir, errors=failures[:3],
-                           num_errors=len(failures))
+            _log().warning(f"{event}_incomplete", report_dir=report_dir, errors=failures[:3], num_errors=len(failures))
         return removed
     finally:
         os.close(fd)
@@ -572,6 +666,7 @@ def _prune_runs(report_dir: str, keep: int, spare: str | None, subdir: str = SUM
 @dataclass(frozen=True)
 class _Fs:
     """The mount ``runs/`` is on: removal never leaves it."""
+
     dev: int
     mount_id: int | None  # None where /proc/self/fdinfo does not say (then st_dev alone decides)
 
@@ -682,8 +777,9 @@ def prune_jobs(report_dir: str, keep: int, *, spare: str | None = None) -> list[
             return []
         if jobs_st.st_dev != os.stat(report_dir).st_dev:
             raise UnsafeDirError(f"{JOBS_DIR}/ is on another filesystem than the report directory")
-        return _prune_runs(report_dir, keep, spare, JOBS_DIR,
-                           lambda fd, name, euid: _job_entry(fd, name, euid, spare), "prune_jobs")
+        return _prune_runs(
+            report_dir, keep, spare, JOBS_DIR, lambda fd, name, euid: _job_entry(fd, name, euid, spare), "prune_jobs"
+        )
     except Exception as exc:  # housekeeping: it never fails the run
         _log().warning("prune_jobs_failed", report_dir=report_dir, error=f"{type(exc).__name__}: {exc}")
         return []
@@ -711,7 +807,11 @@ def _job_entry(dir_fd: int, name: str, euid: int, spare: str | None = None) -> _
                     continue  # rmtree unlinks a link, never follows it
                 if not stat.S_ISREG(cst.st_mode) or cst.st_dev != st.st_dev:
                     return None  # a directory, FIFO or mount point: rank figures are flat files
-                if cst.st_uid == euid and _FIGURES_NAME.fullmatch(child) and (newest is None or cst.st_mtime_ns > newest):
+                if (
+                    cst.st_uid == euid
+                    and _FIGURES_NAME.fullmatch(child)
+                    and (newest is None or cst.st_mtime_ns > newest)
+                ):
                     newest = cst.st_mtime_ns
         finally:
             os.close(sub)
@@ -725,9 +825,17 @@ def _job_entry(dir_fd: int, name: str, euid: int, spare: str | None = None) -> _
 
 
 MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
-_SUMMARY_TYPES = {"id": str, "created_at": str, "loop": _OPT_DICT, "peaks": _OPT_DICT, "advice": (list, type(None)),
-                  "preflight": (list, type(None)), "incidents": (list, type(None)), "notes": (list, type(None)),
-                  "workers": (list, type(None))}
+_SUMMARY_TYPES = {
+    "id": str,
+    "created_at": str,
+    "loop": _OPT_DICT,
+    "peaks": _OPT_DICT,
+    "advice": (list, type(None)),
+    "preflight": (list, type(None)),
+    "incidents": (list, type(None)),
+    "notes": (list, type(None)),
+    "workers": (list, type(None)),
+}
 
 
 def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
@@ -745,17 +853,25 @@ def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
         raw = read_regular(path, MAX_SUMMARY_BYTES, dir_fd=dir_fd)
     except NotFoundError:
         raise NotFoundError(f"no run summary at {path}", help="run `dlwatch report --runs` to list the runs") from None
-    data = _load_json_document(path, raw, "summary", "a dlwatch run summary",
-                               lambda d: d.get("kind") == KIND and all(k in d for k in SUMMARY_KEYS),
-                               SUMMARY_SCHEMA_VERSION)
+    data = _load_json_document(
+        path,
+        raw,
+        "summary",
+        "a dlwatch run summary",
+        lambda d: d.get("kind") == KIND and all(k in d for k in SUMMARY_KEYS),
+        SUMMARY_SCHEMA_VERSION,
+    )
     for key, types in _SUMMARY_TYPES.items():
         if key in data and not isinstance(data[key], types):
-            raise ReportError(f"{path} is damaged: {key} is {type(data[key]).__name__}",
-                              help="it was not written by dlwatch; remove it")
+            raise ReportError(
+                f"{path} is damaged: {key} is {type(data[key]).__name__}",
+                help="it was not written by dlwatch; remove it",
+            )
     for key in ("advice", "preflight"):
         if any(not isinstance(f, dict) for f in data.get(key) or ()):
-            raise ReportError(f"{path} is damaged: {key}[] holds a non-object",
-                              help="it was not written by dlwatch; remove it")
+            raise ReportError(
+                f"{path} is damaged: {key}[] holds a non-object", help="it was not written by dlwatch; remove it"
+            )
     return data
 
 
@@ -779,8 +895,10 @@ class RunInfo:
 def list_runs(report_dir: str) -> tuple[list[RunInfo], list[str]]:
     """Run summaries newest first, and one warning per damaged entry (skipped, not fatal)."""
     if not os.path.isdir(report_dir):
-        raise NotFoundError(f"no report directory {report_dir}",
-                            help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named")
+        raise NotFoundError(
+            f"no report directory {report_dir}",
+            help="pass the directory that watch(report_dir=...) or DLWATCH_DIR named",
+        )
     base = os.path.join(report_dir, SUMMARIES_DIR)
     found: list[RunInfo] = []
     warnings: list[str] = []
@@ -796,8 +914,10 @@ def list_runs(report_dir: str) -> tuple[list[RunInfo], list[str]]:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode):
                 if stat.S_ISLNK(st.st_mode) and os.path.isdir(path):
-                    warnings.append(f"skipped run {name}: a symbolic link to a directory; "
-                                    "dlwatch writes none and does not follow it")
+                    warnings.append(
+                        f"skipped run {name}: a symbolic link to a directory; "
+                        "dlwatch writes none and does not follow it"
+                    )
                 continue
             os.lstat(os.path.join(path, "summary.json"))
         except OSError:
@@ -810,12 +930,18 @@ def list_runs(report_dir: str) -> tuple[list[RunInfo], list[str]]:
         loop = data.get("loop") if isinstance(data.get("loop"), dict) else {}
         share = loop.get("data_wait_share")
         try:
-            found.append(RunInfo(
-                id=str(data["id"]), path=path, created_at=str(data["created_at"]),
-                batches=int(loop.get("batches") or 0), epochs=int(loop.get("epochs") or 0),
-                data_wait_share=float(share) if isinstance(share, (int, float)) else None,
-                advice=tuple(str(f.get("playbook")) for f in data.get("advice") or () if isinstance(f, dict)),
-                incidents=len(data.get("incidents") or ())))
+            found.append(
+                RunInfo(
+                    id=str(data["id"]),
+                    path=path,
+                    created_at=str(data["created_at"]),
+                    batches=int(loop.get("batches") or 0),
+                    epochs=int(loop.get("epochs") or 0),
+                    data_wait_share=float(share) if isinstance(share, (int, float)) else None,
+                    advice=tuple(str(f.get("playbook")) for f in data.get("advice") or () if isinstance(f, dict)),
+                    incidents=len(data.get("incidents") or ()),
+                )
+            )
         except (TypeError, ValueError, OverflowError) as exc:
             warnings.append(f"skipped run {name}: damaged loop figures ({type(exc).__name__})")
     found.sort(key=lambda r: (r.created_at, r.id), reverse=True)

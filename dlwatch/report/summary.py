@@ -82,17 +82,21 @@ def _num(x: Any, fmt: str = ".3g") -> str:
 def loop_line(s: Mapping[str, Any]) -> str:
     loop = s.get("loop") or {}
     first = loop.get("first_batch_s") or {}
-    return (f"{loop.get('batches', 0)} batches, {loop.get('epochs', 0)} epochs in {_num(loop.get('wall_s'))} s; "
-            f"data wait {_pct(loop.get('data_wait_share'))} of the loop (steady {_pct(loop.get('steady_data_wait_share'))}), "
-            f"body {_pct(loop.get('body_share'))}; steady batch {_num(loop.get('steady_batch_s'))} s, "
-            f"first batch of an epoch {_num(first.get('mean_s'))} s")
+    return (
+        f"{loop.get('batches', 0)} batches, {loop.get('epochs', 0)} epochs in {_num(loop.get('wall_s'))} s; "
+        f"data wait {_pct(loop.get('data_wait_share'))} of the loop (steady {_pct(loop.get('steady_data_wait_share'))}), "
+        f"body {_pct(loop.get('body_share'))}; steady batch {_num(loop.get('steady_batch_s'))} s, "
+        f"first batch of an epoch {_num(first.get('mean_s'))} s"
+    )
 
 
 def _worker_line(w: Mapping[str, Any]) -> str:
     share = w.get("state_share") or {}
     states = ", ".join(f"{k} {_pct(v)}" for k, v in share.items() if v) or "not observed"
-    return (f"worker {_num(w.get('worker_id'))} (pid {w.get('pid')}): cpu {_num(w.get('cpu_util'))} cores; {states}; "
-            f"rss peak {human_bytes(w.get('rss_peak'))}, uss peak {human_bytes(w.get('uss_peak'))}")
+    return (
+        f"worker {_num(w.get('worker_id'))} (pid {w.get('pid')}): cpu {_num(w.get('cpu_util'))} cores; {states}; "
+        f"rss peak {human_bytes(w.get('rss_peak'))}, uss peak {human_bytes(w.get('uss_peak'))}"
+    )
 
 
 def _peak_lines(s: Mapping[str, Any]) -> Iterator[str]:
@@ -123,8 +127,10 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
     yield f"- ended: `{s.get('ended') or '-'}`; started {s.get('started_at') or '-'}, written {s.get('created_at') or '-'} on {s.get('host') or '-'}, pid {s.get('pid')}"
     cpus = s.get("cpus") or {}
     if cpus:
-        yield (f"- CPUs this process may use: {_num(cpus.get('usable'))} (affinity {_num(cpus.get('affinity'))}, "
-               f"cgroup quota {_num(cpus.get('cgroup_quota'))}, machine {_num(cpus.get('cpu_count'))})")
+        yield (
+            f"- CPUs this process may use: {_num(cpus.get('usable'))} (affinity {_num(cpus.get('affinity'))}, "
+            f"cgroup quota {_num(cpus.get('cgroup_quota'))}, machine {_num(cpus.get('cpu_count'))})"
+        )
     if s.get("incidents"):
         yield f"- incidents in this run: {', '.join(f'`{i}`' for i in s['incidents'])}"
     for title, key in (("Advice", "advice"), ("Preflight", "preflight")):
@@ -148,8 +154,10 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
         yield f"- {_worker_line(w)}"
     main = s.get("main") or {}
     if main:
-        yield (f"- training process (pid {main.get('pid')}): cpu {_num(main.get('cpu_util'))} cores, "
-               f"rss peak {human_bytes(main.get('rss_peak'))}")
+        yield (
+            f"- training process (pid {main.get('pid')}): cpu {_num(main.get('cpu_util'))} cores, "
+            f"rss peak {human_bytes(main.get('rss_peak'))}"
+        )
     peaks = list(_peak_lines(s))
     if peaks:
         yield ""
@@ -197,8 +205,7 @@ def list_lines(runs: Sequence[Any]) -> Iterable[str]:
     yield f"{'RUN':<32} {'CREATED':<25} {'BATCHES':>8} {'WAIT':>5} {'INC':>3}  ADVICE"
     for r in runs:
         wait = _pct(r.data_wait_share)
-        yield (f"{r.id:<32} {r.created_at:<25} {r.batches:>8} {wait:>5} {r.incidents:>3}  "
-               f"{', '.join(r.advice) or '-'}")
+        yield (f"{r.id:<32} {r.created_at:<25} {r.batches:>8} {wait:>5} {r.incidents:>3}  {', '.join(r.advice) or '-'}")
 
 
 def pointer_line(s: Mapping[str, Any], path: str) -> str | None:

@@ -64,8 +64,11 @@ def _class(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]
     if got is None:
         names = tuple(f.name for f in dataclasses.fields(cls))
         getter = operator.attrgetter(*names)
-        got = _CLASSES[cls] = (names, getter if len(names) > 1 else (lambda o, g=getter: (g(o),)),
-                               all(map(_key_is_plain, names)))
+        got = _CLASSES[cls] = (
+            names,
+            getter if len(names) > 1 else (lambda o, g=getter: (g(o),)),
+            all(map(_key_is_plain, names)),
+        )
     return got
 
 
@@ -77,8 +80,13 @@ def _dataclass(obj: Any) -> dict[str, Any]:
     return _careful(zip(names, getter(obj)))
 
 
-def sample_record(ts: float, heartbeat: Mapping[str, Any] | None, procs: Sequence[tuple[ProcSample, str]],
-                  system: SystemSample | None, gpus: Sequence[GpuSample]) -> dict[str, Any]:
+def sample_record(
+    ts: float,
+    heartbeat: Mapping[str, Any] | None,
+    procs: Sequence[tuple[ProcSample, str]],
+    system: SystemSample | None,
+    gpus: Sequence[GpuSample],
+) -> dict[str, Any]:
     """One poll as the timeline keeps it: compact (no None) and redacted.
 
     ``heartbeat`` is ``Heartbeat.to_dict()``; ``procs`` pairs each sample with its process's role.

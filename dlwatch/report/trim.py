@@ -47,12 +47,13 @@ def _retrim_frames(keep: int, outer: int) -> Callable[[dict[str, Any]], str | No
             frames = t.get("frames")
             if not isinstance(frames, list) or len(frames) <= keep:
                 continue
-            t["frames"] = frames[: keep - outer] + frames[len(frames) - outer:]
+            t["frames"] = frames[: keep - outer] + frames[len(frames) - outer :]
             left += len(frames) - keep
             # an earlier gap (after the innermost frames kept then) lies inside the one made now
             t["frames_omitted"] = (t.get("frames_omitted") or 0) + len(frames) - keep
             t["frames_omitted_after"] = keep - outer
         return f"stack frames: at most {keep} per thread ({left} more left out)" if left else None
+
     return step
 
 
@@ -68,6 +69,7 @@ def _retrim_threads(keep: int) -> Callable[[dict[str, Any]], str | None]:
                 s["threads_omitted"] = (s.get("threads_omitted") or 0) + len(threads) - keep
                 left += len(threads) - keep
         return f"threads: at most {keep} per process ({left} more left out)" if left else None
+
     return step
 
 
@@ -81,6 +83,7 @@ def _thin_timeline(keep: int) -> Callable[[dict[str, Any]], str | None]:
         kept = records[::-1][::k][::-1]
         report["timeline"] = kept
         return f"timeline: {len(kept)} of its {len(records)} records kept (every {k}th, the newest last)"
+
     return step
 
 
@@ -91,14 +94,19 @@ def _newest_events(keep: int) -> Callable[[dict[str, Any]], str | None]:
             return None
         report["events"] = events[-keep:]
         return f"events: the newest {keep} of {len(events)} kept"
+
     return step
 
 
 def _drop_worker_stacks(report: dict[str, Any]) -> str | None:
     dropped = []
     for p in report.get("processes") or ():
-        if isinstance(p, dict) and p.get("role") != "main" and isinstance(p.get("stack"), dict) \
-                and p["stack"].get("threads"):
+        if (
+            isinstance(p, dict)
+            and p.get("role") != "main"
+            and isinstance(p.get("stack"), dict)
+            and p["stack"].get("threads")
+        ):
             n = len(p["stack"]["threads"])
             p["stack"]["threads"] = []
             p["stack"]["threads_omitted"] = (p["stack"].get("threads_omitted") or 0) + n
@@ -153,9 +161,14 @@ def bound_report(report: dict[str, Any]) -> None:
                 size = _size(report)
         threads = _threads(report)
         stacks = _stacks(report)
-        cut_pids = sorted({p.get("pid") for p in report.get("processes") or ()
-                           if isinstance(p, dict) and isinstance(p.get("stack"), dict)
-                           and p["stack"].get("cut_at_bytes")}, key=str)
+        cut_pids = sorted(
+            {
+                p.get("pid")
+                for p in report.get("processes") or ()
+                if isinstance(p, dict) and isinstance(p.get("stack"), dict) and p["stack"].get("cut_at_bytes")
+            },
+            key=str,
+        )
         truncated = {
             "frames_omitted": sum(int(t.get("frames_omitted") or 0) for t in threads),
             "threads_omitted": sum(int(s.get("threads_omitted") or 0) for s in stacks),
@@ -167,12 +180,17 @@ def bound_report(report: dict[str, Any]) -> None:
             return
         truncated["limits"] = dict(bounds.limits(), report_json_bytes=MAX_REPORT_JSON_BYTES)
         report["truncated"] = truncated
-        parts = [f"{truncated['frames_omitted']} stack frames" if truncated["frames_omitted"] else "",
-                 f"{truncated['threads_omitted']} threads" if truncated["threads_omitted"] else "",
-                 f"the dumps of pids {', '.join(map(str, cut_pids))} past their read cap" if cut_pids else ""]
+        parts = [
+            f"{truncated['frames_omitted']} stack frames" if truncated["frames_omitted"] else "",
+            f"{truncated['threads_omitted']} threads" if truncated["threads_omitted"] else "",
+            f"the dumps of pids {', '.join(map(str, cut_pids))} past their read cap" if cut_pids else "",
+        ]
         what = ", ".join(p for p in parts if p)
-        note = "evidence left out to keep the report bounded: " + "; ".join(x for x in [what, *steps] if x) + \
-            " (see `truncated` in report.json)"
+        note = (
+            "evidence left out to keep the report bounded: "
+            + "; ".join(x for x in [what, *steps] if x)
+            + " (see `truncated` in report.json)"
+        )
         if isinstance(report.get("notes"), list):
             report["notes"].append(note)
     except Exception as exc:  # a bound must never cost the report itself

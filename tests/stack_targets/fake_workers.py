@@ -23,14 +23,18 @@ run_dir = os.path.join(report_dir, ".runs", f"20260101T000000-{os.getpid()}-fake
 dumps = os.path.join(run_dir, "dumps")
 os.makedirs(dumps, mode=0o700)
 
-UNIT = "".join([
-    "Thread 0x00007f0000000001 (most recent call first):\n",
-    "".join(f'  File "/srv/data/deep_{i % 7}.py", line {i + 1} in recurse_{"x" * 80}\n' for i in range(3000)),
-    f'  File "/srv/data/long.py", line 1 in {"n" * 100_000}\n',
-    "".join(f"Thread 0x{0x7f0000001000 + i:016x} (most recent call first):\n"
+UNIT = "".join(
+    [
+        "Thread 0x00007f0000000001 (most recent call first):\n",
+        "".join(f'  File "/srv/data/deep_{i % 7}.py", line {i + 1} in recurse_{"x" * 80}\n' for i in range(3000)),
+        f'  File "/srv/data/long.py", line 1 in {"n" * 100_000}\n',
+        "".join(
+            f"Thread 0x{0x7F0000001000 + i:016x} (most recent call first):\n"
             f'  File "/srv/data/pool.py", line 7 in work\n  File "/usr/lib/python3/threading.py", line 1 in run\n'
-            for i in range(3000)),
-]).encode()
+            for i in range(3000)
+        ),
+    ]
+).encode()
 
 
 def flood(_signum, _frame):
@@ -57,15 +61,33 @@ with open(hb_path, "wb") as f:
 hb_fd = os.open(hb_path, os.O_RDWR)
 hb = mmap.mmap(hb_fd, 4096)  # attach finds the run directory through this mapping
 with open(os.path.join(run_dir, "config.json"), "w") as f:
-    json.dump({"pid": os.getpid(), "loader": {"class": "torch.utils.data.DataLoader", "num_workers": workers},
-               "options": {}}, f)
+    json.dump(
+        {"pid": os.getpid(), "loader": {"class": "torch.utils.data.DataLoader", "num_workers": workers}, "options": {}},
+        f,
+    )
 with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
     for i, pid in enumerate(children):
-        f.write(json.dumps({"ts": time.time(), "event": "worker_registered", "pid": pid, "worker_id": i,
-                            "start_method": "fork", "dump_path": os.path.join(dumps, f"{pid}.txt")}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "ts": time.time(),
+                    "event": "worker_registered",
+                    "pid": pid,
+                    "worker_id": i,
+                    "start_method": "fork",
+                    "dump_path": os.path.join(dumps, f"{pid}.txt"),
+                }
+            )
+            + "\n"
+        )
 deadline = time.time() + 30
-while any(not (int(open(f"/proc/{p}/status").read().split("SigCgt:")[1].split()[0], 16) >> (signal.SIGRTMIN + 5)) & 1
-          for p in children) and time.time() < deadline:
+while (
+    any(
+        not (int(open(f"/proc/{p}/status").read().split("SigCgt:")[1].split()[0], 16) >> (signal.SIGRTMIN + 5)) & 1
+        for p in children
+    )
+    and time.time() < deadline
+):
     time.sleep(0.01)  # every child catches the signal before the test may attach
 print("READY", os.getpid(), *children, flush=True)
 time.sleep(600)

@@ -22,8 +22,10 @@ if __name__ == "__main__":
                 for _ in dl:
                     seen += 1
                     if seen == 5:
-                        raise ValueError("step failed: password=hunter2-secret-value "
-                                         "url=https://alice:pw-secret-value@example.invalid/data")
+                        raise ValueError(
+                            "step failed: password=hunter2-secret-value "
+                            "url=https://alice:pw-secret-value@example.invalid/data"
+                        )
         finally:
             print(f"BATCHES {seen}", flush=True)
             for w in caught:

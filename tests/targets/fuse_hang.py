@@ -30,8 +30,19 @@ MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 0x4000, 1 << 18
 HDR_IN = struct.Struct("=IIQQIIIHH")  # len opcode unique nodeid uid gid pid total_extlen padding
 HDR_OUT = struct.Struct("=IiQ")  # len error unique
 ATTR = struct.Struct("=QQQQQQIIIIIIIIII")  # ino size blocks a/m/ctime, nsecs, mode nlink uid gid rdev blksize flags
-LOOKUP, FORGET, GETATTR, OPEN, READ, RELEASE, FLUSH, INIT, INTERRUPT, DESTROY, BATCH_FORGET = \
-    1, 2, 3, 14, 15, 18, 25, 26, 36, 38, 42
+LOOKUP, FORGET, GETATTR, OPEN, READ, RELEASE, FLUSH, INIT, INTERRUPT, DESTROY, BATCH_FORGET = (
+    1,
+    2,
+    3,
+    14,
+    15,
+    18,
+    25,
+    26,
+    36,
+    38,
+    42,
+)
 NO_REPLY = (FORGET, INTERRUPT, BATCH_FORGET)
 ENOENT, ENOSYS = 2, 38
 FOPEN_DIRECT_IO = 1
@@ -64,7 +75,7 @@ def serve(fd, stop_when_parentless):
         if len(req) < HDR_IN.size:
             continue
         _len, opcode, unique, nodeid, _uid, _gid, pid, _e, _p = HDR_IN.unpack_from(req)
-        body = req[HDR_IN.size:]
+        body = req[HDR_IN.size :]
         if opcode in NO_REPLY:
             continue
         if opcode == READ:
@@ -78,8 +89,7 @@ def serve(fd, stop_when_parentless):
         error, out = 0, b""
         if opcode == INIT:
             major, minor = struct.unpack_from("=II", body)
-            out = struct.pack("=IIIIHHIIHHII6I", 7, min(minor, 31), 0, 0, 1, 1, 1 << 17, 1, 32, 0, 0, 0,
-                              *([0] * 6))
+            out = struct.pack("=IIIIHHIIHHII6I", 7, min(minor, 31), 0, 0, 1, 1, 1 << 17, 1, 32, 0, 0, 0, *([0] * 6))
         elif opcode == GETATTR:
             out = struct.pack("=QII", 0, 0, 0) + attr(nodeid)
         elif opcode == LOOKUP:
@@ -137,8 +147,7 @@ def train(mnt, report_dir, stall_timeout, workers):
     def init(_):
         signal.signal(signal.SIGUSR1, lambda *_: None)  # a handler: the signal interrupts, never kills
 
-    dl = DataLoader(Shards(), batch_size=2, num_workers=workers, worker_init_fn=init,
-                    multiprocessing_context="fork")
+    dl = DataLoader(Shards(), batch_size=2, num_workers=workers, worker_init_fn=init, multiprocessing_context="fork")
     with dlwatch.watch(dl, report_dir=report_dir, stall_timeout=stall_timeout, poll_interval=0.2):
         it = iter(dl)
         print(f"READY {mnt}", flush=True)

@@ -111,8 +111,11 @@ if __name__ == "__main__":
     else:
         ds = Waits()
     dl = DataLoader(ds, batch_size=1, num_workers=args.workers, multiprocessing_context="fork")
-    ctx = contextlib.nullcontext() if args.unwatched else dlwatch.watch(
-        dl, report_dir=args.report_dir, stall_timeout=args.stall_timeout, poll_interval=0.2)
+    ctx = (
+        contextlib.nullcontext()
+        if args.unwatched
+        else dlwatch.watch(dl, report_dir=args.report_dir, stall_timeout=args.stall_timeout, poll_interval=0.2)
+    )
     with ctx:
         it = iter(dl)
         print("READY", flush=True)

@@ -25,10 +25,14 @@ def install() -> None:
     if platform.machine() != "x86_64":
         raise SystemExit("seccomp_exec: x86_64 only")
     prog = [
-        (LD_ABS, 0, 0, 4), (JEQ, 0, 4, AUDIT_ARCH_X86_64),  # other arch: allow
+        (LD_ABS, 0, 0, 4),
+        (JEQ, 0, 4, AUDIT_ARCH_X86_64),  # other arch: allow
         (LD_ABS, 0, 0, 0),
-        (JEQ, 3, 0, PTRACE), (JEQ, 2, 0, VM_READV), (JEQ, 1, 0, VM_WRITEV),
-        (RET, 0, 0, ALLOW), (RET, 0, 0, ERRNO_EPERM),
+        (JEQ, 3, 0, PTRACE),
+        (JEQ, 2, 0, VM_READV),
+        (JEQ, 1, 0, VM_WRITEV),
+        (RET, 0, 0, ALLOW),
+        (RET, 0, 0, ERRNO_EPERM),
     ]
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw)

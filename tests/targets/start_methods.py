@@ -12,8 +12,9 @@ from datasets import Squares, record_init
 
 if __name__ == "__main__":
     method, report_dir, init_log = sys.argv[1], sys.argv[2], sys.argv[3]
-    dl = DataLoader(Squares(24), batch_size=4, num_workers=2, multiprocessing_context=method,
-                    worker_init_fn=record_init(init_log))
+    dl = DataLoader(
+        Squares(24), batch_size=4, num_workers=2, multiprocessing_context=method, worker_init_fn=record_init(init_log)
+    )
     bare = [(x.tolist(), y.tolist()) for x, y in dl]
     with dlwatch.watch(dl, report_dir=report_dir, poll_interval=0.1) as batches:
         watched = [(x.tolist(), y.tolist()) for x, y in batches]

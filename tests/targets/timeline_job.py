@@ -33,8 +33,7 @@ if __name__ == "__main__":
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NAME, b"pw=hunter2", 0, 0, 0) != 0:
         raise SystemExit(f"prctl(PR_SET_NAME) failed: errno {ctypes.get_errno()}")
-    loader = DataLoader(Small(), batch_size=1, num_workers=2, persistent_workers=True,
-                        multiprocessing_context="fork")
+    loader = DataLoader(Small(), batch_size=1, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
     with dlwatch.watch(loader, report_dir=report_dir, poll_interval=0.2) as w:
         it = iter(loader)
         next(it)

@@ -34,8 +34,7 @@ def body_blocked(report_dir):
     lock = threading.Lock()
     lock.acquire()  # never released: the loop body blocks on it for good
     loader = DataLoader(Squares(40), batch_size=4, num_workers=2)
-    with dlwatch.watch(loader, report_dir=report_dir, poll_interval=0.2, stall_timeout=30,
-                       body_timeout=2) as batches:
+    with dlwatch.watch(loader, report_dir=report_dir, poll_interval=0.2, stall_timeout=30, body_timeout=2) as batches:
         for i, _ in enumerate(batches):
             if i == 2:
                 print("ready", flush=True)

@@ -88,8 +88,10 @@ def main(moment: str, report_dir: str) -> int:
                     seen += 1
             if moment == "fallback-summary":  # the monitor is gone: the training process writes the summary
                 os.kill(batches.monitor_pid, 9)
-                while os.path.exists(f"/proc/{batches.monitor_pid}") and \
-                        open(f"/proc/{batches.monitor_pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                while (
+                    os.path.exists(f"/proc/{batches.monitor_pid}")
+                    and open(f"/proc/{batches.monitor_pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+                ):
                     time.sleep(0.01)
         return 0
     except RuntimeError as exc:

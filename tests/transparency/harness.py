@@ -40,17 +40,39 @@ class Group:
 
 GROUPS: dict[str, Group] = {
     # fork (the Linux default on 3.11), two workers: everything that can share one process
-    "fork": Group(shapes=(
-        "super-iter-subclass", "len-override", "lightning-style-fetcher", "infinite-loader", "distributed-sampler",
-        "custom-batch-sampler", "batch-size-none", "iterable-uneven-shards", "dataset-rng-objects", "persistent-workers", "zipped-loaders",
-        "background-thread", "break-after-n", "peek-then-train", "while-true-epochs", "pin-memory",
-        "worker-exception-caught", "body-exception-caught", "collate-exception-caught", "worker-init-exception-caught", "nested-eval-loader",
-        "num-workers-0")),
+    "fork": Group(
+        shapes=(
+            "super-iter-subclass",
+            "len-override",
+            "lightning-style-fetcher",
+            "infinite-loader",
+            "distributed-sampler",
+            "custom-batch-sampler",
+            "batch-size-none",
+            "iterable-uneven-shards",
+            "dataset-rng-objects",
+            "persistent-workers",
+            "zipped-loaders",
+            "background-thread",
+            "break-after-n",
+            "peek-then-train",
+            "while-true-epochs",
+            "pin-memory",
+            "worker-exception-caught",
+            "body-exception-caught",
+            "collate-exception-caught",
+            "worker-init-exception-caught",
+            "nested-eval-loader",
+            "num-workers-0",
+        )
+    ),
     # workers that are not forked from the program: their own process, so no fork-only state leaks in
     "start-methods": Group(shapes=("spawn-context", "forkserver-context")),
     # real libraries (test-only dependencies): seconds to import, so apart from the quick shapes
-    "libraries": Group(shapes=("accelerate-shard", "lightning-fit"),
-                       needs=(("accelerate-shard", "accelerate"), ("lightning-fit", "lightning"))),
+    "libraries": Group(
+        shapes=("accelerate-shard", "lightning-fit"),
+        needs=(("accelerate-shard", "accelerate"), ("lightning-fit", "lightning")),
+    ),
     # the exception ends the program: exit code and stderr's traceback are the trace
     "uncaught": Group(shapes=("uncaught-worker-exception",)),
 }
@@ -121,8 +143,15 @@ def argv_for(mode: str, shapes: tuple[str, ...]) -> list[str]:
 
 def run_program(mode: str, shapes: tuple[str, ...], tmp: str) -> Outcome:
     """Run the program in one mode, in its own session, bounded; kill whatever of it is left."""
-    proc = subprocess.Popen(argv_for(mode, shapes), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=program_env(tmp, mode), cwd=tmp, start_new_session=True)
+    proc = subprocess.Popen(
+        argv_for(mode, shapes),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=program_env(tmp, mode),
+        cwd=tmp,
+        start_new_session=True,
+    )
     known: set[int] = set()
     rc: int | None = None
     out = err = ""
@@ -146,7 +175,7 @@ def run_program(mode: str, shapes: tuple[str, ...], tmp: str) -> Outcome:
     traces = {}
     for line in out.splitlines():
         if line.startswith("TRACE "):
-            record = json.loads(line[len("TRACE "):])
+            record = json.loads(line[len("TRACE ") :])
             traces[record["shape"]] = record
     return Outcome(mode=mode, rc=rc, stdout=out, stderr=err, left=left, traces=traces)
 
@@ -194,8 +223,10 @@ def program_stderr(err: str) -> str:
 def printed(stdout: str) -> list[str]:
     """The program's stdout line by line, each trace line reduced to its shape's name (the traces
     themselves are compared field by field, with the known divergences hidden)."""
-    return [f"TRACE {json.loads(line[6:])['shape']}" if line.startswith("TRACE ") else normalised(line)
-            for line in stdout.splitlines()]
+    return [
+        f"TRACE {json.loads(line[6:])['shape']}" if line.startswith("TRACE ") else normalised(line)
+        for line in stdout.splitlines()
+    ]
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:

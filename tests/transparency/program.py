@@ -35,8 +35,15 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 from tracefmt import normalised
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate,
-                              get_worker_info)
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    Sampler,
+    default_collate,
+    get_worker_info,
+)
 
 MODE = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else "bare"
 CALLS: Counter[str] = Counter()  # calls into user code made in this (the main) process, per shape
@@ -70,7 +77,11 @@ def _worker_count(what: str) -> None:
         return
     info = get_worker_info()
     wid = info.id if info is not None else -1
-    fd = os.open(os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.{what}"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(
+        os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.{what}"),
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+        0o600,
+    )
     try:
         os.write(fd, f"{wid}\n".encode())
     finally:
@@ -92,7 +103,9 @@ def _worker_counts(shape: str) -> dict[str, list[int]]:
 def open_gate(gate: str = "gate") -> None:
     """The main process has every batch before the failing one (see gate_wait)."""
     if COUNT_DIR:
-        os.close(os.open(os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.{gate}"), os.O_WRONLY | os.O_CREAT, 0o600))
+        os.close(
+            os.open(os.path.join(COUNT_DIR, f"{os.environ.get(SHAPE_ENV, '')}.{gate}"), os.O_WRONLY | os.O_CREAT, 0o600)
+        )
 
 
 def gate_wait(gate: str = "gate") -> None:
@@ -128,7 +141,11 @@ class Samples(Dataset):
             gate_wait()
             raise ValueError(f"sample {i} is unreadable")
         drawn = [random.random(), float(np.random.rand()), float(torch.rand(1))]
-        return {"x": torch.arange(3, dtype=torch.float32) + i, "i": i, "drawn": torch.tensor(drawn, dtype=torch.float64)}
+        return {
+            "x": torch.arange(3, dtype=torch.float32) + i,
+            "i": i,
+            "drawn": torch.tensor(drawn, dtype=torch.float64),
+        }
 
 
 _collated = Counter()  # per process: how many batches this process's collate_fn made
@@ -213,10 +230,11 @@ def digest(obj: Any) -> str:
 
 def exception_trace(exc: BaseException) -> dict[str, Any]:
     """Type, message and every frame (file, function, line) of an exception and its chain."""
-    out: dict[str, Any] = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                           "message": normalised(str(exc)),
-                           "frames": [[os.path.basename(f.filename), f.name, f.lineno]
-                                      for f in traceback.extract_tb(exc.__traceback__)]}
+    out: dict[str, Any] = {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": normalised(str(exc)),
+        "frames": [[os.path.basename(f.filename), f.name, f.lineno] for f in traceback.extract_tb(exc.__traceback__)],
+    }
     chained = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     if chained is not None:
         out["chained"] = exception_trace(chained)
@@ -224,8 +242,11 @@ def exception_trace(exc: BaseException) -> dict[str, Any]:
 
 
 def rng_states() -> dict[str, str]:
-    return {"torch": digest(torch.get_rng_state()), "random": digest(random.getstate()),
-            "numpy": digest(list(np.random.get_state()))}
+    return {
+        "torch": digest(torch.get_rng_state()),
+        "random": digest(random.getstate()),
+        "numpy": digest(list(np.random.get_state())),
+    }
 
 
 def process_state() -> dict[str, Any]:
@@ -238,13 +259,25 @@ def process_state() -> dict[str, Any]:
     def name(handler: Any) -> str:
         return getattr(handler, "__qualname__", None) or str(handler)
 
-    return {"signals": {sig.name: name(signal.getsignal(sig)) for sig in
-                        (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
-                         signal.SIGPIPE, signal.SIGHUP)},
-            "faulthandler": faulthandler.is_enabled(),
-            "start_method": multiprocessing.get_start_method(allow_none=True),
-            "torch_threads": torch.get_num_threads(),
-            "sharing_strategy": torch.multiprocessing.get_sharing_strategy()}
+    return {
+        "signals": {
+            sig.name: name(signal.getsignal(sig))
+            for sig in (
+                signal.SIGINT,
+                signal.SIGTERM,
+                signal.SIGCHLD,
+                signal.SIGUSR1,
+                signal.SIGUSR2,
+                signal.SIGALRM,
+                signal.SIGPIPE,
+                signal.SIGHUP,
+            )
+        },
+        "faulthandler": faulthandler.is_enabled(),
+        "start_method": multiprocessing.get_start_method(allow_none=True),
+        "torch_threads": torch.get_num_threads(),
+        "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
+    }
 
 
 def workers_alive() -> int:
@@ -304,9 +337,17 @@ def run_shape(name: str) -> None:
         escaped = exception_trace(exc)
         del exc
     gc.collect()
-    record = {"shape": name, "batches": trace.batches, "notes": trace.notes, "calls": dict(sorted(CALLS.items())),
-              "worker_calls": _worker_counts(name), "rng": rng_states(), "escaped": escaped,
-              "workers_alive": workers_alive(), "process": process_state()}
+    record = {
+        "shape": name,
+        "batches": trace.batches,
+        "notes": trace.notes,
+        "calls": dict(sorted(CALLS.items())),
+        "worker_calls": _worker_counts(name),
+        "rng": rng_states(),
+        "escaped": escaped,
+        "workers_alive": workers_alive(),
+        "process": process_state(),
+    }
     print("TRACE " + json.dumps(record, sort_keys=True), flush=True)
 
 
@@ -451,7 +492,7 @@ class PairBatches(Sampler):
         self.calls += 1
         idx = list(range(self.n))[:: 1 if self.calls % 2 else -1]
         for i in range(0, self.n, 3):
-            yield idx[i:i + 3]
+            yield idx[i : i + 3]
 
     def __len__(self) -> int:
         CALLS["batch_sampler.__len__"] += 1
@@ -529,8 +570,12 @@ class StatefulSamples(Samples):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         sample = super().__getitem__(i)
-        own = [self.py_rng.random(), float(self.np_state.rand()), float(torch.rand(1, generator=self.gen)),
-               float(self.aug.rng.random())]
+        own = [
+            self.py_rng.random(),
+            float(self.np_state.rand()),
+            float(torch.rand(1, generator=self.gen)),
+            float(self.aug.rng.random()),
+        ]
         sample["own"] = torch.tensor(own, dtype=torch.float64)
         return sample
 
@@ -756,8 +801,15 @@ def lightning_fit(t: Trace) -> None:
     model = Tiny()
     dl = loader(Samples(16), persistent_workers=True)  # Lightning shuts these down itself at the end
     val = loader(Samples(6), batch_size=3)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with watch(dl):
         trainer.fit(model, dl, val)
     t.note("global_step", trainer.global_step)

@@ -19,8 +19,17 @@ from typing import Any, Iterator
 
 import pytest
 
-from transparency.harness import (GROUPS, KNOWN, MODES, comparable, differences, missing, printed, program_stderr,
-                                  results)
+from transparency.harness import (
+    GROUPS,
+    KNOWN,
+    MODES,
+    comparable,
+    differences,
+    missing,
+    printed,
+    program_stderr,
+    results,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a group's first test runs its programs
 
@@ -77,10 +86,18 @@ def test_program_is_the_bare_one(group, mode, tmp_path_factory):
     assert not bare.left, f"the bare program left {bare.left}"
     assert other.rc == bare.rc, f"exit code {other.rc}, bare {bare.rc}:\n{other.stderr[-3000:]}"
     assert printed(other.stdout) == printed(bare.stdout), "stdout differs:\n" + "\n".join(
-        difflib.unified_diff(printed(bare.stdout), printed(other.stdout), "bare", mode, lineterm="", n=1))
+        difflib.unified_diff(printed(bare.stdout), printed(other.stdout), "bare", mode, lineterm="", n=1)
+    )
     assert program_stderr(other.stderr) == program_stderr(bare.stderr), "stderr differs:\n" + "\n".join(
-        difflib.unified_diff(program_stderr(bare.stderr).splitlines(), program_stderr(other.stderr).splitlines(),
-                             "bare", mode, lineterm="", n=1))
+        difflib.unified_diff(
+            program_stderr(bare.stderr).splitlines(),
+            program_stderr(other.stderr).splitlines(),
+            "bare",
+            mode,
+            lineterm="",
+            n=1,
+        )
+    )
     assert not other.left, f"processes left behind: {other.left}"
 
 
@@ -104,22 +121,30 @@ def test_known_divergence_still_there(known, mode, tmp_path_factory):
 
 def test_only_dlwatchs_own_lines_leave_stderr():
     """The stderr comparison hides dlwatch's notices and warnings, and nothing the program wrote."""
-    err = ("dlwatch: exception incident (no playbook matched): /r/x\n"
-           "/p/train.py:12: DlwatchWarning: dlwatch: pin-memory-without-cuda: pin_memory=True without a CUDA device\n"
-           "  for b in loader:\n"
-           "/p/train.py:13: UserWarning: the program's own warning about dlwatch: kept\n"
-           "  warnings.warn(msg)\n"
-           "the program says dlwatch: kept too\n"
-           "DataLoader worker (pid 4242) exited unexpectedly\n")
+    err = (
+        "dlwatch: exception incident (no playbook matched): /r/x\n"
+        "/p/train.py:12: DlwatchWarning: dlwatch: pin-memory-without-cuda: pin_memory=True without a CUDA device\n"
+        "  for b in loader:\n"
+        "/p/train.py:13: UserWarning: the program's own warning about dlwatch: kept\n"
+        "  warnings.warn(msg)\n"
+        "the program says dlwatch: kept too\n"
+        "DataLoader worker (pid 4242) exited unexpectedly\n"
+    )
     assert program_stderr(err).splitlines() == [
-        "/p/train.py:13: UserWarning: the program's own warning about dlwatch: kept", "  warnings.warn(msg)",
-        "the program says dlwatch: kept too", "DataLoader worker (pid N) exited unexpectedly"]
+        "/p/train.py:13: UserWarning: the program's own warning about dlwatch: kept",
+        "  warnings.warn(msg)",
+        "the program says dlwatch: kept too",
+        "DataLoader worker (pid N) exited unexpectedly",
+    ]
 
 
 def test_every_field_is_compared():
     """Each divergence found so far is fixed (harness.KNOWN is empty): the comparison hides nothing,
     so dataset __len__ calls and worker tracebacks count as in any other field."""
-    trace = {"calls": {"Dataset.__len__": 3, "collate_fn": 2}, "escaped": None,
-             "notes": [["caught", {"message": 'x\n  File "/a/dlwatch/worker_hook.py", line 60, in __call__\n'}]]}
+    trace = {
+        "calls": {"Dataset.__len__": 3, "collate_fn": 2},
+        "escaped": None,
+        "notes": [["caught", {"message": 'x\n  File "/a/dlwatch/worker_hook.py", line 60, in __call__\n'}]],
+    }
     assert comparable(trace) == trace
     assert differences(comparable(trace), comparable({**trace, "calls": {"Dataset.__len__": 4, "collate_fn": 2}}))
