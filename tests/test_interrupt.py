@@ -28,8 +28,16 @@ SCRIPT = os.path.join(TARGETS, "interrupt.py")
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    # as a terminal starts a program: SIGINT at its default.  A shell's background job (a CI runner's
+    # `cmd &`) ignores SIGINT and its children inherit that, and Python then never raises on Ctrl-C.
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     out: list[str] = []
     try:
@@ -56,6 +64,10 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
             p.kill()
         proc.wait()
     return proc.returncode, "".join(out) + rest, err
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _blocked(pid: int) -> bool:
