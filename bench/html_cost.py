@@ -130,7 +130,7 @@ def full_run_dir(d: str, workers: int, cap: int, limit: int | None) -> tuple[str
 
 def summary_render(d: str, workers: int, limit: int | None) -> dict:
     """In a child of its own: write a summary, hand its timeline over open, time the render child."""
-    from dlwatch.monitor import TIMELINE_CAP_BYTES
+    from dlwatch.monitor.loop import TIMELINE_CAP_BYTES
     from dlwatch.report import html
 
     run_dir, n = full_run_dir(d, workers, TIMELINE_CAP_BYTES, limit)
@@ -226,7 +226,7 @@ def main() -> int:
     )
     # what the monitor pays to start the child: importing this module once, at the block's end
     code = (
-        "import gc, psutil, dlwatch.monitor, dlwatch.report.build, dlwatch.report.summary\n"
+        "import gc, psutil, dlwatch.monitor.loop, dlwatch.report.build, dlwatch.report.summary\n"
         "p = psutil.Process(); p.memory_full_info(); gc.collect(); a = p.memory_full_info().uss\n"
         "import dlwatch.report.html\ngc.collect(); print(p.memory_full_info().uss - a)"
     )

@@ -136,7 +136,7 @@ def dumps_and_attach(workers: int, reps: int) -> dict[str, Any]:
 
 def run(quick: bool) -> dict[str, Any]:
     cases = [(2.0, 1.0)] if quick else [(2.0, 1.0)] * 3 + [(4.0, 1.0)] * 2
-    from dlwatch.forensics import SECOND_READ_AFTER_S
+    from dlwatch.monitor.forensics import SECOND_READ_AFTER_S
 
     return {
         "observation_window_s": SECOND_READ_AFTER_S,  # part of every detection, by design

@@ -99,7 +99,7 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
 
     if code:  # another checkout's dlwatch (imported nowhere before this point)
         sys.path.insert(0, os.path.abspath(code))
-    from dlwatch import monitor
+    from dlwatch.monitor import loop as monitor
     from dlwatch.collect import procfs
     from dlwatch.collect.system import read_system
     from dlwatch.detect import thresholds
@@ -171,7 +171,7 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
         / n,
     }
     try:  # the one-walk record (absent from a tree before it)
-        from dlwatch.report import timeline_record
+        from dlwatch.monitor import timeline as timeline_record
 
         parts["timeline_record+encode (one walk, redacted)"] = (
             _cpu_us(
@@ -253,7 +253,7 @@ def _write_config(
         )
     # and the heartbeat file the training process keeps (a poll reads it first; a missing one costs
     # an exception instead of a read)
-    from dlwatch import heartbeat
+    from dlwatch.wire import heartbeat
 
     heartbeat.HeartbeatWriter(os.path.join(run_dir, "heartbeat")).close(heartbeat.STATE_OUTSIDE)
     if worker_pids:

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import dlwatch  # noqa: E402
 from bench._common import HERE, median  # noqa: E402
-from dlwatch import worker_hook  # noqa: E402
+from dlwatch.inproc import worker_hook  # noqa: E402
 
 
 class Plain(Dataset):

@@ -13,10 +13,10 @@ import os
 import tempfile
 import time
 
-from dlwatch.heartbeat import Heartbeat
+from dlwatch.wire.heartbeat import Heartbeat
 from dlwatch.model import ProcSample, SystemSample
-from dlwatch.report.rankfigures import RankFiguresSink
-from dlwatch.report.sinks import PollState, ProcState
+from dlwatch.monitor.rankfigures import RankFiguresSink
+from dlwatch.monitor.sinks import PollState, ProcState
 
 RANK = {"rank": 3, "local_rank": 3, "world_size": 8, "local_world_size": 8, "job_id": "bench"}
 
@@ -69,7 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         sinks = [RankFiguresSink(d, RANK, pid=1)]
         try:
-            from dlwatch.report.prom import PromSink
+            from dlwatch.monitor.prom import PromSink
 
             sinks.append(PromSink({"file": os.path.join(d, "dlwatch.prom"), "port": None}, RANK, pid=1))
         except ImportError:

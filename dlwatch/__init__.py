@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from dlwatch._version import __version__
+
 __all__ = ["watch", "Watch", "DlwatchWarning", "__version__"]
 
 if TYPE_CHECKING:
-    from dlwatch.agent import DlwatchWarning, Watch, watch
+    from dlwatch.inproc.agent import DlwatchWarning, Watch, watch
 
 
 def __getattr__(name: str) -> Any:
     # watch is imported lazily so that `import dlwatch` in the CLI and the monitor stays light
     if name in ("watch", "Watch", "DlwatchWarning"):  # filter it: warnings.filterwarnings("ignore", category=...)
-        from dlwatch import agent as _w
+        from dlwatch.inproc import agent as _w
 
         return getattr(_w, name)
     raise AttributeError(f"module 'dlwatch' has no attribute {name!r}")

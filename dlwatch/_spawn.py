@@ -1,6 +1,6 @@
 """Starting dlwatch's own Python processes isolated from the directory they start in.
 
-``python -m dlwatch.monitor`` would put the training program's working directory
+``python -m dlwatch.monitor.loop`` would put the training program's working directory
 first on ``sys.path`` (and ``PYTHONPATH`` entries after it): a ``select.py`` left
 there would run inside the monitor.  So every Python dlwatch starts runs with
 ``-I`` (no working directory or script directory on the path, no PYTHONPATH, no

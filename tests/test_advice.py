@@ -22,10 +22,10 @@ from dlwatch.detect.advice import (
     to_finding,
 )
 from dlwatch.detect.base import View
-from dlwatch.detect.runstats import RunStats, classify_interval, worker_totals
-from dlwatch.heartbeat import STATE_BODY, STATE_WAITING, Heartbeat
+from dlwatch.collect.runstats import RunStats, classify_interval, worker_totals
+from dlwatch.wire.heartbeat import STATE_BODY, STATE_WAITING, Heartbeat
 from dlwatch.model import GpuSample, ProcSample, SystemSample
-from dlwatch.playbooks import load_playbooks
+from dlwatch.wire.playbooks import load_playbooks
 
 MIB = 1 << 20
 PBS = {pb.id: pb for pb in load_playbooks()}

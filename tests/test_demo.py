@@ -38,7 +38,7 @@ def test_unknown_example_is_a_usage_error_naming_the_valid_ones(capsys):
 
 
 def test_every_playbook_has_an_example():
-    from dlwatch.playbooks import load_playbooks
+    from dlwatch.wire.playbooks import load_playbooks
 
     # advice playbooks have an example each, except the preflight-only checks (test_summary.py covers
     # them: a CUDA device, a low fd limit or a tiny /dev/shm are not for a demo on any machine)

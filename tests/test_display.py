@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from dlwatch.playbooks import load_playbooks
+from dlwatch.wire.playbooks import load_playbooks
 from dlwatch.report import build, display, render, store
 
 try:
@@ -277,7 +277,7 @@ def test_run_summary_evidence_is_for_people_too():
     documents do: tables for lists of records, units for sizes and shares, no repr."""
     import threading
 
-    from dlwatch import preflight
+    from dlwatch.inproc import preflight
     from dlwatch.report import summary as sm
 
     stop = threading.Event()

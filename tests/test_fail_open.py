@@ -128,7 +128,7 @@ def test_full_filesystem_heartbeat_is_an_error_not_sigbus(tmp_path):
     mnt.mkdir()
     probe = (
         "import errno,sys\n"
-        "from dlwatch.heartbeat import HeartbeatWriter\n"
+        "from dlwatch.wire.heartbeat import HeartbeatWriter\n"
         "try:\n"
         f"    hb = HeartbeatWriter({str(mnt / 'heartbeat')!r})\n"
         "except OSError as exc:\n"

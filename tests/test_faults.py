@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader
 
 import dlwatch
 from conftest import REPO, TARGETS, batches_of, in_private_mount_namespace, incidents, load, wait_for
-from dlwatch.agent import DlwatchWarning
+from dlwatch.inproc.agent import DlwatchWarning
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
-from dlwatch.monitor import Timeline
+from dlwatch.monitor.loop import Timeline
 
 sys.path.insert(0, TARGETS)
 from datasets import Squares  # noqa: E402

@@ -347,7 +347,7 @@ def test_prometheus_textfile_dir_of_another_user_is_refused_and_cannot_redirect_
     """Root's run writes its textfile into nobody's directory; nobody swaps it for a link to a root-only one."""
     pytest.importorskip("prometheus_client")
     from dlwatch._fs import UnsafeDirError
-    from dlwatch.report.prom import PromSink
+    from dlwatch.monitor.prom import PromSink
 
     _need_two_uids()
     shared = tempfile.mkdtemp(prefix="dlwatch-prom-", dir="/tmp")
@@ -397,7 +397,7 @@ def test_prometheus_textfile_dir_of_another_user_is_refused_and_cannot_redirect_
 def test_prometheus_textfile_dir_rules(tmp_path, owner, mode, ok):
     """Yours or root's, not writable by group or others unless sticky; a refusal is one warning, the run goes on."""
     pytest.importorskip("prometheus_client")
-    from dlwatch.report import sinks
+    from dlwatch.monitor import outputs
 
     if owner == "nobody":
         _need_two_uids()
@@ -407,7 +407,7 @@ def test_prometheus_textfile_dir_rules(tmp_path, owner, mode, ok):
         os.chown(textdir, NOBODY, NOBODY)
     os.chmod(textdir, mode)
     warnings = []
-    built = sinks.build(
+    built = outputs.build(
         {"pid": os.getpid(), "prometheus": {"file": str(textdir / "dlwatch.prom")}},
         str(tmp_path),
         {},
@@ -433,7 +433,7 @@ LOAD_CAPPED = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 from dlwatch.errors import PlaybookError
-from dlwatch.playbooks import load_playbooks
+from dlwatch.wire.playbooks import load_playbooks
 try:
     load_playbooks([sys.argv[1]])
 except PlaybookError as exc:
@@ -462,7 +462,7 @@ def test_a_huge_sparse_playbook_fails_at_once_with_one_line(tmp_path):
 
 def test_a_link_to_a_big_file_or_a_fifo_is_not_read_whole(tmp_path):
     from dlwatch.errors import PlaybookError
-    from dlwatch.playbooks import MAX_PLAYBOOK_BYTES, load_dir, load_file
+    from dlwatch.wire.playbooks import MAX_PLAYBOOK_BYTES, load_dir, load_file
 
     d = tmp_path / "pb"
     d.mkdir()
@@ -485,7 +485,7 @@ def test_a_link_to_a_big_file_or_a_fifo_is_not_read_whole(tmp_path):
 def test_too_many_playbook_files_fail_before_any_is_parsed(tmp_path, monkeypatch):
     from dlwatch.cli import main
     from dlwatch.errors import PlaybookError
-    from dlwatch.playbooks import MAX_PLAYBOOK_FILES, load_playbooks
+    from dlwatch.wire.playbooks import MAX_PLAYBOOK_FILES, load_playbooks
 
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()

@@ -15,7 +15,7 @@ from dlwatch.collect import procfs
 from dlwatch.detect.classify import ProcessObservation, alive_signs, classify_stall, io_wait, judge_process
 from dlwatch.detect.match import match
 from dlwatch.model import Frame, IoSample, ProcSample, SocketPeer, StackDump, ThreadIo, ThreadStack
-from dlwatch.playbooks import load_playbooks
+from dlwatch.wire.playbooks import load_playbooks
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"

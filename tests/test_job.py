@@ -18,7 +18,7 @@ from dlwatch._fs import replace_private
 from dlwatch.cli import main as cli_main
 from dlwatch.detect import straggler
 from dlwatch.detect.classify import classify_stall, collective_from_stack, waiting_in_from_stack
-from dlwatch.job import job_id, rank_info, safe_name
+from dlwatch.wire.job import job_id, rank_info, safe_name
 from dlwatch.model import Frame, ThreadStack
 from dlwatch.report import build, jobview, rankfigures, render, store
 
@@ -485,7 +485,7 @@ def test_job_view_shows_straggler_without_incident(tmp_path) -> None:
 
 
 def _make_sink(report_dir, rank, barrier):
-    from dlwatch.report.rankfigures import RankFiguresSink
+    from dlwatch.monitor.rankfigures import RankFiguresSink
 
     barrier.wait(30)
     RankFiguresSink(report_dir, {"job_id": "race", "rank": rank}, pid=os.getpid())
@@ -519,10 +519,10 @@ def test_ranks_creating_the_job_directory_at_once_all_get_their_figures(tmp_path
 
 def test_rank_figures_and_run_summary_share_one_steady_definition(tmp_path) -> None:
     """The job view's data_wait_share/batch_rate_per_s are the summary's steady figures (runstats.steady)."""
-    from dlwatch.detect.runstats import RunStats
-    from dlwatch.heartbeat import STATE_BODY, STATE_ENDED, Heartbeat
-    from dlwatch.report.rankfigures import RankFiguresSink
-    from dlwatch.report.sinks import PollState
+    from dlwatch.collect.runstats import RunStats
+    from dlwatch.wire.heartbeat import STATE_BODY, STATE_ENDED, Heartbeat
+    from dlwatch.monitor.rankfigures import RankFiguresSink
+    from dlwatch.monitor.sinks import PollState
 
     def hb(batches: int, epochs: int, wait: float, step: float, first: float, state: int = STATE_BODY) -> Heartbeat:
         return Heartbeat(

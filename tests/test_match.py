@@ -11,7 +11,7 @@ import pytest
 
 from dlwatch.detect.match import errnos_in, match
 from dlwatch.model import Finding
-from dlwatch.playbooks import ENV_VAR, load_playbooks
+from dlwatch.wire.playbooks import ENV_VAR, load_playbooks
 
 MiB = 1024 * 1024
 

@@ -91,7 +91,7 @@ import tempfile  # noqa: E402
 
 from hypothesis import HealthCheck  # noqa: E402
 
-from dlwatch import events as events_mod  # noqa: E402
+from dlwatch.wire import events as events_mod  # noqa: E402
 
 EVENT_NAMES = [
     "exception",
@@ -146,7 +146,7 @@ lines_st = st.one_of(
 
 
 def _monitor_on(tmp: str, **options):
-    from dlwatch.monitor import Monitor
+    from dlwatch.monitor.loop import Monitor
 
     run_dir = os.path.join(tmp, "run")
     os.makedirs(run_dir)
@@ -297,7 +297,7 @@ def test_real_monitor_survives_hostile_lines_and_still_reports(tmp_path, no_left
 )
 def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
     """The other channel the monitor reads every poll: any record with a valid frame is taken without raising."""
-    from dlwatch import heartbeat
+    from dlwatch.wire import heartbeat
 
     seq, batches, epoch_start, epochs, cseq = counters
     ts_last, wait_s, interval_s, ts_wait, ts_first, wait_base, closed_step, first_wait_s = times

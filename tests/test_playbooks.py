@@ -13,7 +13,7 @@ import pytest
 
 from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
-from dlwatch.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
+from dlwatch.wire.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
 FAILURE_IDS = {
     "fd-exhaustion",

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 import dlwatch  # noqa: E402
 from conftest import wait_for  # noqa: E402
 from dlwatch.model import ProcSample, SystemSample  # noqa: E402
-from dlwatch.report.prom import PromSink, prom_options, textfile_path  # noqa: E402
-from dlwatch.report.sinks import PollState, ProcState  # noqa: E402
+from dlwatch.monitor.prom import PromSink, prom_options, textfile_path  # noqa: E402
+from dlwatch.monitor.sinks import PollState, ProcState  # noqa: E402
 
 RANK = {
     "rank": 1,
@@ -37,7 +37,7 @@ def find(all_samples: list, name: str, **labels: str) -> list:
 
 
 def _state(batches: int = 7) -> PollState:
-    from dlwatch.heartbeat import Heartbeat
+    from dlwatch.wire.heartbeat import Heartbeat
 
     hb = Heartbeat(
         batches=batches,

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
 from conftest import REPO, TARGETS, in_private_mount_namespace, kill_session, run_bounded
-from dlwatch import config
+from dlwatch.wire import config
 from dlwatch.cli import main
 from dlwatch.report import store
 from dlwatch.report import summary as sm
@@ -535,8 +535,8 @@ NOBODY = 65534
 def write_job(report_dir, job_id: str, *, rank: int = 0, pid: int = PID, age_s: float | None = None) -> str:
     """A job's rank figures file as the monitor's real sink writes it; its directory's path.
     ``age_s``: as if the job's last write was that long ago."""
-    from dlwatch.report.rankfigures import RankFiguresSink
-    from dlwatch.report.sinks import PollState
+    from dlwatch.monitor.rankfigures import RankFiguresSink
+    from dlwatch.monitor.sinks import PollState
 
     store.prepare_report_dir(str(report_dir))
     sink = RankFiguresSink(str(report_dir), {"job_id": job_id, "rank": rank, "world_size": 2}, pid=pid)

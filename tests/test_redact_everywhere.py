@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import kill_tree
-from dlwatch import events
+from dlwatch.wire import events
 from dlwatch.cli import attach_cmd
-from dlwatch.monitor import Timeline
+from dlwatch.monitor.loop import Timeline
 from dlwatch._fs import write_json
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
@@ -338,7 +338,7 @@ def warned(text: str) -> str:
     printed by Python's own warning machinery (the way a training program shows them)."""
     import warnings
 
-    from dlwatch import agent, runhook
+    from dlwatch.inproc import agent, runhook
 
     class _Watch:  # the one attribute-holding part of Watch._send_preflight: its bookkeeping
         _ignored: set = set()
@@ -432,7 +432,7 @@ def test_warnings_still_point_at_the_callers_line():
     """Routing warnings through redact.warn keeps their stacklevel: the line shown is the caller's, not dlwatch's."""
     import warnings
 
-    from dlwatch import agent
+    from dlwatch.inproc import agent
 
     def caller():
         agent._warn(f"could not read {THREAD_TOKEN}")  # <- the line: the first frame outside dlwatch

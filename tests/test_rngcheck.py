@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from dlwatch.rngcheck import duplicates, fingerprint, state_hash
+from dlwatch.inproc.rngcheck import duplicates, fingerprint, state_hash
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -203,7 +203,7 @@ def test_never_raises_and_is_bounded() -> None:
 
 def test_no_numpy_or_torch_import() -> None:
     code = (
-        "import sys, dlwatch.rngcheck as r; p = r.fingerprint(object()); "
+        "import sys, dlwatch.inproc.rngcheck as r; p = r.fingerprint(object()); "
         "assert 'numpy' not in sys.modules and 'torch' not in sys.modules; "
         "assert set(p) == {'global:random'}, p"
     )
@@ -225,7 +225,7 @@ import dlwatch
 from conftest import incidents, load
 from dlwatch.detect.match import match
 from dlwatch.detect.rng import fingerprints_of, judge
-from dlwatch.playbooks import load_playbooks
+from dlwatch.wire.playbooks import load_playbooks
 
 N = 16
 
@@ -469,7 +469,7 @@ class FailingCollate:
 
 
 def test_collate_hook_returns_the_same_object_and_raises_the_same_error() -> None:
-    from dlwatch.worker_hook import CollateHook
+    from dlwatch.inproc.worker_hook import CollateHook
 
     out = object()
     assert CollateHook(lambda batch: out, "/nonexistent/events")([1, 2]) is out
@@ -547,7 +547,7 @@ def fp(
 
 
 def test_drawn_tells_advanced_rebound_and_unknown_apart() -> None:
-    from dlwatch.rngcheck import Snapshot, drawn
+    from dlwatch.inproc.rngcheck import Snapshot, drawn
 
     kept, old, new = object(), object(), object()
     start = Snapshot(
@@ -577,7 +577,7 @@ def test_drawn_tells_advanced_rebound_and_unknown_apart() -> None:
 
 
 def test_snapshot_keeps_objects_and_knows_when_it_was_cut_short() -> None:
-    from dlwatch.rngcheck import MAX_NODES, snapshot
+    from dlwatch.inproc.rngcheck import MAX_NODES, snapshot
 
     class DS:
         def __init__(self) -> None:

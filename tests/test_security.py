@@ -510,6 +510,7 @@ import pytest  # noqa: E402
 
 from dlwatch import _fs  # noqa: E402
 from dlwatch.report import build, store  # noqa: E402
+from dlwatch.wire import reportdir  # noqa: E402
 
 NOBODY = 65534
 
@@ -578,7 +579,7 @@ def _report(trigger: str = "exception") -> dict:
 def private_fallback(shared, monkeypatch):
     """This process's tempfile dir is the sandbox's shared tmp; no fallback made yet."""
     monkeypatch.setattr(tempfile, "tempdir", os.path.join(shared, "tmp"))
-    monkeypatch.setattr(store, "_fallback", None)
+    monkeypatch.setattr(reportdir, "_fallback", None)
     return os.path.join(shared, "tmp")
 
 

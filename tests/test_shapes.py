@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlwatch.shapes import CONFIRM_BATCHES, BatchShapeProbe, IgnoreKeys, batch_nbytes, leaves, marks_time_major
+from dlwatch.inproc.shapes import CONFIRM_BATCHES, BatchShapeProbe, IgnoreKeys, batch_nbytes, leaves, marks_time_major
 
 
 def stacked(n: int, c: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,7 +438,7 @@ def test_batch_nbytes() -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = "import sys, dlwatch.shapes; assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
+    code = "import sys, dlwatch.inproc.shapes; assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -470,7 +470,7 @@ def test_real_dataloader_cat_vs_stack() -> None:
     "check_first,every,n,drop_last", [(8, 64, 1000, False), (0, 1, 10, True), (3, 5, 37, False), (2, 7, None, False)]
 )
 def test_next_check_agrees_with_should_check(check_first, every, n, drop_last):
-    from dlwatch.shapes import BatchShapeProbe
+    from dlwatch.inproc.shapes import BatchShapeProbe
 
     probe = BatchShapeProbe(4, drop_last, n, check_first=check_first, sample_every=every)
     want = [i for i in range(300) if probe.should_check(i)]

@@ -11,7 +11,7 @@ from dlwatch.detect.stall import (
     StallDetector,
     stall_site,
 )
-from dlwatch.heartbeat import STATE_BODY, STATE_OUTSIDE, STATE_WAITING, Heartbeat
+from dlwatch.wire.heartbeat import STATE_BODY, STATE_OUTSIDE, STATE_WAITING, Heartbeat
 
 
 def hb(batches, state, ts_last, ts_wait, epoch_batches=None, interval=0.0, epochs=1):

@@ -20,8 +20,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
 from conftest import TARGETS, batches_of, incidents
-from dlwatch import heartbeat, preflight
-from dlwatch.agent import DlwatchWarning
+from dlwatch.wire import heartbeat
+from dlwatch.inproc import preflight
+from dlwatch.inproc.agent import DlwatchWarning
 from dlwatch.cli import main
 from dlwatch.report import store
 
@@ -114,7 +115,7 @@ def test_fork_with_threads_leaves_dlwatchs_own_threads_out(tmp_path, no_leftover
     """An exception incident written in the training process starts report.html's render child and
     a thread that reaps it: a loader forked right after must not hear about that thread, while a
     thread of the program's, alive at the same moment, is still named."""
-    from dlwatch.preflight import _other_threads
+    from dlwatch.inproc.preflight import _other_threads
     from dlwatch.report import html
 
     dl = DataLoader(FailsAt(5), batch_size=4, num_workers=1)
@@ -331,7 +332,7 @@ def test_fd_limit_low_for_real_under_a_low_limit(tmp_path, target):
 
 def test_a_detectors_advice_reaches_the_summary_and_is_noted_once(tmp_path):
     """main's worker-memory-growth hands back {"event": "advice"} for a slow trend: kept, noted once."""
-    from dlwatch.monitor import Monitor
+    from dlwatch.monitor.loop import Monitor
 
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)

@@ -23,10 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlwatch._fs import json_line
-from dlwatch.heartbeat import Heartbeat
+from dlwatch.wire.heartbeat import Heartbeat
 from dlwatch.model import FdSummary, GpuSample, ProcSample, SystemSample
 from dlwatch.redact import outbound
-from dlwatch.report import build, timeline_record
+from dlwatch.report import build
+from dlwatch.monitor import timeline as timeline_record
 
 SECRET_DIR_NAME = "ghp_" + "abcdefghijklmnopqrstuvwxyz0123456789"  # a GitHub token's shape
 SECRET_NAME = "hunter2"  # the job names itself "pw=hunter2"
@@ -58,7 +59,7 @@ def general_line(
 
 def _compare(run_dir: str, polls: int) -> None:
     """In a fresh process: a Monitor over the job named in RUN_DIR/config.json, both paths on every poll."""
-    from dlwatch import monitor
+    from dlwatch.monitor import loop as monitor
 
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     real = timeline_record.sample_record

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 import dlwatch
 from conftest import incidents, load, wait_for
-from dlwatch import config
-from dlwatch.agent import DlwatchWarning
+from dlwatch.wire import config
+from dlwatch.inproc.agent import DlwatchWarning
 
 pytestmark = pytest.mark.slow
 
@@ -178,7 +178,7 @@ def test_batch_check_confirmation_is_a_playbook_threshold(tmp_path, no_leftovers
 
     import torch
 
-    from dlwatch.playbooks import builtin_dir
+    from dlwatch.wire.playbooks import builtin_dir
 
     mine = tmp_path / "playbooks"
     mine.mkdir()

@@ -73,7 +73,7 @@ confidence = 0.5
 @pytest.mark.parametrize("pattern", [r"(a)\\1", "(?=lookahead)x", "(?<!x)y"])
 def test_pattern_re2_cannot_take_is_a_clear_error_at_load(tmp_path, pattern):
     from dlwatch.errors import PlaybookError
-    from dlwatch.playbooks import load_dir
+    from dlwatch.wire.playbooks import load_dir
 
     from pathlib import Path
 
@@ -88,7 +88,7 @@ def test_pattern_re2_cannot_take_is_a_clear_error_at_load(tmp_path, pattern):
 
 
 def test_shipped_playbooks_compile_under_re2():
-    from dlwatch.playbooks import load_playbooks
+    from dlwatch.wire.playbooks import load_playbooks
 
     pbs = load_playbooks(())
     assert {"fd-exhaustion", "shm-exhaustion", "worker-deadlock", "batch-dim-mismatch", "rng-duplication"} <= {
@@ -107,7 +107,7 @@ def test_exponential_pattern_on_long_exception_text_returns(tmp_path):
     from pathlib import Path
 
     from dlwatch.detect.match import match
-    from dlwatch.playbooks import load_dir
+    from dlwatch.wire.playbooks import load_dir
 
     (tmp_path / "n.toml").write_text(EXPONENTIAL)
     pbs = load_dir(Path(tmp_path))

@@ -45,7 +45,7 @@ def test_loader_form_is_instrumented_and_restored(tmp_path, no_leftovers):
         assert isinstance(dl, DataLoader)
         watched = batches_of(dl)
         run_dir = w.run_dir
-        from dlwatch import heartbeat
+        from dlwatch.wire import heartbeat
 
         hb = heartbeat.read(os.path.join(run_dir, "heartbeat"))
         assert hb.batches == 10 and hb.epochs == 1
@@ -262,7 +262,7 @@ def test_import_and_cli_work_without_torch(tmp_path):
     (blocker / "__init__.py").write_text("raise ImportError('torch is not installed here')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
     code = (
-        "import sys, dlwatch, dlwatch.cli, dlwatch.monitor, dlwatch.agent; "
+        "import sys, dlwatch, dlwatch.cli, dlwatch.monitor.loop, dlwatch.inproc.agent; "
         "assert 'torch' not in sys.modules or sys.modules['torch'] is None; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 from dlwatch.collect import faultdump, procfs
-from dlwatch.detect import growth
+from dlwatch.collect import growth
 from dlwatch.detect.base import View
 from dlwatch.detect.memory_growth import WorkerMemoryGrowth
 from dlwatch.detect.pinned_memory import PinnedMemoryGrowth
@@ -327,7 +327,7 @@ def _worker(pid, status=None, crash=None, frames=None):
 
 def test_match_killed_by_signal_text_and_dead_worker_stall():
     from dlwatch.detect.match import match
-    from dlwatch.playbooks import load_playbooks
+    from dlwatch.wire.playbooks import load_playbooks
 
     pbs = load_playbooks()
     exc = {
@@ -362,7 +362,7 @@ def test_match_killed_by_signal_text_and_dead_worker_stall():
 
 def test_match_bus_error_stays_shm_and_healthy_report_matches_nothing_new():
     from dlwatch.detect.match import match
-    from dlwatch.playbooks import load_playbooks
+    from dlwatch.wire.playbooks import load_playbooks
 
     pbs = load_playbooks()
     exc = {
@@ -431,7 +431,7 @@ def test_cuda_pinned_memory_growth(tmp_path):
     import time
 
     from conftest import incidents, load
-    from dlwatch.playbooks import builtin_dir
+    from dlwatch.wire.playbooks import builtin_dir
     from torch.utils.data import DataLoader
 
     import dlwatch

@@ -15,7 +15,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from dlwatch import __version__
+from dlwatch._version import __version__
 from dlwatch.errors import DlwatchError
 
 COMMANDS = ("run", "top", "report", "attach", "playbooks", "demo")

@@ -22,12 +22,13 @@ import sys
 import time
 from typing import Any
 
-from dlwatch import events as events_mod
-from dlwatch import forensics, heartbeat
+from dlwatch.wire import events as events_mod
+from dlwatch.monitor import forensics
+from dlwatch.wire import heartbeat
 from dlwatch.collect import bounds, procfs, rundir
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import read_system
-from dlwatch.config import DEFAULT_REPORT_DIR
+from dlwatch.wire.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import PTRACE_HELP, NotFoundError, PermissionDeniedError, TargetError, UsageError
 from dlwatch.model import TrackedProcess
 from dlwatch.redact import outbound

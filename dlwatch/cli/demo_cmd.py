@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence, TextIO
 
-from dlwatch.config import DEFAULT_REPORT_DIR
+from dlwatch.wire.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import DlwatchError, NotFoundError, UsageError
 from dlwatch.redact import outbound
 from dlwatch.report import render, store

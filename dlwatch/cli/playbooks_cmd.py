@@ -16,7 +16,7 @@ import sys
 from typing import Any, Iterator, Sequence
 
 from dlwatch.errors import NotFoundError
-from dlwatch.playbooks import Playbook, Signal, load_playbooks
+from dlwatch.wire.playbooks import Playbook, Signal, load_playbooks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

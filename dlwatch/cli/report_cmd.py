@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 
-from dlwatch.config import DEFAULT_REPORT_DIR
+from dlwatch.wire.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import ReportError, UsageError
 from dlwatch.redact import outbound
 from dlwatch.report import render, store, summary

@@ -22,11 +22,11 @@ import argparse
 import os
 import sys
 
-from dlwatch import config
+from dlwatch.wire import config
 from dlwatch.errors import NotFoundError, UsageError
 
-PACKAGE_ENV = "DLWATCH_RUN_PACKAGE"  # read by the bootstrap (dlwatch/_boot/sitecustomize.py)
-BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_boot")
+PACKAGE_ENV = "DLWATCH_RUN_PACKAGE"  # read by the bootstrap (dlwatch/inproc/_boot/sitecustomize.py)
+BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inproc", "_boot")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +106,7 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
                 msg = msg.replace(f"(environment variable {config.ENV[name]})", f"(--{name.replace('_', '-')})")
         raise UsageError(msg) from None
     if resolved.ignored_playbooks:
-        from dlwatch.playbooks import load_playbooks
+        from dlwatch.wire.playbooks import load_playbooks
 
         known = {pb.id for pb in load_playbooks(resolved.playbooks)}
         unknown = sorted(set(resolved.ignored_playbooks) - known)
@@ -117,8 +117,8 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != BOOT_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *path])
     # the bootstrap acts only where `import dlwatch` finds this package (another Python is left alone)
-    env[PACKAGE_ENV] = os.path.dirname(BOOT_DIR)
-    from dlwatch.runhook import PROGRAM_RUN_ENV
+    env[PACKAGE_ENV] = os.path.dirname(os.path.dirname(BOOT_DIR))  # the dlwatch package directory
+    from dlwatch.inproc.runhook import PROGRAM_RUN_ENV
 
     from dlwatch.report.store import new_run_id
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, TextIO
 
 from dlwatch.collect import procfs
 from dlwatch.collect.syscalls import category as syscall_category
-from dlwatch.config import DEFAULT_REPORT_DIR
+from dlwatch.wire.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import UsageError
 from dlwatch.report import display
 from dlwatch.report.render import terminal_safe

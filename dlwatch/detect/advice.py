@@ -3,14 +3,14 @@
 Each advisor is a :class:`~dlwatch.detect.base.Detector` configured by its playbook's
 ``[thresholds]`` (``playbooks/<id>.toml``, ``kind = "advice"``).  It judges the run's
 figures when the block ends (``on_finish``: the summary's ``loop``, ``workers``,
-``peaks``, ``cpus``, ``loader``, see :mod:`dlwatch.detect.runstats`) and hands back
+``peaks``, ``cpus``, ``loader``, see :mod:`dlwatch.collect.runstats`) and hands back
 advice signals ``{"event": "advice", "playbook": ID, "confidence": C, ...evidence}``.
 The monitor keeps every signal whose ``event`` is ``advice`` (from any detector, at
 any time: ``on_event``, ``on_poll`` or ``on_finish``) for the run summary and makes no
 incident of it; :func:`to_finding` turns one into a finding with the playbook's title
 and remediation (``cause`` picks a remediation variant).  ``pin-memory-without-cuda`` is
 a fact of the training process (no CUDA device), not a figure: the agent sends it as
-an advice event with its preflight finding (see :mod:`dlwatch.preflight`).
+an advice event with its preflight finding (see :mod:`dlwatch.inproc.preflight`).
 
 A balanced run earns nothing: every advisor needs a steady part long enough to judge
 (a 3-batch smoke test is all cold start) and a figure well past its threshold.
@@ -22,7 +22,7 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from dlwatch.detect.base import Detector, View
-from dlwatch.detect.runstats import worker_totals
+from dlwatch.collect.runstats import worker_totals
 
 __all__ = ["ADVISORS", "advice_signal", "to_finding"]
 

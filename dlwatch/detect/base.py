@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
-from dlwatch.heartbeat import Heartbeat
+from dlwatch.wire.heartbeat import Heartbeat
 from dlwatch.model import ProcSample, SystemSample
 
 __all__ = ["Detector", "NOTE_EVENTS", "TrackedView", "View"]

@@ -1,6 +1,6 @@
 """Detector for ``batch-dim-mismatch``: the training process's shape probe already judged.
 
-The probe (:class:`dlwatch.shapes.BatchShapeProbe`) runs in the training process, on
+The probe (:class:`dlwatch.inproc.shapes.BatchShapeProbe`) runs in the training process, on
 sampled batches, because only it sees the batches; it sends a ``batch_shape`` event
 with the evidence of the first wrong batch, which this detector hands on as a signal.
 """

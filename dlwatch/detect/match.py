@@ -3,14 +3,14 @@
 Pure: it reads the report (docs/report-schema.md: ``exception``,
 ``classification``, ``processes``, ``system``, ``loader``, ``events``,
 ``timeline``) and never the system.  Each playbook signal is a conjunction of
-conditions (see :class:`dlwatch.playbooks.Signal`); a playbook matches when any
+conditions (see :class:`dlwatch.wire.playbooks.Signal`); a playbook matches when any
 of its signals does, with the best signal's confidence (plus a little for each
 further signal that agrees).  The evidence of a finding is what matched plus
 what was measured for that failure; a playbook with nothing that matched makes
 no finding, so a healthy report makes none at all.
 
 Detector events it reads (emitted by the monitor, see dlwatch.detect.thresholds,
-dlwatch.shapes and dlwatch.rngcheck), matched by their ``signal`` key (or by
+dlwatch.inproc.shapes and dlwatch.inproc.rngcheck), matched by their ``signal`` key (or by
 ``event`` for the same name):
 ``{"event": "threshold", "signal": "fd_pressure" | "shm_pressure" | "batch_shape" | "rng_duplicate"
 | "rng_epoch_repeat", ...}`` and the raw ``{"event": "rng_fingerprint", "worker_id", "pid", "epoch",
@@ -26,7 +26,7 @@ from dlwatch.detect import thresholds as th
 from dlwatch.detect import rng as rng_detect
 from dlwatch._log import get_logger
 from dlwatch.model import Finding, ProcSample
-from dlwatch.playbooks import Hint, Playbook, Signal
+from dlwatch.wire.playbooks import Hint, Playbook, Signal
 
 __all__ = ["match", "errnos_in"]
 

@@ -1,7 +1,7 @@
 """Detector for ``worker-memory-growth``: DataLoader workers whose private memory grows with every sample.
 
 Each worker's USS (private pages; the monitor reads it every 10 s, and every 2 s for
-a process faulting in pages) is judged by :func:`dlwatch.detect.growth.steady_growth`.
+a process faulting in pages) is judged by :func:`dlwatch.collect.growth.steady_growth`.
 The copy-on-read signature is USS rising while RSS stays flat (shared pages of the
 parent's dataset turning private as the worker touches them), in every worker alike.
 The time to the memory limit (the cgroup's limit less its usage, or MemAvailable,
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from dlwatch.detect.base import Detector, View
-from dlwatch.detect.growth import slope, steady_growth, time_to_limit
+from dlwatch.collect.growth import slope, steady_growth, time_to_limit
 from dlwatch.model import SystemSample
 
 MAX_SHOWN = 8

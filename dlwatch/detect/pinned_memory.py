@@ -5,7 +5,7 @@ memory: the host's ``Mlocked`` (/proc/meminfo, every poll) and each process's
 ``VmLck`` (with its soft RLIMIT_MEMLOCK, at the USS cadence).  A finding needs a
 watched process that holds locked memory (another user's mlock on a shared host is
 not this job's), and either Mlocked growing steadily (see
-:func:`dlwatch.detect.growth.steady_growth`) or a process's VmLck rising to
+:func:`dlwatch.collect.growth.steady_growth`) or a process's VmLck rising to
 ``limit_share`` of its RLIMIT_MEMLOCK.  A near limit (RLIMIT_MEMLOCK, the cgroup's, MemAvailable)
 within ``horizon_s`` (locked pages count toward the cgroup's memory too) is a ``threshold`` incident; a far one is advice for the run
 summary.  Flat locked memory, however large, stays quiet.
@@ -17,7 +17,7 @@ import collections
 from typing import Any, Iterable
 
 from dlwatch.detect.base import Detector, View
-from dlwatch.detect.growth import steady_growth, time_to_limit
+from dlwatch.collect.growth import steady_growth, time_to_limit
 
 
 class PinnedMemoryGrowth(Detector):

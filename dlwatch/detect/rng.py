@@ -1,7 +1,7 @@
 """Detector for ``rng-duplication``: a random stream the workers draw from that does not differ.
 
-Each worker sends two ``rng_fingerprint`` events (see :mod:`dlwatch.worker_hook` and
-:mod:`dlwatch.rngcheck`): ``stage="start"`` after the user's ``worker_init_fn``, and
+Each worker sends two ``rng_fingerprint`` events (see :mod:`dlwatch.inproc.worker_hook` and
+:mod:`dlwatch.inproc.rngcheck`): ``stage="start"`` after the user's ``worker_init_fn``, and
 ``stage="after_first_batch"``, listing in ``drawn`` the paths whose state moved since and
 in ``rebound`` those of them bound to a new generator (re-created, or created in the worker).
 Events carry the worker's ``pid``, ``worker_id`` and the watch's ``epoch`` in which the

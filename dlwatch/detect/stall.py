@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from dlwatch.heartbeat import STATE_BODY, STATE_WAITING, Heartbeat
+from dlwatch.wire.heartbeat import STATE_BODY, STATE_WAITING, Heartbeat
 
 ADAPTIVE_FLOOR_S = 60.0
 ADAPTIVE_MULTIPLE = 10.0

@@ -50,7 +50,7 @@ def thresholds(playbooks: Iterable[Any] | None = None) -> dict[str, float]:
     t = dict(DEFAULTS)
     try:
         if playbooks is None:
-            from dlwatch.playbooks import load_playbooks
+            from dlwatch.wire.playbooks import load_playbooks
 
             playbooks = load_playbooks()
         for pb in playbooks:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from dlwatch.detect.growth import slope
+from dlwatch.collect.growth import slope
 from dlwatch.model import FdSummary, ProcSample, SystemSample
 
 __all__ = [

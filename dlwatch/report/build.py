@@ -60,7 +60,7 @@ def add_findings(
     """
     try:
         from dlwatch.detect.match import match
-        from dlwatch.playbooks import load_playbooks
+        from dlwatch.wire.playbooks import load_playbooks
 
         if playbooks is None:
             playbooks = load_playbooks(tuple(playbook_dirs))
@@ -129,7 +129,7 @@ def write_run_summary(
         return None
     base = os.path.dirname(os.path.dirname(path))
     store.prune_runs(base, keep_runs, spare=os.path.basename(path))
-    from dlwatch.job import safe_name
+    from dlwatch.wire.job import safe_name
 
     rank = summary.get("rank") if isinstance(summary.get("rank"), dict) else {}
     job = safe_name(str(rank["job_id"])) if rank.get("job_id") else None
@@ -158,8 +158,11 @@ def read_timeline(run_dir: str, limit: int = TIMELINE_WINDOW) -> list[dict[str, 
     return out[-limit:]
 
 
-def exception_report_from_run(run_dir: str, report_dir: str, exception: Mapping[str, Any]) -> str:
-    """The training process writes an exception incident itself when the monitor is gone."""
+def exception_report_from_run(
+    run_dir: str, report_dir: str, exception: Mapping[str, Any], *, pid: int | None = None
+) -> str:
+    """The exception incident of a block whose monitor is gone (``pid``: the training process;
+    see :mod:`dlwatch.monitor.finish`)."""
     cfg: dict[str, Any] = {}
     try:
         with open(os.path.join(run_dir, "config.json"), "rb") as f:
@@ -167,7 +170,7 @@ def exception_report_from_run(run_dir: str, report_dir: str, exception: Mapping[
     except (OSError, ValueError):
         pass
     now = time.time()
-    report = store.skeleton(trigger="exception", pid=os.getpid(), now=now)
+    report = store.skeleton(trigger="exception", pid=os.getpid() if pid is None else pid, now=now)
     report["loader"] = cfg.get("loader")
     report["config"] = cfg.get("options") or {}
     report["exception"] = dict(exception)

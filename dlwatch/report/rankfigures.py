@@ -1,7 +1,7 @@
 """Each rank's loader figures, for the job view: ``<report_dir>/.jobs/<job id>/<rank>-<host>-<pid>.json``.
 
 A healthy rank writes no incident, yet the job view needs its figures to find a
-straggler; so every rank of a job (a run with a job id, see :mod:`dlwatch.job`)
+straggler; so every rank of a job (a run with a job id, see :mod:`dlwatch.wire.job`)
 keeps one small file up to date: every ``WRITE_EVERY_S`` and when the run ends.
 It is replaced atomically (a private temporary file renamed over it: a reader
 never sees half a file, and a link planted at the name is replaced, not followed).
@@ -40,21 +40,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
-from typing import Any, Mapping
+from typing import Any
 
-from dlwatch import heartbeat as hbmod
-from dlwatch._fs import make_private_dir, replace_private
-from dlwatch.collect.syscalls import category as syscall_category
-from dlwatch.detect import runstats
+from dlwatch.wire import heartbeat as hbmod
+from dlwatch.collect import runstats
 from dlwatch.errors import ReportError
-from dlwatch.job import safe_name
-from dlwatch.redact import outbound
-from dlwatch.report.sinks import PollState, Sink
 from dlwatch.report.store import JOBS_DIR  # pruned there, by keep_runs (store.prune_jobs)
 
-__all__ = ["JOBS_DIR", "RankFiguresSink", "figures", "read_job_figures"]
+__all__ = ["JOBS_DIR", "figures", "read_job_figures"]
 
 WRITE_EVERY_S = 5.0
 MAX_FILE_BYTES = 64 << 10
@@ -90,83 +84,6 @@ def figures(hb: hbmod.Heartbeat | None, *, steady: bool = False) -> dict[str, An
         "data_wait_share": round(wait_s / loop_s, 4) if loop_s > 0 and batches else None,
         "batch_rate_per_s": round(batches / loop_s, 4) if loop_s > 0 and batches else None,
     }
-
-
-class RankFiguresSink(Sink):
-    name = "rank_figures"
-
-    def __init__(self, report_dir: str, rank: Mapping[str, Any], *, pid: int) -> None:
-        self.rank = dict(rank)
-        job_dir = os.path.join(report_dir, JOBS_DIR, safe_name(str(rank["job_id"])))
-        make_private_dir(job_dir)  # another rank may make a level first: it must pass the same checks
-        host = safe_name(socket.gethostname())[:64]
-        who = f"rank{rank['rank']}" if isinstance(rank.get("rank"), int) else "rank-unknown"
-        self.path = os.path.join(job_dir, f"{who}-{host}-{pid}.json")
-        self.host = socket.gethostname()
-        self.pid = pid
-        self.first_batch_s: float | None = None
-        self.first_batch_exact = False
-        self.past_first_batch = False
-        self.worker_reads = 0
-        self.worker_idle = 0
-        self.last_write = 0.0
-
-    def _track_first(self, hb: hbmod.Heartbeat | None) -> None:
-        if hb is None or self.first_batch_s is not None or hb.batches < 1:
-            return
-        self.first_batch_s = round(hb.total_wait_s, 6)  # batches == 1: exactly the first wait
-        self.first_batch_exact = hb.batches == 1
-        self.past_first_batch = True
-
-    def record(self, state: PollState, *, ended: bool) -> dict[str, Any]:
-        return {
-            "kind": "dlwatch-rank-figures",
-            "version": 1,
-            "job_id": self.rank.get("job_id"),
-            "rank": self.rank.get("rank"),
-            "local_rank": self.rank.get("local_rank"),
-            "world_size": self.rank.get("world_size"),
-            "host": self.host,
-            "pid": self.pid,
-            "started_at": state.started_at,
-            "updated_at": round(state.now, 3),
-            "ended": ended,
-            **figures(state.heartbeat, steady=True),
-            "first_batch_s": self.first_batch_s,
-            "first_batch_exact": self.first_batch_exact,
-            "worker_idle_share": round(self.worker_idle / self.worker_reads, 4) if self.worker_reads else None,
-            "worker_reads": self.worker_reads,
-            "stalls": state.stalls,
-            "incidents": state.incidents,
-            "stalled": state.stalled,
-        }
-
-    def _write(self, state: PollState, *, ended: bool) -> None:
-        data = json.dumps(outbound(self.record(state, ended=ended)), indent=1).encode("utf-8", "surrogateescape")
-        replace_private(self.path, data, fsync=False)
-        self.last_write = state.monotonic
-
-    def _track_workers(self, state: PollState) -> None:
-        hb = state.heartbeat
-        if hb is None or not self.past_first_batch or hb.state not in (hbmod.STATE_WAITING, hbmod.STATE_BODY):
-            return  # before the first batch (workers start) or outside the loop (between epochs)
-        for p in state.procs:
-            if p.role != "worker" or p.sample.gone:
-                continue
-            self.worker_reads += 1
-            if p.sample.state == "S" and syscall_category(p.sample.syscall) == "poll":
-                self.worker_idle += 1
-
-    def on_poll(self, state: PollState) -> None:
-        self._track_first(state.heartbeat)
-        self._track_workers(state)
-        if state.monotonic - self.last_write >= WRITE_EVERY_S or not self.last_write:
-            self._write(state, ended=False)
-
-    def close(self, state: PollState | None, *, clean: bool) -> None:
-        if state is not None:
-            self._track_first(state.heartbeat)
-            self._write(state, ended=True)
 
 
 _NUM = (int, float)

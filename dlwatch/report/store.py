@@ -14,7 +14,6 @@ link, never an incident).
 
 from __future__ import annotations
 
-import calendar
 import datetime as _dt
 import errno
 import json
@@ -24,34 +23,38 @@ import secrets
 import shutil
 import socket
 import stat
-import tempfile
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from dlwatch import __version__
+from dlwatch._version import __version__
 from dlwatch._fs import (
     UnsafeDirError,
-    check_links,
     check_report_dir,
     make_private_child,
-    make_private_dir,
     publish_private_dir,
-    sticky_parent,
-    verify_created,
     write_json,
     write_jsonl,
     write_private,
 )
 from dlwatch.errors import NotFoundError, ReportError
 from dlwatch.redact import outbound
+from dlwatch.wire.reportdir import (  # noqa: F401  (part of the store's interface)
+    RUN_ID,
+    RUNS_DIR,
+    fallback_dir,
+    new_run_id,
+    prepare_report_dir,
+    run_id_time,
+)
 
 SCHEMA_VERSION = 1
 TRIGGERS = ("exception", "stall", "threshold", "exit", "attach")
-RUNS_DIR = ".runs"
 SUMMARIES_DIR = "runs"  # <report_dir>/runs/<run-id>/summary.json: run summaries, never listed as incidents
 TMP_PREFIX = ".tmp-"
 REQUIRED_KEYS = ("schema_version", "id", "created_at", "trigger", "pid")
+SUMMARY_SCHEMA_VERSION = 1  # run summaries (dlwatch.report.summary builds them)
+SUMMARY_KIND = "run_summary"
+SUMMARY_REQUIRED_KEYS = ("schema_version", "kind", "id", "created_at", "pid")
 
 
 def new_incident_id(trigger: str, pid: int, now: float | None = None, rank: int | None = None) -> str:
@@ -64,8 +67,8 @@ def new_incident_id(trigger: str, pid: int, now: float | None = None, rank: int 
 
 
 def rank_info(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The report's ``rank`` object (see :mod:`dlwatch.job`)."""
-    from dlwatch.job import rank_info as _rank_info
+    """The report's ``rank`` object (see :mod:`dlwatch.wire.job`)."""
+    from dlwatch.wire.job import rank_info as _rank_info
 
     return _rank_info(environ)
 
@@ -98,36 +101,6 @@ def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
         "notes": [],
         "config": {},
     }
-
-
-_private_children: dict[tuple[int, str], str] = {}  # (pid, sticky dir) -> our private child in it
-_fallback: tuple[int, str] | None = None  # (pid, directory): one per process
-
-
-def prepare_report_dir(report_dir: str) -> str:
-    """The directory incidents for ``report_dir`` really go to; raises OSError (UnsafeDirError) if none.
-
-    An existing directory must be ours and not writable by group or others; a
-    missing one is created 0700, level by level.  A sticky world-writable
-    directory (``/tmp``) is never written into directly: dlwatch makes a private
-    ``mkdtemp`` child there once per process and uses that.
-    """
-    if os.path.isdir(report_dir) and sticky_parent(report_dir):
-        check_links(report_dir)
-        key = (os.getpid(), os.path.abspath(report_dir))
-        child = _private_children.get(key)
-        if child is None or not os.path.isdir(child):
-            child = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-", dir=os.path.realpath(report_dir))
-            verify_created(child)
-            _private_children[key] = child
-        return child
-    try:
-        make_private_dir(report_dir)
-    except FileExistsError:
-        # another rank (or process) of ours made it between our look and our mkdir: it must pass
-        # the same check as any existing report directory (ours, private, no link)
-        make_private_dir(report_dir)
-    return report_dir
 
 
 def write_incident(
@@ -180,19 +153,6 @@ def _write_incident_once(
             write_private(os.path.join(head, parts[-1]), data)
 
     return publish_private_dir(report_dir, report["id"], fill, tmp_prefix=TMP_PREFIX)
-
-
-def fallback_dir() -> str:
-    """A private directory of this process, made by ``tempfile.mkdtemp`` the first time it is asked for.
-
-    Never a predictable name: another user could have prepared that one.
-    """
-    global _fallback
-    if _fallback is None or _fallback[0] != os.getpid() or not os.path.isdir(_fallback[1]):
-        path = tempfile.mkdtemp(prefix=f"dlwatch-reports-{os.geteuid()}-")
-        verify_created(path)
-        _fallback = (os.getpid(), path)
-    return _fallback[1]
 
 
 MAX_REPORT_BYTES = 64 << 20  # report.json: a timeline window and stacks, far below this
@@ -537,39 +497,6 @@ def write_summary(
 
 # A run id, as new_run_id makes it: <UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>.  Older ids said local
 # time and had no Z: they are still read, listed and pruned (as local time, see run_id_time).
-RUN_ID = re.compile(r"(?P<when>[0-9]{8}T[0-9]{6})(?P<utc>Z?)-(?P<pid>[0-9]{1,10})-(?P<tag>[0-9a-f]{6})")
-
-
-def new_run_id(pid: int | None = None, now: float | None = None) -> str:
-    """``<UTC yyyymmddTHHMMSS>Z-<pid>-<6 hex>``: the id of a watched block (and of a ``dlwatch run``).
-
-    UTC, so that ids order by time across a DST change and across ranks in other time zones.
-    """
-    when = _dt.datetime.fromtimestamp(time.time() if now is None else now, _dt.timezone.utc)
-    return f"{when:%Y%m%dT%H%M%SZ}-{os.getpid() if pid is None else pid}-{secrets.token_hex(3)}"
-
-
-def run_id_time(run_id: str) -> float | None:
-    """When the block of ``run_id`` started, in seconds since the epoch; None if it is no run id.
-
-    An old id without ``Z`` said local time: it is read in this process's time zone, the best
-    guess there is (right unless the zone changed since, or within a repeated DST hour).
-    """
-    m = RUN_ID.fullmatch(run_id)
-    if m is None:
-        return None
-    try:
-        parsed = _dt.datetime.strptime(m.group("when"), "%Y%m%dT%H%M%S")
-    except ValueError:  # 20261399T... matches the pattern but is no date
-        return None
-    if m.group("utc"):
-        return calendar.timegm(parsed.timetuple())
-    try:
-        return time.mktime(parsed.timetuple()[:8] + (-1,))  # -1: let the zone say whether DST applied
-    except (OverflowError, ValueError):
-        return None
-
-
 @dataclass(frozen=True)
 class _Kept:
     name: str
@@ -845,8 +772,6 @@ def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     most MAX_SUMMARY_BYTES, nested at most MAX_DEPTH deep, with the types the renderers use.
     ``dir_fd``: the run directory ``path`` names, already open; summary.json is read in it.
     """
-    from dlwatch.report.summary import KIND, REQUIRED_KEYS as SUMMARY_KEYS, SUMMARY_SCHEMA_VERSION
-
     if dir_fd is not None or os.path.isdir(path):
         path = os.path.join(path, "summary.json")
     try:
@@ -858,7 +783,7 @@ def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
         raw,
         "summary",
         "a dlwatch run summary",
-        lambda d: d.get("kind") == KIND and all(k in d for k in SUMMARY_KEYS),
+        lambda d: d.get("kind") == SUMMARY_KIND and all(k in d for k in SUMMARY_REQUIRED_KEYS),
         SUMMARY_SCHEMA_VERSION,
     )
     for key, types in _SUMMARY_TYPES.items():

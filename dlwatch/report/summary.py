@@ -16,11 +16,9 @@ import itertools
 import socket
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from dlwatch import __version__
+from dlwatch._version import __version__
 
-SUMMARY_SCHEMA_VERSION = 1
-KIND = "run_summary"
-REQUIRED_KEYS = ("schema_version", "kind", "id", "created_at", "pid")
+from dlwatch.report.store import SUMMARY_KIND as KIND, SUMMARY_SCHEMA_VERSION
 
 
 def _iso(ts: float | None) -> str | None:
@@ -31,7 +29,7 @@ def _iso(ts: float | None) -> str | None:
 
 def skeleton(*, run_id: str, pid: int, now: float, started_at: float | None = None) -> dict[str, Any]:
     """Every top-level key of summary schema 1, in documented order, with empty values."""
-    from dlwatch.report.store import rank_info
+    from dlwatch.wire.job import rank_info
 
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,

@@ -54,7 +54,7 @@ def main(moment: str, report_dir: str) -> int:
                 kill_a_worker(loader)
             return 0
         import dlwatch
-        from dlwatch import agent, preflight, shapes
+        from dlwatch.inproc import agent, preflight, shapes
 
         if moment == "shape-check":
             original = shapes.BatchShapeProbe.check

@@ -4,7 +4,7 @@ It does three cheap things and nothing else: it times each batch into the mmap'd
 heartbeat, it chains a hook into every DataLoader worker, and it hands an
 exception escaping the block to the monitor.  Everything that reads /proc,
 dumps stacks or writes reports happens in the separate monitor process
-(``dlwatch.monitor``), which imports no torch.
+(``dlwatch.monitor.loop``), which imports no torch.
 
 Contract with the user's code: the same batches, the same exceptions (the very
 same object, never wrapped or swallowed), the same worker_init_fn behaviour.
@@ -25,11 +25,11 @@ import time
 import traceback
 from typing import Any, Iterable, Iterator
 
-from dlwatch import config, events
+from dlwatch.wire import config, events
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
-from dlwatch.job import rank_info
-from dlwatch._proxy import IteratorProxy
-from dlwatch.heartbeat import (
+from dlwatch.wire.job import rank_info
+from dlwatch.inproc.proxy import IteratorProxy
+from dlwatch.wire.heartbeat import (
     HOT_OFFSET as _HOT_OFFSET,
     STATE_BODY,
     STATE_OFFSET as _STATE_OFFSET,
@@ -38,12 +38,14 @@ from dlwatch.heartbeat import (
     HeartbeatWriter,
 )
 from dlwatch.redact import redact_argv, warn
-from dlwatch.runhook import strip_own_frames
-from dlwatch.report import store
-from dlwatch.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
+from dlwatch.inproc.frames import strip_own_frames
+from dlwatch.wire import reportdir
+from dlwatch.wire.reportdir import read_summary
+from dlwatch.inproc.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
 
 
 MONITOR_STOP_TIMEOUT_S = 10.0
+FINISH_TIMEOUT_S = 30.0  # the finishing child (monitor gone): a summary and at most one incident
 FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared
 
 
@@ -72,7 +74,7 @@ def _warn(message: str) -> None:
 
 def _user_stacklevel() -> int:
     """The stacklevel that points a warning at the first frame outside dlwatch (the user's loop)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dlwatch package
     level, frame = 1, sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
         frame = frame.f_back
@@ -341,7 +343,7 @@ class Watch:
         self._ignored = frozenset(self.options.ignored_playbooks)
         self._advice_pbs: dict[str, Any] = {}  # preflight playbooks by id (titles and thresholds)
         if self.options.enabled:
-            from dlwatch.playbooks import load_playbooks
+            from dlwatch.wire.playbooks import load_playbooks
 
             loaded = load_playbooks(self.options.playbooks)  # a malformed file: PlaybookError now
             unknown = sorted(self._ignored - {pb.id for pb in loaded})
@@ -360,7 +362,7 @@ class Watch:
                     self.thresholds["attribute_depth"] = pb.threshold("attribute_depth", 2)
         self._prometheus: dict[str, Any] = {}
         if self.options.enabled:
-            from dlwatch.report.prom import prom_options
+            from dlwatch.wire.config import prom_options
 
             self._prometheus = prom_options()  # a bad DLWATCH_PROM_* value: ValueError now, naming the fix
         self._loader: Any = loader
@@ -455,14 +457,14 @@ class Watch:
         return
 
     def _make_run_dir(self) -> str:
-        run_id = store.new_run_id()
+        run_id = reportdir.new_run_id()
         refused: str | None = None  # why the report directory was not used (said once the fallback works)
         for base in (self.options.report_dir, None):
             path = None
             try:
                 # an existing report directory must be ours and private; /tmp-like ones get a private child
-                base_dir = store.prepare_report_dir(base) if base is not None else store.fallback_dir()
-                runs = os.path.join(base_dir, store.RUNS_DIR)
+                base_dir = reportdir.prepare_report_dir(base) if base is not None else reportdir.fallback_dir()
+                runs = os.path.join(base_dir, reportdir.RUNS_DIR)
                 make_private_dir(runs)
                 path = make_private_child(runs, run_id)
                 make_private_child(path, "dumps")
@@ -504,9 +506,9 @@ class Watch:
         is_dl = _is_dataloader(loader)
         dump_path = None
         try:
-            from dlwatch.collect import faultdump
+            from dlwatch.wire import dumps
 
-            dump_path = faultdump.install(os.path.join(run_dir, "dumps"))
+            dump_path = dumps.install(os.path.join(run_dir, "dumps"))
         except Exception:
             pass
         write_json(
@@ -547,7 +549,7 @@ class Watch:
         # which is only a wake-up: the monitor never relies on its EOF.
         with sigint_blocked():  # a Ctrl-C while the monitor starts is the program's, never the monitor's
             return subprocess.Popen(
-                python_argv(module="dlwatch.monitor", args=[os.path.abspath(run_dir)], ignore_sigint=True),
+                python_argv(module="dlwatch.monitor.loop", args=[os.path.abspath(run_dir)], ignore_sigint=True),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=None,
@@ -574,7 +576,7 @@ class Watch:
         )
         self._hook.fingerprint = "rng-duplication" not in self._ignored
         try:
-            from dlwatch.shapes import BatchShapeProbe, marks_time_major
+            from dlwatch.inproc.shapes import BatchShapeProbe, marks_time_major
 
             # batches per epoch follow the sampler, which may subsample the dataset; unknown where only
             # the program's own __len__ could say (the probe then judges a short batch by the next one)
@@ -594,7 +596,7 @@ class Watch:
         except Exception:
             self._shape_probe = None
         if self._hook.fingerprint and loader.num_workers > 0:
-            from dlwatch import rngcheck  # noqa: F401  (imported once here, forked workers inherit it)
+            from dlwatch.inproc import rngcheck  # noqa: F401  (imported once here, forked workers inherit it)
 
             # the second RNG fingerprint, after each worker's first batch (see worker_hook)
             self._collate_hook = CollateHook(loader.collate_fn, self._events_path or "", rng_depth=self._hook.rng_depth)
@@ -731,7 +733,7 @@ class Watch:
             "from_loader": exc is self._loader_error,
         }
         if self._events_path:
-            from dlwatch.loader_exit import worker_exitcodes
+            from dlwatch.inproc.loader_exit import worker_exitcodes
 
             codes = worker_exitcodes(exc)  # how the workers behind the error ended (worker-killed)
             if codes:
@@ -767,9 +769,9 @@ class Watch:
             self._hb.close()
             self._hb = None
         try:  # the process is as it was before the block: no handler left on the dump signal
-            from dlwatch.collect import faultdump
+            from dlwatch.wire import dumps
 
-            faultdump.uninstall()
+            dumps.uninstall()
         except Exception:
             pass
         self._active = False
@@ -810,16 +812,13 @@ class Watch:
             self._monitor_warned = True
             _warn(f"the monitor process exited early (exit code {code}); this run was not fully watched")
         try:
-            self._fallback_summary(pending)
-        except Exception:
-            pass
-        if pending is not None:  # nothing is lost: write the exception incident ourselves
-            try:
-                from dlwatch.report.build import exception_report_from_run
-
-                exception_report_from_run(self.run_dir or "", self.report_dir, pending)
-            except Exception as err:
-                _warn(f"could not write the exception report: {type(err).__name__}: {err}")
+            written = self._fallback_summary(pending)
+        except Exception as err:
+            written, why = False, f"{type(err).__name__}: {err}"
+        else:
+            why = "the finishing process failed (see above)"
+        if not written and pending is not None:  # nothing is lost silently
+            _warn(f"could not write the exception report: {why}")
 
     def _check_monitor(self) -> None:
         m = self._monitor
@@ -888,7 +887,7 @@ class Watch:
         loader = self._loader
         if loader is None or not _is_dataloader(loader) or not self._events_path:
             return
-        from dlwatch import preflight
+        from dlwatch.inproc import preflight
 
         state = preflight.sampler_state(loader)
         if state is not None and "sampler-epoch-not-set" not in self._ignored:
@@ -916,7 +915,7 @@ class Watch:
         loader = self._loader
         if loader is None or not _is_dataloader(loader) or not loader.num_workers:
             return
-        from dlwatch import preflight
+        from dlwatch.inproc import preflight
 
         cfg = {
             "num_workers": loader.num_workers,
@@ -929,7 +928,7 @@ class Watch:
         )
 
     def _send_preflight(self, signals: list[dict[str, Any]]) -> None:
-        from dlwatch.preflight import warning_text
+        from dlwatch.inproc.preflight import warning_text
 
         for sig in signals:
             pid = sig["playbook"]
@@ -946,34 +945,42 @@ class Watch:
                 stacklevel=_user_stacklevel(),
             )
 
-    def _fallback_summary(self, pending: dict[str, Any] | None) -> None:
-        """The monitor is gone: a summary from the heartbeat and the preflight findings, written here."""
-        from dlwatch import heartbeat as hbmod
-        from dlwatch.detect.advice import to_finding
-        from dlwatch.detect.runstats import RunStats
-        from dlwatch.report import summary as sm
+    def _fallback_summary(self, pending: dict[str, Any] | None) -> bool:
+        """The monitor is gone: the summary (and the pending exception's incident) written as it would.
 
+        Not here: a short-lived child (:mod:`dlwatch.monitor.finish`) builds them from the run
+        directory and ``finish.json`` (what only this process knows), so that no judging or
+        rendering code runs in the training process.  True when all of it was written.
+        """
         if not self.run_dir:
-            return
-        now = time.time()
-        s = sm.skeleton(
-            run_id=os.path.basename(os.path.normpath(self.run_dir)),
-            pid=os.getpid(),
-            now=now,
-            started_at=self._entered_at,
-        )
-        s["ended"] = "exception" if pending is not None else "interrupted" if self._interrupted else "clean"
-        s["cpus"] = self._cpus
-        s["loop"] = RunStats(self._entered_at).loop(hbmod.read(os.path.join(self.run_dir, "heartbeat")), now)
-        s["preflight"] = [to_finding(sig, self._advice_pbs) for sig in self._preflight_signals]
-        s["notes"].append(
-            "the monitor process was not running at the end of the block: this summary was "
-            "written by the training process and has no per-process figures and no advice"
-        )
-        self.summary = s
-        from dlwatch.report.build import write_run_summary  # as the monitor does: prune, report.html child
+            return False
+        from dlwatch._spawn import python_argv, sigint_blocked
 
-        write_run_summary(s, self.report_dir, keep_runs=self.options.keep_runs, timeline_dir=self.run_dir)
+        state = {
+            "pid": os.getpid(),
+            "report_dir": self.report_dir,
+            "keep_runs": self.options.keep_runs,
+            "started_at": self._entered_at,
+            "ended": "exception" if pending is not None else "interrupted" if self._interrupted else "clean",
+            "cpus": self._cpus,
+            "preflight": self._preflight_signals,
+            "pending": pending,
+        }
+        write_json(os.path.join(self.run_dir, "finish.json"), state)
+        with sigint_blocked():
+            child = subprocess.Popen(
+                python_argv(module="dlwatch.monitor.finish", args=[os.path.abspath(self.run_dir)], ignore_sigint=True),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=None,
+                close_fds=True,
+            )
+        try:
+            return child.wait(FINISH_TIMEOUT_S) == 0
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            return False
 
     def _read_summary(self, run_dir: str | None = None) -> None:
         """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""
@@ -983,9 +990,7 @@ class Watch:
         try:
             with open(os.path.join(run_dir, "summary"), encoding="utf-8") as f:
                 path = f.read().strip()
-            from dlwatch.report.store import load_summary
-
-            self.summary = load_summary(path)
+            self.summary = read_summary(path)
         except Exception:
             self.summary = None
 
@@ -1014,7 +1019,7 @@ class Watch:
         if not self._batch_bytes_sent and self._events_path:
             self._batch_bytes_sent = True
             try:
-                from dlwatch.shapes import batch_nbytes
+                from dlwatch.inproc.shapes import batch_nbytes
 
                 nbytes = batch_nbytes(batch)
                 events.emit(self._events_path, "batch_bytes", batch_bytes=nbytes)

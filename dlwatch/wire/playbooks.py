@@ -161,11 +161,11 @@ def builtin_dir() -> Any:
             return root
     except Exception:  # an editable install or a plain checkout: the folder is not a package there
         pass
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_playbooks", here.parent / "playbooks"):
+    package = Path(__file__).resolve().parent.parent  # dlwatch/ (this file is dlwatch/wire/playbooks.py)
+    for candidate in (package / "_playbooks", package.parent / "playbooks"):
         if candidate.is_dir():
             return candidate
-    return here.parent / "playbooks"
+    return package.parent / "playbooks"
 
 
 def _env_dirs() -> list[str]:

@@ -1,4 +1,4 @@
-"""The monitor process: ``python -m dlwatch.monitor RUN_DIR``.  Imports no torch.
+"""The monitor process: ``python -m dlwatch.monitor.loop RUN_DIR``.  Imports no torch.
 
 Started by ``watch`` as a child of the training process.  Every poll it reads the
 heartbeat and new events, samples the training process, its workers and the
@@ -23,21 +23,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlwatch import heartbeat as hbmod
+from dlwatch.wire import heartbeat as hbmod
 from dlwatch._fs import create_private, json_line, open_private
 from dlwatch._log import configure_own_process, get_logger
-from dlwatch.config import DEFAULT_KEEP_RUNS
+from dlwatch.wire.config import DEFAULT_KEEP_RUNS
 from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import SystemProbe, read_system
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.collect.syscalls import category as syscall_category
-from dlwatch.detect.runstats import RunStats
+from dlwatch.collect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
-from dlwatch.events import EventReader
+from dlwatch.wire.events import EventReader
 from dlwatch.model import ProcSample, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
-from dlwatch.report import build, store, timeline_record
+from dlwatch.report import build, store
+from dlwatch.monitor import timeline as timeline_record
 
 log = get_logger("dlwatch.monitor")
 
@@ -165,7 +166,7 @@ class Monitor:
         self.ignore: tuple[str, ...] = tuple(str(i) for i in opts.get("ignore") or () if isinstance(i, str))
         self.playbooks: tuple[Any, ...] | None = None  # loaded once; None: reports load them
         try:
-            from dlwatch.playbooks import load_playbooks
+            from dlwatch.wire.playbooks import load_playbooks
 
             self.playbooks = load_playbooks(self.playbook_dirs)
         except Exception as exc:
@@ -177,15 +178,15 @@ class Monitor:
         )
         self.warned: set[str] = set()
         self.system_probe = SystemProbe(self.main_pid)  # its cgroup found once, the limit read every 10 s
-        # which rank of which job (read by the training process: see dlwatch.job)
+        # which rank of which job (read by the training process: see dlwatch.wire.job)
         rank = self.cfg.get("rank")
         self.rank: dict[str, Any] = dict(rank) if isinstance(rank, dict) else store.rank_info()
         self.started_at = float(self.cfg.get("started_at") or time.time())
         self.stalls = 0
         self.stalled = False
-        from dlwatch.report import sinks
+        from dlwatch.monitor import outputs
 
-        self.sinks = sinks.build(self.cfg, self.report_dir, self.rank, self._warn_once)
+        self.sinks = outputs.build(self.cfg, self.report_dir, self.rank, self._warn_once)
         # the run summary: figures fed each poll; advice and preflight findings kept by playbook id
         self.runstats = RunStats(started_at=self.started_at)
         self.advice: dict[str, dict[str, Any]] = {}
@@ -417,7 +418,7 @@ class Monitor:
         self._feed_sinks()
 
     def _poll_state(self) -> Any:
-        from dlwatch.report.sinks import PollState, ProcState
+        from dlwatch.monitor.sinks import PollState, ProcState
 
         procs = tuple(
             ProcState(t.pid, t.role, t.worker_id, t.last)
@@ -525,7 +526,7 @@ class Monitor:
         self._note(stall_note)
         extra: dict[str, bytes] = {}
         try:
-            from dlwatch import forensics
+            from dlwatch.monitor import forensics
 
             extra = forensics.investigate(
                 report,
@@ -706,7 +707,7 @@ class Monitor:
                 started_at=self.cfg.get("started_at"),
             )
             s["ended"] = ended
-            s["rank"] = self.rank  # the rank the training process read (see dlwatch.job)
+            s["rank"] = self.rank  # the rank the training process read (see dlwatch.wire.job)
             s["loader"] = self.loader
             s["cpus"] = self.cfg.get("cpus")
             s["accelerator"] = self.cfg.get("accelerator")
@@ -758,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     configure_own_process()
     if len(argv) != 1:
-        print("usage: python -m dlwatch.monitor RUN_DIR (started by dlwatch.watch)", file=sys.stderr)
+        print("usage: python -m dlwatch.monitor.loop RUN_DIR (started by dlwatch.watch)", file=sys.stderr)
         return 2
     try:
         monitor = Monitor(argv[0])

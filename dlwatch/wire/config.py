@@ -205,3 +205,54 @@ def resolve(
         ignore=ignored,
         keep_runs=keep,
     )
+
+
+# Prometheus (opt-in; the monitor exports, see dlwatch.monitor.prom): read and checked in the training
+# process so that a bad value is a ValueError at watch(), naming the fix.
+PROM_ENV_FILE = "DLWATCH_PROM_FILE"
+PROM_ENV_PORT = "DLWATCH_PROM_PORT"
+
+
+def prom_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{"file": path or None, "port": int or None}`` from the environment; ValueError names the fix."""
+    env = os.environ if environ is None else environ
+    path = (env.get(PROM_ENV_FILE) or "").strip() or None
+    raw_port = (env.get(PROM_ENV_PORT) or "").strip()
+    port = None
+    if raw_port:
+        try:
+            port = int(raw_port)
+        except ValueError:
+            port = -1
+        if not 1 <= port <= 65535:
+            raise ValueError(
+                f"dlwatch.watch: {PROM_ENV_PORT} must be a TCP port number (1-65535), got {raw_port!r}; "
+                "unset it to expose no metrics"
+            )
+    if path is not None:
+        if "\0" in path or not path.endswith(".prom"):
+            raise ValueError(
+                f"dlwatch.watch: {PROM_ENV_FILE} must be a path ending in .prom (node_exporter reads "
+                f"only those), got {path!r}"
+            )
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ValueError(
+                f"dlwatch.watch: {PROM_ENV_FILE}: directory {os.path.dirname(os.path.abspath(path))!r} "
+                "does not exist; create it (node_exporter's --collector.textfile.directory)"
+            )
+        path = os.path.abspath(path)
+    if (path or port) and not _have_client():
+        raise ValueError(
+            f"dlwatch.watch: {PROM_ENV_FILE}/{PROM_ENV_PORT} need prometheus_client: "
+            "pip install 'dlwatch[prometheus]' (or unset them)"
+        )
+    return {"file": path, "port": port}
+
+
+def _have_client() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("prometheus_client") is not None
+    except (ImportError, ValueError):
+        return False

@@ -17,7 +17,7 @@ import ctypes
 import os
 from typing import Any, Callable
 
-from dlwatch import events
+from dlwatch.wire import events
 
 # In a worker whose start fingerprint was taken: events path -> (worker_id, epoch, snapshot)
 # until its first batch is collated (keyed by run, should two watches share a worker).  Filled
@@ -92,9 +92,9 @@ class WorkerHook:
             allow_ptrace_from(self.monitor_pid)
             dump_path = None
             try:
-                from dlwatch.collect import faultdump
+                from dlwatch.wire import dumps
 
-                dump_path = faultdump.install(os.path.join(self.run_dir, "dumps"))
+                dump_path = dumps.install(os.path.join(self.run_dir, "dumps"))
             except Exception:
                 pass
             self._crash_dump()
@@ -114,15 +114,15 @@ class WorkerHook:
         when this worker is gone: a native crash in ``__getitem__`` then leaves its Python line.
         A program that enabled faulthandler itself keeps its own setting."""
         try:
-            from dlwatch.collect import faultdump
+            from dlwatch.wire import dumps
 
-            faultdump.install_crash(os.path.join(self.run_dir, "dumps"))
+            dumps.install_crash(os.path.join(self.run_dir, "dumps"))
         except Exception:
             pass
 
     def _fingerprint(self, worker_id: int) -> None:
         try:
-            from dlwatch import rngcheck
+            from dlwatch.inproc import rngcheck
             from torch.utils.data import get_worker_info
 
             info = get_worker_info()
@@ -179,7 +179,7 @@ class CollateHook:
     def _after_first_batch(self) -> None:
         start = _start.pop(self.events_path, None)
         try:
-            from dlwatch import rngcheck
+            from dlwatch.inproc import rngcheck
             from torch.utils.data import get_worker_info
 
             info = get_worker_info()

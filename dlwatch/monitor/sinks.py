@@ -9,12 +9,12 @@ contains a failing sink and warns once).  The monitor does not know what a sink 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from dlwatch.heartbeat import Heartbeat
+from dlwatch.wire.heartbeat import Heartbeat
 from dlwatch.model import ProcSample, SystemSample
 
-__all__ = ["PollState", "ProcState", "Sink", "build"]
+__all__ = ["PollState", "ProcState", "Sink"]
 
 
 @dataclass(frozen=True)
@@ -50,26 +50,3 @@ class Sink:
 
     def close(self, state: PollState | None, *, clean: bool) -> None:
         """Called once when the monitor ends (``clean``: the watch block ended)."""
-
-
-def build(
-    cfg: Mapping[str, Any], report_dir: str, rank: Mapping[str, Any], warn: Callable[[str, str], None]
-) -> list[Sink]:
-    """The sinks this run asked for: the rank figures in a multi-rank job, Prometheus when enabled."""
-    sinks: list[Sink] = []
-    if rank.get("job_id"):
-        try:
-            from dlwatch.report.rankfigures import RankFiguresSink
-
-            sinks.append(RankFiguresSink(report_dir, rank, pid=int(cfg["pid"])))
-        except Exception as exc:
-            warn("rank_figures_unavailable", f"{type(exc).__name__}: {exc}")
-    prom = cfg.get("prometheus") or {}
-    if prom.get("file") or prom.get("port") is not None:
-        try:
-            from dlwatch.report.prom import PromSink
-
-            sinks.append(PromSink(prom, rank, pid=int(cfg["pid"])))
-        except Exception as exc:
-            warn("prometheus_unavailable", f"{type(exc).__name__}: {exc}")
-    return sinks

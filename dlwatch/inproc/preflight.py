@@ -4,7 +4,7 @@ Run by the agent in the training process when an epoch's iterator is created (th
 workers are forked right after), and once more on the first batch for the checks that
 need its size.  Each check is a pure function of facts gathered here; a finding is an
 advice signal ``{"event": "advice", "stage": "preflight", "playbook": ID, ...}`` that
-goes to the run summary's ``preflight`` list, and one :class:`~dlwatch.agent.DlwatchWarning`
+goes to the run summary's ``preflight`` list, and one :class:`~dlwatch.inproc.agent.DlwatchWarning`
 line per finding (``warnings.warn``, so users filter it the usual way).
 
 Nothing here starts a thread, imports torch, or initialises CUDA: CUDA is only asked
@@ -52,7 +52,7 @@ def thread_info(t: threading.Thread) -> dict[str, Any]:
 _FORK_SAFE_TARGETS = (
     "multiprocessing.queues.Queue._feed",
     "torch.utils.data.",
-    "dlwatch.agent.Watch._stop_monitor",
+    "dlwatch.inproc.agent.Watch._stop_monitor",
     "dlwatch.report.html.spawn_render.",
 )
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dlwatch.collect.syscalls import category as syscall_category
-from dlwatch.heartbeat import STATE_BODY, Heartbeat
+from dlwatch.wire.heartbeat import STATE_BODY, Heartbeat
 from dlwatch.model import GpuSample, ProcSample, SystemSample
 
 __all__ = ["RunStats", "Steady", "WORKER_STATES", "steady"]

@@ -3,7 +3,7 @@
 Python imports ``sitecustomize`` at startup, so every Python process of the program
 (the script itself, torchrun's ranks, spawned helpers) gets here.  It only registers
 an import hook that watches DataLoader iterations once torch's DataLoader is
-imported (dlwatch.runhook), then runs the sitecustomize this one shadows, if any.
+imported (dlwatch.inproc.runhook), then runs the sitecustomize this one shadows, if any.
 It does nothing when DLWATCH_DISABLE=1 or when the interpreter ignores the
 environment (``-I``/``-E``: dlwatch's own monitor and helpers run so, and are never hooked).
 
@@ -39,8 +39,8 @@ def _boot() -> None:
     # this directory holds nothing else the program should import: take it off the path again
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     try:
-        if _belongs(os.path.dirname(here)):
-            from dlwatch import runhook
+        if _belongs(os.path.dirname(os.path.dirname(here))):  # dlwatch/ (this is dlwatch/inproc/_boot)
+            from dlwatch.inproc import runhook
 
             runhook.install()
     except Exception as exc:  # never stop the program: it runs unwatched

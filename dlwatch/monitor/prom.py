@@ -28,58 +28,12 @@ from typing import Any, Iterator, Mapping
 
 from dlwatch._fs import check_shared_dir, replace_private
 from dlwatch.report.rankfigures import figures
-from dlwatch.report.sinks import PollState, Sink
+from dlwatch.monitor.sinks import PollState, Sink
+from dlwatch.wire.config import PROM_ENV_FILE as ENV_FILE, PROM_ENV_PORT as ENV_PORT, prom_options
 
 __all__ = ["ENV_FILE", "ENV_PORT", "PromSink", "prom_options", "textfile_path"]
 
-ENV_FILE = "DLWATCH_PROM_FILE"
-ENV_PORT = "DLWATCH_PROM_PORT"
 BIND_ADDR = "127.0.0.1"
-
-
-def prom_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``{"file": path or None, "port": int or None}`` from the environment; ValueError names the fix."""
-    env = os.environ if environ is None else environ
-    path = (env.get(ENV_FILE) or "").strip() or None
-    raw_port = (env.get(ENV_PORT) or "").strip()
-    port = None
-    if raw_port:
-        try:
-            port = int(raw_port)
-        except ValueError:
-            port = -1
-        if not 1 <= port <= 65535:
-            raise ValueError(
-                f"dlwatch.watch: {ENV_PORT} must be a TCP port number (1-65535), got {raw_port!r}; "
-                "unset it to expose no metrics"
-            )
-    if path is not None:
-        if "\0" in path or not path.endswith(".prom"):
-            raise ValueError(
-                f"dlwatch.watch: {ENV_FILE} must be a path ending in .prom (node_exporter reads "
-                f"only those), got {path!r}"
-            )
-        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise ValueError(
-                f"dlwatch.watch: {ENV_FILE}: directory {os.path.dirname(os.path.abspath(path))!r} "
-                "does not exist; create it (node_exporter's --collector.textfile.directory)"
-            )
-        path = os.path.abspath(path)
-    if (path or port) and not _have_client():
-        raise ValueError(
-            f"dlwatch.watch: {ENV_FILE}/{ENV_PORT} need prometheus_client: "
-            "pip install 'dlwatch[prometheus]' (or unset them)"
-        )
-    return {"file": path, "port": port}
-
-
-def _have_client() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("prometheus_client") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def textfile_path(path: str, rank: Mapping[str, Any], pid: int) -> str:

@@ -1,6 +1,6 @@
 """``dlwatch run``'s hook in the program's processes: every DataLoader iteration gets its own watch.
 
-Installed by the bootstrap that ``dlwatch run`` puts on PYTHONPATH (dlwatch/_boot).
+Installed by the bootstrap that ``dlwatch run`` puts on PYTHONPATH (dlwatch/inproc/_boot).
 It adds one import hook; when ``torch.utils.data.dataloader`` is imported it wraps
 ``DataLoader.__iter__`` so that each iteration (each epoch of each loader, train and
 validation alike) runs under ``dlwatch.watch`` with the options that ``dlwatch run``
@@ -21,7 +21,8 @@ import os
 import sys
 from typing import Any, Iterator
 
-from dlwatch._proxy import IteratorProxy
+from dlwatch.inproc.frames import _hidden_files, strip_own_frames
+from dlwatch.inproc.proxy import IteratorProxy
 
 PROGRAM_RUN_ENV = "DLWATCH_PROGRAM_RUN"  # one id for every process and iteration of one `dlwatch run`
 TARGET_MODULE = "torch.utils.data.dataloader"
@@ -73,35 +74,6 @@ def install() -> None:
         sys.meta_path.insert(0, _Finder())
 
 
-def _hidden_files() -> set[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return {os.path.join(here, name) for name in ("runhook.py", "agent.py", "_proxy.py")}
-
-
-def strip_own_frames(tb: Any, hidden: set[str] | None = None) -> Any:
-    """``tb`` without the entries of dlwatch's own wrappers (runhook.py, agent.py, _proxy.py).
-
-    Those frames sit between the program's ``for`` loop and torch's iterator only because
-    the iteration is watched; an uncaught exception prints the traceback plain python prints.
-    """
-    hidden = _hidden_files() if hidden is None else hidden
-
-    def ours(entry: Any) -> bool:
-        return entry is not None and entry.tb_frame.f_code.co_filename in hidden
-
-    while ours(tb):
-        tb = tb.tb_next
-    cur = tb
-    while cur is not None:
-        nxt = cur.tb_next
-        while ours(nxt):
-            nxt = nxt.tb_next
-        if nxt is not cur.tb_next:
-            cur.tb_next = nxt
-        cur = nxt
-    return tb
-
-
 class _ExceptHook:
     """sys.excepthook that strips dlwatch's frames (and those of chained exceptions), then chains."""
 
@@ -128,7 +100,7 @@ class _ExceptHook:
 
 
 def _warn(message: str) -> None:
-    from dlwatch.agent import DlwatchWarning
+    from dlwatch.inproc.agent import DlwatchWarning
     from dlwatch.redact import warn
 
     warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
@@ -169,7 +141,7 @@ def _in_worker() -> bool:
 
 def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
     try:
-        from dlwatch import agent
+        from dlwatch.inproc import agent
     except Exception as exc:
         _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
         return original(loader)
