@@ -4,6 +4,12 @@
 separate monitor process; ``dlwatch attach PID`` inspects a stuck process from a
 shell; ``dlwatch report`` lists and shows the incident reports.  Importing
 dlwatch never imports torch.
+
+Layout (docs/design.md, "Process map"): ``inproc/`` runs in the training process,
+``monitor/`` in the monitor process, ``cli/`` in the command; ``wire/`` is what crosses
+between them; ``collect/``, ``detect/`` and ``report/`` read, judge and write.  The modules
+at this level (``_fs``, ``_log``, ``_regex``, ``_spawn``, ``_version``, ``errors``, ``redact``,
+``model``) are leaf helpers every side shares.
 """
 
 from __future__ import annotations

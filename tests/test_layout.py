@@ -190,3 +190,20 @@ def test_the_rules_see_a_violation():
     found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert _side(next(iter(found)) + ".x") == "report"
     assert _side("dlwatch.inproc.agent") == "inproc" and _side("dlwatch._fs") == "shared"
+
+
+def test_each_folder_says_what_lives_there_and_what_it_may_import():
+    for folder in ("inproc", "wire", "collect", "detect", "report", "monitor", "cli"):
+        doc = ast.get_docstring(ast.parse(open(os.path.join(PKG_DIR, folder, "__init__.py"), encoding="utf-8").read()))
+        assert doc and "import" in doc.lower(), f"dlwatch/{folder}/__init__.py: say what lives there and may import"
+
+
+def test_every_package_is_shipped():
+    # a non-editable install carries only the packages pyproject.toml lists
+    import tomllib
+
+    root = os.path.dirname(PKG_DIR)
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    on_disk = {m for m, p in MODS.items() if p.endswith("__init__.py") and "._boot" not in m}
+    assert on_disk <= listed, f"add to [tool.setuptools] packages: {sorted(on_disk - listed)}"

@@ -3,6 +3,7 @@
 Each subcommand is a module in this package with ``add_arguments(parser)`` and
 ``run(args) -> int``; its docstring's first line is its ``--help`` summary.
 This is the only place that configures logging and turns errors into exit codes.
+May import anything; only ``run_cmd`` imports ``dlwatch.inproc`` (``dlwatch run``'s bootstrap).
 
 Exit codes: 0 ok; 1 internal error; 2 usage; 3 not found; 4 not an inspectable
 target; 5 permission denied; 6 damaged or too-new report; 7 malformed playbook.

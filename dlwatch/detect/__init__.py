@@ -6,6 +6,8 @@ Each failure the monitor watches for between incidents is one module here with a
 Stall detection (``stall``) and its classification (``classify``) are not in the list:
 a stall is its own trigger, with stack forensics.  The advisors of ``advice`` (tuning
 findings for the run summary, never incidents) are detectors too, one playbook each.
+
+Runs in the monitor and the CLI.  May import: the shared helpers, ``wire``, ``collect``.
 """
 
 from __future__ import annotations
