@@ -175,6 +175,54 @@ def test_graph_batches(collate, tmp_path, no_leftovers):
     assert_quiet(tmp_path, events, probe)
 
 
+class PointClouds(Dataset):
+    """Every sample has the same number of points (a fixed-size point cloud, a fixed mesh)."""
+
+    POINTS = 64
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        return {"pos": torch.rand(self.POINTS, 3), "y": torch.tensor(i % 5)}
+
+
+def points_collate(samples, with_ptr=False):
+    """PyG's layout for point clouds: (B*N, 3) positions next to the batch vector (and ptr)."""
+    sizes = torch.tensor([len(s["pos"]) for s in samples])
+    batch = {
+        "pos": torch.cat([s["pos"] for s in samples]),
+        "batch": torch.repeat_interleave(torch.arange(len(samples)), sizes),
+        "y": torch.stack([s["y"] for s in samples]),
+    }
+    if with_ptr:
+        batch["ptr"] = torch.nn.functional.pad(torch.cumsum(sizes, 0), (1, 0))
+    return batch
+
+
+@pytest.mark.parametrize("with_ptr", [False, True], ids=["batch-vector", "batch-vector-and-ptr"])
+def test_fixed_size_point_clouds_with_a_batch_vector(with_ptr, tmp_path, no_leftovers):
+    # every batch is (B*64, 3) next to B labels: the concatenation's shape exactly, made on purpose
+    collate = functools.partial(points_collate, with_ptr=with_ptr)
+    loader = DataLoader(PointClouds(), batch_size=4, num_workers=2, collate_fn=collate)
+    n, events, probe = watched_run(loader, tmp_path)
+    assert n == EPOCHS * 10
+    assert_quiet(tmp_path, events, probe)
+
+
+def cat_with_a_fake_batch_vector(samples):
+    # the seed bug next to a 1-D integer leaf that is NOT a batch vector (it does not run 0..B-1)
+    images = torch.cat([s[0] for s in samples])
+    return images, torch.tensor([s[1] for s in samples]), torch.arange(len(images)) % 7
+
+
+def test_a_vector_that_is_no_batch_vector_does_not_hide_the_seed_case(tmp_path, no_leftovers):
+    loader = DataLoader(Images(), batch_size=4, num_workers=2, collate_fn=cat_with_a_fake_batch_vector)
+    watched_run(loader, tmp_path)
+    found = [r for r in (load(p) for p in incidents(tmp_path)) if r["findings"]]
+    assert [r["findings"][0]["playbook"] for r in found] == ["batch-dim-mismatch"]
+
+
 # --------------------------------------------------------------------------- pre-batched datasets
 
 

@@ -25,6 +25,10 @@ only when its sample count n is known, and a leaf is a *suspect* only when:
   the batch's only tensor (n is then the expected batch size);
 - no 1-D leaf has length n+1: such a leaf is an offsets vector (``cu_seqlens``,
   PyG's ``ptr``), which only a collate that joins samples on purpose builds;
+- no 1-D leaf is a batch-assignment vector: integers, non-decreasing, from 0 to n-1,
+  of a length that is a multiple of n (PyG's ``batch``: which sample each node or point
+  came from).  Graphs and point clouds whose samples all have the same number of nodes
+  or points concatenate ``(B*N, F)`` features next to it, on purpose;
 - its leading dimension is ``k*n`` for a whole k >= 2.
 
 A finding needs the same leaf with the same k in ``confirm_batches`` judged
@@ -141,6 +145,7 @@ def leaves(
     max_leaves: int = MAX_LEAVES,
     ignore: IgnoreKeys = _NO_IGNORE,
     time_major: bool = False,
+    vectors_out: dict[str, Any] | None = None,
 ) -> list[tuple[str, tuple[int, ...]]]:
     """(path, shape) of the tensors in ``batch`` whose leading dimension is the batch dimension.
 
@@ -149,7 +154,8 @@ def leaves(
     the collate says so; or a lengths vector for them in the batch; see the module
     docstring), per-sample sequences (a list of one tensor per sample, as
     detection-style ``collate_fn=lambda b: tuple(zip(*b))`` returns), and whatever
-    ``ignore`` names.
+    ``ignore`` names.  ``vectors_out``, when given, receives the 1-D leaves themselves by path
+    (the probe reads a few values of those that could be batch-assignment vectors).
     """
     out: list[tuple[str, tuple[int, ...]]] = []
     sizes = {expected, batch_size}
@@ -170,6 +176,8 @@ def leaves(
                 candidates.append((len(out), shape[0]))
             elif len(shape) == 1 and shape[0] in sizes:
                 vectors.append((key, obj))
+            if len(shape) == 1 and vectors_out is not None:
+                vectors_out[path] = obj
             out.append((path, shape))
             return
         if depth >= max_depth:
@@ -199,6 +207,20 @@ def leaves(
         if marked:
             out = [leaf for i, leaf in enumerate(out) if i not in marked]
     return out
+
+
+def _is_batch_vector(obj: Any, n: int) -> bool:
+    """Whether a 1-D tensor says which of n samples each row came from: integers, non-decreasing,
+    from 0 to n-1 (``torch.repeat_interleave(torch.arange(n), sizes)``).  Three reductions of one
+    vector, only in a judged batch that holds a multiple-of-n 1-D leaf; never raises."""
+    try:
+        if "int" not in str(getattr(obj, "dtype", "")):
+            return False
+        if int(obj.min()) != 0 or int(obj.max()) != n - 1:
+            return False
+        return bool((obj[1:] >= obj[:-1]).all())
+    except Exception:  # an odd tensor: no proof of a deliberate join
+        return False
 
 
 _LENGTHS_WORD = "len"  # lengths, lens, seq_len, src_lengths, ...
@@ -405,8 +427,14 @@ class BatchShapeProbe:
             if same_epoch and index > at:  # it was not the last batch: its sizes were real
                 self._clear(paths)
         expected = self.expected(index)
+        one_d: dict[str, Any] = {}
         found = leaves(
-            batch, expected or self.batch_size, self.batch_size, ignore=self._ignore, time_major=self.time_major
+            batch,
+            expected or self.batch_size,
+            self.batch_size,
+            ignore=self._ignore,
+            time_major=self.time_major,
+            vectors_out=one_d,
         )
         if not found:
             return None
@@ -416,6 +444,12 @@ class BatchShapeProbe:
             return None  # the sample count is not proved: nothing to judge against
         if any(len(shape) == 1 and shape[0] == n + 1 for _, shape in found):
             return None  # an offsets vector (cu_seqlens, ptr): samples joined on purpose
+        if any(
+            dims[path] > n and dims[path] % n == 0 and _is_batch_vector(obj, n)
+            for path, obj in one_d.items()
+            if path not in self._cleared
+        ):
+            return None  # a batch-assignment vector (PyG's batch): samples joined on purpose
         proved = anchored or self.drop_last or self.num_batches is not None
         evidence: dict[str, Any] | None = None
         unproved: list[str] = []
