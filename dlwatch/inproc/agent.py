@@ -938,6 +938,8 @@ class Watch:
             self._preflight_signals.append(sig)
             if self._events_path:
                 events.emit(self._events_path, "advice", **{k: v for k, v in sig.items() if k != "event"})
+            if sig.get("torch_warns"):
+                continue  # torch prints this one itself: the finding goes to the summary, not a second warning
             pb = self._advice_pbs.get(pid)
             warn(
                 f"dlwatch: {warning_text(sig, pb.title if pb is not None else pid)}",

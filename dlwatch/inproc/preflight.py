@@ -90,7 +90,23 @@ def _accelerator(pin_memory: bool) -> dict[str, Any] | None:
             facts["accelerator"] = str(acc.type) if acc is not None else None
         except Exception:
             facts["accelerator"] = None
+        facts["torch_warns_pin_memory"] = _torch_warns_pin_memory(torch)
     return facts
+
+
+_TORCH_PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
+
+
+def _torch_warns_pin_memory(torch: Any) -> bool:
+    """Whether this torch warns by itself, as it builds an iterator, that pin_memory has no device.
+
+    Read from the constants of its iterator's ``__init__`` (the message is one literal there since
+    torch 2.x): exact for the torch that runs, nothing called, no warning filter touched."""
+    try:
+        init = torch.utils.data.dataloader._BaseDataLoaderIter.__init__
+        return any(isinstance(c, str) and c.startswith(_TORCH_PIN_WARNING) for c in init.__code__.co_consts)
+    except Exception:
+        return False
 
 
 def start_facts(cfg: Mapping[str, Any], cpus: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -126,7 +142,10 @@ def start_checks(f: Mapping[str, Any]) -> list[dict[str, Any]]:
     if nw > 0 and fork and acc.get("cuda_initialized"):
         out.append(_signal("fork-after-cuda", 0.9, start_method="fork", cuda_initialized=True))
     if f.get("pin_memory") and acc.get("cuda_available") is False and not acc.get("accelerator"):
-        out.append(_signal("pin-memory-without-cuda", 0.9, pin_memory=True, cuda_available=False, accelerator=None))
+        sig = _signal("pin-memory-without-cuda", 0.9, pin_memory=True, cuda_available=False, accelerator=None)
+        if acc.get("torch_warns_pin_memory"):
+            sig["torch_warns"] = True  # torch prints its own warning for this: no second one (the finding stays)
+        out.append(sig)
     usable = (f.get("cpus") or {}).get("usable")
     if nw > 0 and isinstance(usable, (int, float)) and nw > usable:
         cpus = f.get("cpus") or {}
