@@ -136,6 +136,9 @@ class ThreadIo(_ToDict):
     fd_target: str | None = None  # readlink of that fd: a path, "socket:[inode]", "pipe:[inode]"
     run_ns: int | None = None  # /proc/<pid>/task/<tid>/schedstat: ns on a CPU
     run_count: int | None = None  # times switched in (a wake: data arrived, a timeout fired)
+    wchan: str | None = None  # /proc/<pid>/task/<tid>/wchan: the kernel function it sleeps in (pipe_read, ...)
+    path: str | None = None  # an open syscall's path argument (no fd yet), read from the thread's memory
+    fifo: bool = False  # the syscall's fd (or the opened path) is a named pipe
 
 
 @dataclass(frozen=True)

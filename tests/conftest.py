@@ -225,8 +225,13 @@ def incidents(report_dir: str) -> list[str]:
 def load(incident: str) -> dict:
     import json
 
+    import reasoncheck
+
     with open(os.path.join(incident, "report.json")) as f:
-        return json.load(f)
+        report = json.load(f)
+    if report.get("trigger") == "stall" and report.get("classification_reason"):
+        reasoncheck.check(report)  # every stall test: the verdict's line agrees with its evidence
+    return report
 
 
 def fuzz_fields(base: dict, paths: list, target_dir, filename: str, load, render, *, examples: int = 200) -> None:

@@ -226,3 +226,64 @@ def test_lock_wait_that_wakes_every_second_is_not_deadlock(tmp_path, target):
     assert w["status"] == "blocked" and w["waiting_in"] == "lock acquire"
     assert "wakes" in w["alive_by"]
     assert w["io_wait"] is None
+
+
+# --------------------------------------------------------------------------- waits with no fd yet, pipes, locks
+
+
+def _reason_agrees(report) -> None:
+    # the verdict's one line must not contradict its own evidence (#21 item 4)
+    reason = report["classification_reason"]
+    for w in workers(report):
+        if "alive" in reason and "alive: " not in reason:
+            assert w["alive_by"], reason
+    assert "waiting but alive" not in reason or any(w["alive_by"] for w in workers(report)), reason
+
+
+def test_open_of_a_fifo_with_no_writer_is_io_wait_naming_the_pipe(tmp_path, target):
+    fifo = tmp_path / "samples.fifo"
+    os.mkfifo(fifo)
+    t = target("io_hang.py", "fifo", str(tmp_path / "r"), "--path", str(fifo))
+    report = first_stall(tmp_path / "r", t)
+    assert report["classification"] == "io-wait", report["classification_reason"]
+    assert top(report) == "io-stall"
+    for w in workers(report):
+        io = w["io_wait"]
+        assert io is not None and io["kind"] == "pipe open", w
+        assert io["file"] == str(fifo)
+    assert "named pipe" in report["classification_reason"] and "file read" not in report["classification_reason"]
+    assert str(fifo) in report["findings"][0]["evidence"]["wait"]
+    _reason_agrees(report)
+
+
+def test_write_into_a_full_fifo_is_io_wait_naming_the_pipe(tmp_path, target):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # there, and never reads
+    try:
+        t = target("io_hang.py", "fifo-write", str(tmp_path / "r"), "--path", str(fifo))
+        report = first_stall(tmp_path / "r", t)
+    finally:
+        os.close(reader)
+    assert report["classification"] == "io-wait", report["classification_reason"]
+    kinds = {w["io_wait"]["kind"] for w in workers(report) if w["io_wait"]}
+    assert "pipe write" in kinds, [w["io_wait"] for w in workers(report)]
+    assert all(w["io_wait"]["file"] == str(fifo) for w in workers(report) if w["io_wait"])
+    _reason_agrees(report)
+
+
+def test_flock_held_by_another_process_is_io_wait_naming_the_file(tmp_path, target):
+    import fcntl
+
+    lock = tmp_path / "shard.lock"
+    lock.write_bytes(b"")
+    with open(lock, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        t = target("io_hang.py", "flock", str(tmp_path / "r"), "--path", str(lock))
+        report = first_stall(tmp_path / "r", t)
+    assert report["classification"] == "io-wait", report["classification_reason"]
+    assert top(report) == "io-stall"
+    for w in workers(report):
+        assert w["io_wait"] is not None and w["io_wait"]["kind"] == "file lock", w
+        assert w["io_wait"]["file"] == str(lock)
+    _reason_agrees(report)

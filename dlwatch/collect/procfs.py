@@ -22,6 +22,7 @@ import collections
 import ipaddress
 import os
 import resource
+import stat
 import sys
 import time
 
@@ -474,6 +475,53 @@ def _big_read(path: str, limit: int = 1 << 20) -> str:
         return f.read(limit).decode("ascii", "replace")
 
 
+# where a thread sleeps on a pipe or FIFO (kernel function names, stable in mainline for years; a
+# kernel that names them otherwise only loses the word "pipe": the wait is still judged by its syscall)
+FIFO_WCHANS = frozenset({"wait_for_partner", "fifo_open", "pipe_read", "pipe_write", "pipe_wait"})
+MAX_PATH_BYTES = 4096  # PATH_MAX
+
+
+def _wchan(text: str) -> str | None:
+    name = text.strip()
+    return name if name and name != "0" and name.isascii() and name.isprintable() and len(name) <= 64 else None
+
+
+def _is_fifo(pid: int, fd: int, target: str | None) -> bool:
+    """Whether the fd is a named pipe: fstat through /proc (no path of the target's is opened or
+    followed).  Only for a path-like target not under /dev, /proc, /sys; a hung network mount never
+    gets here for a FIFO check of a file it serves: those wait in state D and are judged before."""
+    if not target or not target.startswith("/") or target.startswith(("/dev/", "/proc/", "/sys/")):
+        return False
+    try:
+        return stat.S_ISFIFO(os.stat(f"/proc/{pid}/fd/{fd}").st_mode)
+    except OSError:
+        return False
+
+
+def read_c_string(pid: int, address: int, limit: int = MAX_PATH_BYTES) -> str | None:
+    """The NUL-terminated string at ``address`` in ``pid``'s memory (an open syscall's path), or None.
+
+    Read through /proc/<pid>/mem with the rights py-spy needs too (the kernel checks ptrace
+    access); bounded; never followed or opened: the text is shown, after redaction, nothing more.
+    """
+    if not 0 < address < (1 << 63):
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, limit, address)
+    except (OSError, OverflowError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    end = data.find(b"\0")
+    if end <= 0:
+        return None
+    return data[:end].decode("utf-8", "backslashreplace")
+
+
 def read_io(pid: int) -> IoSample:
     """Threads' states and syscalls, TCP peers and open files of one process; never raises.
 
@@ -518,9 +566,29 @@ def read_io(pid: int) -> IoSample:
                 run_ns, _delay, run_count = sched
         except (_Gone, OSError):
             pass
+        wchan = None
+        try:
+            wchan = _wchan(_read(f"{base}/wchan"))
+        except (_Gone, OSError):
+            pass
+        path = None
+        at = syscalls.open_path_arg(nr)
+        if at is not None and len(args) > at:
+            path = read_c_string(pid, args[at])
+        fifo = wchan in FIFO_WCHANS or (fd is not None and _is_fifo(pid, fd, target))
         threads.append(
             ThreadIo(
-                tid=tid, state=state, syscall=nr, args=args, fd=fd, fd_target=target, run_ns=run_ns, run_count=run_count
+                tid=tid,
+                state=state,
+                syscall=nr,
+                args=args,
+                fd=fd,
+                fd_target=target,
+                run_ns=run_ns,
+                run_count=run_count,
+                wchan=wchan,
+                path=path,
+                fifo=fifo,
             )
         )
     socket_fds: dict[int, int] = {}

@@ -28,7 +28,10 @@ __all__ = [
     "is_connect",
     "is_fd_first",
     "is_file_read",
+    "is_lock_wait",
+    "is_open",
     "is_send",
+    "open_path_arg",
     "number",
 ]
 
@@ -56,6 +59,7 @@ NUMBERS: Mapping[str, Mapping[str, int]] = {
         "recvmsg": 47,
         "wait4": 61,
         "msgrcv": 70,
+        "fcntl": 72,
         "flock": 73,
         "fsync": 74,
         "fdatasync": 75,
@@ -80,6 +84,7 @@ NUMBERS: Mapping[str, Mapping[str, int]] = {
     "aarch64": {
         "io_getevents": 4,
         "epoll_pwait": 22,
+        "fcntl": 25,
         "flock": 32,
         "openat": 56,
         "read": 63,
@@ -155,6 +160,7 @@ CATEGORIES: Mapping[str, str] = {
         "io",
     ),
     **dict.fromkeys(("wait4", "waitid"), "child wait"),
+    **dict.fromkeys(("flock", "fcntl"), "file lock"),  # a thread that waits in fcntl waits for F_SETLKW
     "msgrcv": "queue get",
 }
 
@@ -179,12 +185,14 @@ _FD_FIRST = frozenset(
         "fsync",
         "fdatasync",
         "flock",
+        "fcntl",
         "sendfile",
     }
 )
 _SEND = frozenset({"write", "writev", "sendto", "sendmsg"})
 _CONNECT = frozenset({"connect"})
 _FILE_READ = frozenset({"read", "pread64", "readv", "preadv"})
+_OPEN = frozenset({"open", "openat", "openat2"})
 
 
 _HOST_MACHINE = platform.machine() or ""  # uname: read once, not on every poll
@@ -206,7 +214,7 @@ _CATEGORY = {
 }
 _GROUPS = {
     g: {a: frozenset(_by_number(names)[a]) for a in NUMBERS}
-    for g, names in (("fd", _FD_FIRST), ("send", _SEND), ("connect", _CONNECT), ("read", _FILE_READ))
+    for g, names in (("fd", _FD_FIRST), ("send", _SEND), ("connect", _CONNECT), ("read", _FILE_READ), ("open", _OPEN))
 }
 
 
@@ -246,3 +254,27 @@ def is_connect(nr: int | None, machine: str | None = None) -> bool:
 def is_file_read(nr: int | None, machine: str | None = None) -> bool:
     """read, pread64, readv or preadv: what a file read waits in."""
     return _in("read", nr, machine)
+
+
+def is_open(nr: int | None, machine: str | None = None) -> bool:
+    """open, openat or openat2: a wait there has no fd yet (a FIFO with no partner, a hung mount)."""
+    return _in("open", nr, machine)
+
+
+def open_path_arg(nr: int | None, machine: str | None = None) -> int | None:
+    """Which argument of an open syscall is the path's address (open: 0; openat, openat2: 1)."""
+    if not is_open(nr, machine):
+        return None
+    return 0 if nr == number("open", machine) else 1
+
+
+F_SETLKW = 7  # fcntl commands that wait for a lock (asm-generic/fcntl.h; the same on x86_64 and aarch64)
+F_OFD_SETLKW = 38
+
+
+def is_lock_wait(nr: int | None, args: tuple[int, ...], machine: str | None = None) -> bool:
+    """flock, or fcntl with F_SETLKW / F_OFD_SETLKW: a wait for a file lock another process holds."""
+    name = _NAMES.get(arch(machine), {}).get(nr) if nr is not None else None
+    if name == "flock":
+        return True
+    return name == "fcntl" and len(args) > 1 and args[1] in (F_SETLKW, F_OFD_SETLKW)

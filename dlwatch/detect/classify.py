@@ -30,7 +30,7 @@ from typing import Iterable, Sequence
 
 from dlwatch.collect import syscalls
 from dlwatch.collect.syscalls import category as syscall_category
-from dlwatch.model import Frame, IoSample, ProcSample, SocketPeer, StackDump, ThreadStack, _ToDict
+from dlwatch.model import Frame, IoSample, ProcSample, SocketPeer, StackDump, ThreadIo, ThreadStack, _ToDict
 
 __all__ = [
     "CPU_PROGRESS_MIN_S",
@@ -93,7 +93,9 @@ class ProcessObservation:
 class IoWait(_ToDict):
     """A wait on remote or file I/O that did not return over the window."""
 
-    kind: str  # socket poll | socket recv | socket send | socket connect | file read | uninterruptible
+    # socket poll | socket recv | socket send | socket connect | file read | uninterruptible |
+    # pipe open (a FIFO with no partner) | open (no fd yet: a hung mount) | pipe read | pipe write | file lock
+    kind: str
     basis: str  # what showed it: "stack", "syscall", "state D"
     tid: int | None = None  # the thread that waits
     thread: str | None = None  # its name, from the stack
@@ -102,7 +104,7 @@ class IoWait(_ToDict):
     peer: str | None = None  # "ip:port" of the socket waited on (or the process's only live TCP peer)
     tcp_state: str | None = None
     sockets: tuple[SocketPeer, ...] = ()  # the process's TCP sockets other than listeners
-    file: str | None = None  # the regular file read (fd of the syscall), else None
+    file: str | None = None  # the file, FIFO or lock file waited on (the syscall's fd or path), else None
     where: str | None = None  # innermost frame of the program's own code in the waiting thread
 
 
@@ -638,6 +640,28 @@ def _regular_file(target: str | None) -> bool:
     return target is not None and target.startswith("/") and not target.startswith(("/dev/", "/proc/", "/sys/"))
 
 
+def _blocking_wait(t: ThreadIo, machine: str | None) -> tuple[str, str | None] | None:
+    """(kind, path) of a thread blocked where no socket and no regular file read is: an open with no
+    fd yet (a FIFO whose other end never comes, a hung mount), a read or write on a named pipe
+    (its partner gone or never there, or the pipe full), a file lock another process holds.  An
+    anonymous pipe is not here: torch's own queues read those (a producer that died is the
+    deadlock's business, not I/O)."""
+    nr = t.syscall
+    if syscalls.is_open(nr, machine):
+        # in state D an open is I/O in the kernel (a hung mount): "uninterruptible" as before, now with
+        # its path; asleep in S it waits for something to come (a FIFO's other end)
+        kind = "uninterruptible" if t.state == "D" else "pipe open" if t.fifo else "open"
+        return kind, t.path
+    if syscalls.is_lock_wait(nr, t.args, machine):
+        return "file lock", t.fd_target if _regular_file(t.fd_target) else None
+    if t.fifo and t.fd_target and not t.fd_target.startswith(("pipe:", "socket:")):
+        if syscalls.is_file_read(nr, machine):
+            return "pipe read", t.fd_target
+        if syscalls.is_send(nr, machine):
+            return "pipe write", t.fd_target
+    return None
+
+
 def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | None:
     """The I/O wait of a process with no CPU progress, or None if it is not waiting on I/O.
 
@@ -706,6 +730,14 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
     if found is not None:
         return found
     all_d = bool(reads) and all(r.state == "D" for r in reads)
+    blocking = _blocking_wait(main_io, machine) if main_io is not None else None
+    if blocking is not None:
+        kind, path = blocking
+        basis = "state D" if all_d or main_io.state == "D" else "syscall"  # type: ignore[union-attr]
+        return dataclasses.replace(
+            build(kind, basis, obs.pid, main_t, main_io.syscall, None),  # type: ignore[union-attr]
+            file=path,
+        )
     if main_io is not None and _regular_file(main_io.fd_target) and syscalls.is_file_read(main_io.syscall, machine):
         if all_d or main_io.state == "D" or (obs.after is not None and obs.after.state in ("S", "D")):
             return build(
@@ -727,6 +759,12 @@ def io_wait(obs: ProcessObservation, *, machine: str | None = None) -> IoWait | 
             continue
         stack = _thread_by_tid(dump, t.tid)
         found = socket_wait(t.tid, stack, t.syscall, t.fd_target)
+        blocking = _blocking_wait(t, machine) if found is None else None
+        if blocking is not None:
+            found = dataclasses.replace(
+                build(blocking[0], "state D" if t.state == "D" else "syscall", t.tid, stack, t.syscall, None),
+                file=blocking[1],
+            )
         if found is None and _regular_file(t.fd_target) and syscalls.is_file_read(t.syscall, machine):
             found = build("file read", "state D" if t.state == "D" else "syscall", t.tid, stack, t.syscall, t.fd_target)
         if found is None and t.state == "D":
@@ -874,7 +912,14 @@ def _io_what(v: ProcessVerdict) -> str:
         return "I/O"
     if w.kind.startswith("socket"):
         return "a socket" + (f" ({w.peer})" if w.peer else "")
-    return "a file read" + (f" ({w.file})" if w.file else "")
+    what = {
+        "pipe open": "an open of a named pipe whose other end never came",
+        "open": "an open that never returned",
+        "pipe read": "a named pipe read",
+        "pipe write": "a named pipe write (the pipe is full)",
+        "file lock": "a file lock held elsewhere",
+    }.get(w.kind, "a file read")
+    return what + (f" ({w.file})" if w.file else "")
 
 
 def _summary(verdicts: Iterable[ProcessVerdict]) -> str:
@@ -1029,11 +1074,17 @@ def classify_stall(
             f"that never returned: {_summary(io_waits)}; main {waits}",
         )
     if blocked:
-        return out(
-            "slow",
-            f"{len(blocked)} of {len(live)} workers waiting but alive "
-            f"(a transient wait, or waking up): {_summary(blocked)}; main {waits}",
-        )
+        # say what each is: waking (a sign of life over the window) or in a wait that ends by itself
+        # (sleep, I/O in the kernel) with no sign of life yet; never "alive" without the evidence
+        woke = [w for w in blocked if _wakes(w)]
+        if len(woke) == len(blocked):
+            what = "waiting but alive (waking up in the window)"
+        elif not woke:
+            kinds = ", ".join(sorted({w.waiting_in or "?" for w in blocked}))
+            what = f"in a wait that ends by itself ({kinds}), no sign of life yet"
+        else:
+            what = f"waiting ({len(woke)} woke in the window, the others in a wait that ends by itself)"
+        return out("slow", f"{len(blocked)} of {len(live)} workers {what}: {_summary(blocked)}; main {waits}")
     if waiting:
         return out(
             "lost-batch",

@@ -10,6 +10,10 @@ usage: io_hang.py MODE REPORT_DIR [--port P] [--stall-timeout S] [--workers N] [
            something that never comes: it wakes every second
   trickle  each worker reads a 400-byte sample from 127.0.0.1:P, which sends a byte every
            0.1 s (a slow store, healthy): through a thread pool, with a 600 s socket timeout
+  fifo     each worker opens a named pipe (--path) for reading; no writer ever comes
+  fifo-write  each worker writes 1 MiB into a named pipe (--path) that the test holds open for
+           reading and never reads: the pipe fills and the write blocks
+  flock    each worker takes an exclusive flock on --path, which the test holds
 
 Prints READY once the loader is iterating; then stalls.  The listener on P (socket, pool)
 is the test's: it accepts and never answers.
@@ -93,9 +97,35 @@ class Waits(Dataset):
         return torch.zeros(2)
 
 
+class Files(Dataset):
+    """Samples behind a named pipe or a locked file (mode: fifo, fifo-write, flock)."""
+
+    def __init__(self, mode, path):
+        self.mode = mode
+        self.path = path
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if self.mode == "fifo":
+            with open(self.path, "rb") as f:  # blocks in open(): no writer
+                return torch.tensor(len(f.read()))
+        if self.mode == "fifo-write":
+            with open(self.path, "wb") as f:  # the test's reader is there: the open returns
+                f.write(b"x" * (1 << 20))  # the reader never reads: the pipe fills, write blocks
+            return torch.zeros(2)
+        import fcntl
+
+        with open(self.path, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # the test holds it
+            return torch.zeros(2)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["starved", "socket", "pool", "wakes", "trickle"])
+    ap.add_argument("mode", choices=["starved", "socket", "pool", "wakes", "trickle", "fifo", "fifo-write", "flock"])
+    ap.add_argument("--path", default="")
     ap.add_argument("report_dir")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--stall-timeout", type=float, default=1.5)
@@ -108,6 +138,8 @@ if __name__ == "__main__":
         ds = Remote(args.port, via_pool=args.mode == "pool")
     elif args.mode == "trickle":
         ds = Remote(args.port, via_pool=True, whole=True)
+    elif args.mode in ("fifo", "fifo-write", "flock"):
+        ds = Files(args.mode, args.path)
     else:
         ds = Waits()
     dl = DataLoader(ds, batch_size=1, num_workers=args.workers, multiprocessing_context="fork")
