@@ -96,6 +96,16 @@ def _is_dataloader(obj: Any) -> bool:
     return torch_data is not None and isinstance(obj, torch_data.DataLoader)
 
 
+def _fork_record() -> list[list[dict[str, Any]]]:
+    fork_mod = sys.modules.get("dlwatch.inproc.forkthreads")
+    if fork_mod is None:
+        return []
+    try:
+        return fork_mod.take()
+    except Exception:
+        return []
+
+
 def _start_method(loader: Any) -> str | None:
     ctx = getattr(loader, "multiprocessing_context", None)
     if isinstance(ctx, str):
@@ -869,6 +879,23 @@ class Watch:
             self._preflight_start()
         except Exception:
             pass  # a check failing must not stop the epoch
+        try:
+            self._arm_fork_record()
+        except Exception:
+            pass
+
+    def _arm_fork_record(self) -> None:
+        """Where the other threads are at each worker fork of the iterator about to be built
+        (:mod:`dlwatch.inproc.forkthreads`); only fork workers inherit a held lock."""
+        loader = self._loader
+        if loader is None or not _is_dataloader(loader) or not loader.num_workers or not self._events_path:
+            return
+        if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
+            return  # the workers are already running: nothing forks now
+        if _start_method(loader) == "fork":
+            from dlwatch.inproc import forkthreads
+
+            forkthreads.arm()
 
     # ------------------------------------------------------------------ preflight and the summary
 
@@ -1001,10 +1028,13 @@ class Watch:
         if not workers:
             return
         pids = tuple(w.pid for w in workers if getattr(w, "pid", None))
+        forks = _fork_record()
         if pids and pids != self._worker_pids and self._events_path:
             self._worker_pids = pids
             self._generations += 1
             events.emit(self._events_path, "loader_workers", pids=list(pids))
+            if any(forks):  # the other threads at each worker's fork, in fork order (worker i: the i-th)
+                events.emit(self._events_path, "fork_threads", pids=list(pids), forks=forks)
 
     def _instrument(self, it: Iterator[Any]) -> Iterator[Any]:
         self._note_workers(it)

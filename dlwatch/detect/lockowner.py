@@ -1,0 +1,199 @@
+"""Which thread of the training process held the lock the deadlocked workers wait on.
+
+The record (:mod:`dlwatch.inproc.forkthreads`) says where every other thread of the
+training process was at each worker's fork: name, innermost Python frames, and whether it
+was idle (waiting on an Event, a Condition, a queue).  The workers' stacks say where they
+wait: the *acquire site*, the innermost frame of the program's code, a ``with X:`` line or
+an ``X.acquire()`` call (a wrapper such as ``def acquire(self): self.lock.acquire()`` is
+looked through to its caller).
+
+A thread is named as the holder only on evidence: one of its frames at the fork sat inside
+a region of *the same lock expression in the same file*: the body of ``with X:``, or
+between ``X.acquire()`` and the ``X.release()`` of its ``try/finally``.  A thread idle at
+the fork *inside* such a region still held the lock (the seed's refresher waits on an Event
+inside ``with self.lock``).  Threads that were elsewhere are listed as alive at the fork,
+never named; with no thread in a region, or two, the holder is ``unknown``.  Pure: the
+source text comes through ``read_source``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["Holder", "acquire_site", "find_holder"]
+
+_WRAPPERS = {"acquire", "__enter__", "lock", "_acquire", "_lock"}
+
+
+@dataclass(frozen=True)
+class Region:
+    expr: str  # the lock expression, as written ("self.lock")
+    start: int  # first line of the region (the with / acquire line)
+    end: int  # last line of it
+
+
+@dataclass(frozen=True)
+class Holder:
+    name: str
+    function: str
+    filename: str
+    line: int
+    lock: str  # the lock expression
+    region_line: int  # where the region opens
+    idle: str | None  # what it was waiting on inside the region, if anything
+
+
+def _lock_expr(node: ast.AST) -> str | None:
+    try:
+        return ast.unparse(node)
+    except Exception:
+        return None
+
+
+def _acquire_call(node: ast.AST) -> str | None:
+    """``X`` of a statement ``X.acquire(...)``."""
+    if isinstance(node, ast.Expr):
+        node = node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "acquire":
+        return _lock_expr(node.func.value)
+    return None
+
+
+def _release_in(stmts: Sequence[ast.stmt], expr: str) -> bool:
+    for s in stmts:
+        for n in ast.walk(s):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "release"
+                and _lock_expr(n.func.value) == expr
+            ):
+                return True
+    return False
+
+
+def regions(tree: ast.AST) -> list[Region]:
+    """Every ``with X:`` body and ``X.acquire(); try: ... finally: X.release()`` span in a module."""
+    out: list[Region] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                expr = _lock_expr(item.context_expr)
+                if expr:
+                    out.append(Region(expr, node.lineno, node.end_lineno or node.lineno))
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for i, stmt in enumerate(body):
+                expr = _acquire_call(stmt)
+                if expr is None:
+                    continue
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                if isinstance(nxt, ast.Try) and _release_in(nxt.finalbody, expr):
+                    out.append(Region(expr, stmt.lineno, nxt.end_lineno or nxt.lineno))
+    return out
+
+
+def _site_expr(tree: ast.AST, line: int) -> str | None:
+    """The lock expression acquired on ``line``: ``with X:`` opening there, or ``X.acquire()`` on it."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno == line:
+            return _lock_expr(node.items[0].context_expr) if node.items else None
+        if isinstance(node, ast.Call) and getattr(node, "lineno", None) == line:
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "acquire":
+                return _lock_expr(node.func.value)
+    return None
+
+
+def _parse(path: str, read_source: Callable[[str], str | None], cache: dict[str, Any]) -> ast.AST | None:
+    if path not in cache:
+        text = read_source(path)
+        try:
+            cache[path] = ast.parse(text) if text is not None else None
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            cache[path] = None
+    return cache[path]
+
+
+def acquire_site(
+    frames: Sequence[Mapping[str, Any]], read_source: Callable[[str], str | None], cache: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """{"expr", "filename", "line", "function"} of the lock a worker waits on, from its stack
+    (innermost frame first; native frames skipped); None when no frame shows it."""
+    cache = {} if cache is None else cache
+    py = [f for f in frames if f.get("filename") and isinstance(f.get("line"), int) and f["line"] > 0]
+    for i, f in enumerate(py[:8]):
+        tree = _parse(str(f["filename"]), read_source, cache)
+        if tree is None:
+            continue
+        expr = _site_expr(tree, int(f["line"]))
+        if expr is None:
+            continue
+        if f.get("function", "").rsplit(".", 1)[-1] in _WRAPPERS and i + 1 < len(py):
+            outer = acquire_site(py[i + 1 :], read_source, cache)  # a wrapper: its caller names the lock
+            if outer is not None:
+                return outer
+        return {"expr": expr, "filename": f["filename"], "line": f["line"], "function": f.get("function")}
+    return None
+
+
+def find_holder(
+    site: Mapping[str, Any] | None,
+    threads: Sequence[Mapping[str, Any]],
+    read_source: Callable[[str], str | None],
+    cache: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """{"holder": Holder-as-dict or None, "candidates": [...], "alive": [...], "basis": str}.
+
+    ``threads``: one fork's record (name, frames innermost first, idle)."""
+    cache = {} if cache is None else cache
+    alive = [
+        {
+            "name": t.get("name"),
+            "where": _where(t.get("frames") or ()),
+            "idle": t.get("idle"),
+        }
+        for t in threads
+    ]
+    if site is None:
+        return {"holder": None, "candidates": [], "alive": alive, "basis": "the workers' wait shows no lock site"}
+    expr, path = site["expr"], site["filename"]
+    tree = _parse(str(path), read_source, cache)
+    spans = [r for r in regions(tree) if r.expr == expr] if tree is not None else []
+    found: list[Holder] = []
+    for t in threads:
+        for f in t.get("frames") or ():
+            if f.get("filename") != path or not isinstance(f.get("line"), int):
+                continue
+            inside = [r for r in spans if r.start <= f["line"] <= r.end]
+            if inside:
+                r = max(inside, key=lambda r: r.start)  # the innermost region
+                found.append(
+                    Holder(
+                        name=str(t.get("name")),
+                        function=str(f.get("function")),
+                        filename=str(path),
+                        line=int(f["line"]),
+                        lock=expr,
+                        region_line=r.start,
+                        idle=t.get("idle"),
+                    )
+                )
+                break
+    if len(found) == 1:
+        return {"holder": found[0].__dict__, "candidates": [], "alive": alive, "basis": "inside the lock's region"}
+    basis = (
+        f"{len(found)} threads were inside a region of {expr}"
+        if found
+        else f"no thread was inside a region of {expr} at the fork"
+    )
+    return {"holder": None, "candidates": [h.__dict__ for h in found], "alive": alive, "basis": basis}
+
+
+def _where(frames: Sequence[Mapping[str, Any]]) -> str | None:
+    for f in frames:
+        name = str(f.get("filename") or "")
+        if name:
+            return f"{f.get('function')} ({name.rsplit('/', 1)[-1]}:{f.get('line')})"
+    return None
