@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 import tomllib
 
 import dlwatch
@@ -185,3 +186,126 @@ def test_event_schemas_apply_in_the_reader():
     assert events.normalize(dict(bad), schemas)["fingerprints"] == {"a": "x"}
     assert events.normalize({"event": "rng_fingerprint", "fingerprints": {}}, schemas) is None
     assert events.normalize(dict(bad), None) == bad  # without the table: passed through for the timeline
+
+
+NEW_MODULE = '''
+"""A failure added the documented way: this module, its TOML, nothing else."""
+
+from typing import Any, Iterable, Mapping
+
+from dlwatch.detect.base import Detector, View
+from dlwatch.detect.evidence import Context
+from dlwatch.detect.registry import Failure
+
+PLAYBOOK = "lock-owner-probe"
+
+
+class LockOwner(Detector):
+    playbook = PLAYBOOK
+    defaults = {"min_wait_s": 1.0}
+
+    def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
+        if ev.get("event") == "lock_owner_seen" and ev["waited"] >= self.thresholds["min_wait_s"]:
+            return [{"event": "threshold", "signal": "lock_owner", "owner": ev["owner"], "owner_wait": ev["waited"]}]
+        return ()
+
+
+def _schema(ev: dict[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(ev.get("owner"), int) or not isinstance(ev.get("waited"), (int, float)):
+        return None
+    return ev
+
+
+def _enrich(pb: Any, ctx: Context, evidence: dict[str, Any]) -> str | None:
+    seen = ctx.signal_events("lock_owner")
+    evidence["owner_pid"] = seen[-1]["owner"]
+    evidence["owner_wait"] = seen[-1]["owner_wait"]
+    return "main-holds" if evidence["owner_pid"] == (ctx.report.get("pid") or 0) else "worker-holds"
+
+
+FAILURE = Failure(
+    playbook=PLAYBOOK,
+    detectors=(LockOwner,),
+    enrich=_enrich,
+    evidence_forms={"owner_pid": "text", "owner_wait": "seconds"},
+    events={"lock_owner_seen": _schema},
+)
+'''
+
+NEW_TOML = """
+id = "lock-owner-probe"
+title = "A lock's owner never lets go"
+summary = "The workers wait on a lock whose owner is known."
+
+[thresholds]
+min_wait_s = 2.0
+
+[[signals]]
+name = "owner-seen"
+signal = "lock_owner"
+confidence = 0.9
+
+[evidence]
+owner_pid = "the process that holds the lock"
+owner_wait = "how long the others waited"
+
+[remediation]
+text = "Release the lock before forking."
+
+[remediation.variants]
+main-holds = "The main process holds it."
+worker-holds = "A worker holds it."
+"""
+
+
+def test_a_new_failure_is_found_everywhere_from_its_module_and_toml_alone(tmp_path, monkeypatch):
+    """The path of docs/design.md, "Adding a failure", walked for real: a module and a TOML
+    outside the package, and the monitor's detectors, the event reader, the matcher and the
+    renderers all use what the module declares, with no generic file changed."""
+    from dlwatch.detect.base import View
+    from dlwatch.detect.match import match
+    from dlwatch.wire.playbooks import load_playbooks
+
+    pkg = tmp_path / "newfailures"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lock_owner.py").write_text(NEW_MODULE)
+    books = tmp_path / "playbooks"
+    books.mkdir()
+    (books / "lock-owner-probe.toml").write_text(NEW_TOML)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    added = registry.discover(str(pkg), "newfailures")
+    assert [f.playbook for f in added] == ["lock-owner-probe"] and added[0].module == "newfailures.lock_owner"
+    shipped = registry.failures()
+    registry.reset()
+    display.evidence_forms.cache_clear()
+    monkeypatch.setattr(registry, "failures", lambda: shipped + added)
+    try:
+        # the monitor: its detector runs, configured by its playbook's thresholds
+        playbooks = load_playbooks([str(books)])
+        detectors = build({p.id: p.thresholds for p in playbooks})
+        det = next(d for d in detectors if d.playbook == "lock-owner-probe")
+        assert det.thresholds == {"min_wait_s": 2.0}
+        view = View(now=0.0, procs={}, loader=None, loader_pids=frozenset(), system=None, heartbeat=None)
+        # the event reader: its event is type-checked by its schema
+        schemas = registry.event_schemas()
+        assert events.normalize({"event": "lock_owner_seen", "owner": "x", "waited": 3}, schemas) is None
+        ev = events.normalize({"event": "lock_owner_seen", "owner": 4242, "waited": 3.5}, schemas)
+        signals = list(det.on_event(ev, view))
+        assert signals == [{"event": "threshold", "signal": "lock_owner", "owner": 4242, "owner_wait": 3.5}]
+        # the matcher: its signal matches, its enricher measures, its variant is chosen
+        report = {"pid": 1, "events": signals, "processes": []}
+        top = match(report, playbooks)[0]
+        assert top.playbook == "lock-owner-probe"
+        assert top.evidence["owner_pid"] == 4242 and top.evidence["owner_wait"] == 3.5
+        assert top.remediation.startswith("A worker holds it.") and "main process" not in top.remediation
+        # the renderers: its evidence reads by its forms
+        assert display.evidence_value("owner_wait", 3.5) == "3.50 s"
+        assert display.evidence_value("owner_wait", 3.5) != display.evidence_value("owner_wait_x", 3.5)
+    finally:
+        monkeypatch.undo()
+        registry.reset()
+        display.evidence_forms.cache_clear()
+        for name in ("newfailures.lock_owner", "newfailures"):
+            sys.modules.pop(name, None)
+    assert registry.find("lock-owner-probe") is None  # gone again for the other tests

@@ -38,12 +38,14 @@ __all__ = [
     "FORM_NAMES",
     "Failure",
     "detector_classes",
+    "discover",
     "event_schemas",
     "evidence_forms",
     "examples",
     "failures",
     "fact_providers",
     "find",
+    "reset",
 ]
 
 # An enricher adds what was measured for its failure to a finding's evidence (a dict it may
@@ -94,9 +96,14 @@ class Failure:
 @functools.lru_cache(maxsize=1)
 def failures() -> tuple[Failure, ...]:
     """Every declared failure, in the order of their module names (imports each module once)."""
-    package = __name__.rpartition(".")[0]  # dlwatch.detect, by name: this module imports no failure
+    # this package, by name: this module imports no failure
+    return discover(os.path.dirname(os.path.abspath(__file__)), __name__.rpartition(".")[0])
+
+
+def discover(directory: str, package: str) -> tuple[Failure, ...]:
+    """The failures declared by the modules of one package (its directory and dotted name)."""
     found: list[Failure] = []
-    for info in sorted(pkgutil.iter_modules([os.path.dirname(__file__)]), key=lambda m: m.name):
+    for info in sorted(pkgutil.iter_modules([directory]), key=lambda m: m.name):
         if info.ispkg or info.name == "registry":
             continue
         module = importlib.import_module(f"{package}.{info.name}")
@@ -104,6 +111,12 @@ def failures() -> tuple[Failure, ...]:
         if isinstance(declared, Failure):
             found.append(_with_module(declared, module.__name__))
     return tuple(found)
+
+
+def reset() -> None:
+    """Forget what was discovered and merged (tests that add a failure)."""
+    for cached in (failures, event_schemas, fact_providers, evidence_forms):
+        cached.cache_clear()
 
 
 def _with_module(f: Failure, name: str) -> Failure:
