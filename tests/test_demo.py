@@ -12,14 +12,14 @@ import pytest
 
 from conftest import REPO, kill_tree, run_bounded
 from dlwatch.cli import demo_cmd, main
-from dlwatch.cli.demo_cmd import ADVICE, EXAMPLES, Outcome, examples_dir, table_lines
+from dlwatch.cli.demo_cmd import ADVICE, Outcome, examples, examples_dir, table_lines
 from dlwatch.errors import NotFoundError
 
 
 def test_list_names_every_example_and_its_playbook(capsys):
     assert main(["demo", "--list"]) == 0
     out = capsys.readouterr().out
-    for name, playbook in EXAMPLES.items():
+    for name, playbook in examples().items():
         line = next(line for line in out.splitlines() if line.startswith(name + " "))
         if name in ADVICE:
             assert (f"advice {ADVICE[name]}" if ADVICE[name] else "no advice") in line
@@ -32,7 +32,7 @@ def test_unknown_example_is_a_usage_error_naming_the_valid_ones(capsys):
     assert main(["demo", "nope"]) == 2
     err = capsys.readouterr().err
     assert "no example named 'nope'" in err
-    for name in EXAMPLES:
+    for name in examples():
         assert name in err
     assert "all" in err
 
@@ -49,7 +49,7 @@ def test_every_playbook_has_an_example():
         "shm-too-small",
         "dataset-memory-per-worker",
     }
-    shown = {p for p in EXAMPLES.values() if p} | {p for p in ADVICE.values() if p}
+    shown = {p for p in examples().values() if p} | {p for p in ADVICE.values() if p}
     assert {pb.id for pb in load_playbooks(())} - preflight_only <= shown
 
 

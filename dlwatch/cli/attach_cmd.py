@@ -27,6 +27,7 @@ from dlwatch.monitor import forensics
 from dlwatch.wire import heartbeat
 from dlwatch.collect import bounds, procfs, rundir
 from dlwatch.collect.gpu import GpuProbe
+from dlwatch.detect import registry
 from dlwatch.collect.system import read_system
 from dlwatch.wire.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import PTRACE_HELP, NotFoundError, PermissionDeniedError, TargetError, UsageError
@@ -246,7 +247,7 @@ def gather(pid: int) -> tuple[dict[int, TrackedProcess], dict[str, Any]]:
         run["heartbeat"] = hb
         run["events"] = []
         refused_pids: list[int] = []
-        for ev in events_mod.parse_lines(files.get("events.jsonl", b"").splitlines()):
+        for ev in events_mod.parse_lines(files.get("events.jsonl", b"").splitlines(), registry.event_schemas()):
             if ev.get("event") == "worker_registered":
                 wpid = ev["pid"]
                 if not allowed(wpid):

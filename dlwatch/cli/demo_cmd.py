@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib.util
 import os
 import signal
@@ -34,22 +35,10 @@ from dlwatch.redact import outbound
 from dlwatch.report import render, store
 from dlwatch.report import summary as summary_render
 
-# example -> the playbook it must yield as top finding (None: a healthy run, no incident at all)
-EXAMPLES: dict[str, str | None] = {
-    "deadlock": "worker-deadlock",
-    "cat_collate": "batch-dim-mismatch",
-    "rng_duplication": "rng-duplication",
-    "rng_epoch_repeat": "rng-duplication",
-    "fd_exhaustion": "fd-exhaustion",
-    "shm_exhaustion": "shm-exhaustion",
-    "io_stall": "io-stall",
-    "worker_segfault": "worker-killed",
-    "worker_killed": "worker-killed",
-    "worker_oom": "worker-killed",
-    "copy_on_read": "worker-memory-growth",
-    "pinned_growth": "pinned-memory-growth",
-    "ddp_deadlock": "worker-deadlock",  # judged on the job view: the rank that stalled first
-    "ddp_straggler": "straggler-rank",  # judged on the job view, and no incident at all
+# The healthy examples and those of the advice playbooks: no incident at all.  The examples of a
+# failure (the playbook each must yield as top finding) are declared by the failure's module
+# (``FAILURE.examples``, see dlwatch.detect.registry); :func:`examples` lists both.
+HEALTHY: dict[str, None] = {
     "healthy_fast": None,
     "healthy_slow": None,
     "healthy_workers0": None,
@@ -78,13 +67,26 @@ ADVICE: dict[str, str | None] = {
     "balanced": None,
 }
 ALIASES = {"ddp": "ddp_deadlock"}
-STRAGGLER = "straggler-rank"
+STRAGGLER = "straggler-rank"  # judged on the job view (its stragglers), not on an incident's findings
 # examples of a multi-rank job: judged by the job view's origin (the rank that stalled first),
 # and a waiting rank must be named too
 JOB_EXAMPLES = frozenset({"ddp_deadlock", "ddp_straggler"})
 DEFAULT = "deadlock"  # shows the most (a silent hang, stacks of every process) in about 6 s
 TIMEOUT_S = 90.0  # each example ends itself within 60 s
 PACKAGE = "dlwatch._examples"  # examples/ shipped as package data (pyproject.toml package-dir)
+
+
+@functools.lru_cache(maxsize=1)
+def examples() -> dict[str, str | None]:
+    """Example -> the playbook it must yield as top finding (None: a healthy run, no incident at all).
+
+    The failures' examples first, in the registry's order, then the healthy and advice ones.
+    Built on first use: finding the failures imports every detector module, which the other
+    commands (and ``dlwatch demo --help``) do not need.
+    """
+    from dlwatch.detect import registry
+
+    return {**registry.examples(), **HEALTHY}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _has_examples(path: str) -> bool:
-    return all(os.path.isfile(os.path.join(path, f"{n}.py")) for n in (*EXAMPLES, "_common"))
+    return all(os.path.isfile(os.path.join(path, f"{n}.py")) for n in (*examples(), "_common"))
 
 
 def examples_dir() -> str:
@@ -241,7 +243,7 @@ def _stop_group(proc: "subprocess.Popen[str]") -> None:
 
 def run_example(name: str, directory: str, report_dir: str, *, timeout: float, echo: TextIO | None = None) -> Outcome:
     """Run one example script as a subprocess, bounded in time, and read the reports it names."""
-    out = Outcome(name, EXAMPLES[name])
+    out = Outcome(name, examples()[name])
     script = os.path.join(directory, f"{name}.py")
     t0 = time.monotonic()
     proc = subprocess.Popen(
@@ -326,8 +328,8 @@ def _judge_job(out: Outcome, report_dir: str) -> None:
 
 
 def list_lines(directory: str) -> Iterator[str]:
-    width = max(len(n) for n in EXAMPLES)
-    for name, expected in EXAMPLES.items():
+    width = max(len(n) for n in examples())
+    for name, expected in examples().items():
         tag = expected or (
             f"advice {ADVICE[name]}" if ADVICE.get(name) else "no advice" if name in ADVICE else "no incident"
         )
@@ -385,15 +387,15 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         return 0
     args.name = ALIASES.get(args.name, args.name)
-    if args.name != "all" and args.name not in EXAMPLES:
-        raise UsageError(f"no example named {args.name!r}", help="choose one of: " + ", ".join(EXAMPLES) + ", or all")
+    if args.name != "all" and args.name not in examples():
+        raise UsageError(f"no example named {args.name!r}", help="choose one of: " + ", ".join(examples()) + ", or all")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     _require_torch()
     report_dir = os.path.abspath(args.report_dir or os.environ.get("DLWATCH_DIR") or DEFAULT_REPORT_DIR)
     if args.name == "all":
         outcomes = []
-        for name in EXAMPLES:
+        for name in examples():
             print(f"running {name} ...", file=sys.stderr, flush=True)
             o = run_example(name, directory, report_dir, timeout=args.timeout)
             if o.matched is False:

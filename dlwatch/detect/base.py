@@ -1,8 +1,9 @@
 """The detector interface: what the monitor's loop feeds, and what a detector hands back.
 
-A detector owns one failure.  It lives in one module of ``dlwatch/detect/`` next to its
-pure judgement functions, is configured by its playbook's ``[thresholds]`` (the file in
-``playbooks/`` with the same id), and is listed once in :data:`dlwatch.detect.DETECTORS`.
+A detector owns one failure.  It lives in the failure's module of ``dlwatch/detect/`` next
+to its pure judgement functions, is configured by its playbook's ``[thresholds]`` (the file
+in ``playbooks/`` with the same id), and is listed once, in that module's ``FAILURE``
+(:mod:`dlwatch.detect.registry`).
 The monitor never branches on a detector: each poll it calls ``on_poll`` of every
 detector, for each event from the training process and its workers ``on_event``, and
 turns every signal handed back into a ``threshold`` incident (one per run and playbook).

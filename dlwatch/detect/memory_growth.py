@@ -1,4 +1,4 @@
-"""Detector for ``worker-memory-growth``: DataLoader workers whose private memory grows with every sample.
+"""The ``worker-memory-growth`` failure: DataLoader workers whose private memory grows with every sample.
 
 Each worker's USS (private pages; the monitor reads it every 10 s, and every 2 s for
 a process faulting in pages) is judged by :func:`dlwatch.collect.growth.steady_growth`.
@@ -16,6 +16,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from dlwatch.detect.base import Detector, View
+from dlwatch.detect.evidence import Context, strip_event
+from dlwatch.detect.registry import Failure
+from dlwatch.wire.playbooks import Playbook
 from dlwatch.collect.growth import slope, steady_growth, time_to_limit
 from dlwatch.model import SystemSample
 
@@ -152,3 +155,25 @@ class WorkerMemoryGrowth(Detector):
                 **evidence,
             }
         ]
+
+
+def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
+    """The last worker_memory_growth signal's evidence (the growth fit, the limit and when it is reached)."""
+    events = ctx.signal_events("worker_memory_growth")
+    if events:
+        ev.update({k: v for k, v in strip_event(events[-1]).items() if k not in ev})
+    return None
+
+
+FAILURE = Failure(
+    playbook=WorkerMemoryGrowth.playbook,
+    detectors=(WorkerMemoryGrowth,),
+    enrich=_enrich,
+    evidence_forms={
+        "workers_growing": "count",
+        "copy_on_read": "text",
+        "all_workers_growing": "text",
+        "rate_bytes_per_s": "text",
+    },
+    examples=("copy_on_read",),
+)

@@ -1,4 +1,4 @@
-"""Detector for ``pinned-memory-growth``: locked (pinned) memory of the job rising steadily.
+"""The ``pinned-memory-growth`` failure: locked (pinned) memory of the job rising steadily.
 
 Pinned host memory (``pin_memory=True`` buffers, a cache of pinned tensors) is locked
 memory: the host's ``Mlocked`` (/proc/meminfo, every poll) and each process's
@@ -17,6 +17,9 @@ import collections
 from typing import Any, Iterable
 
 from dlwatch.detect.base import Detector, View
+from dlwatch.detect.evidence import Context, strip_event
+from dlwatch.detect.registry import Failure
+from dlwatch.wire.playbooks import Playbook
 from dlwatch.collect.growth import steady_growth, time_to_limit
 
 
@@ -139,3 +142,26 @@ class PinnedMemoryGrowth(Detector):
                 **evidence,
             }
         ]
+
+
+def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
+    """The last pinned_memory_growth signal's evidence (the growth fit, the limit and when it is reached)."""
+    events = ctx.signal_events("pinned_memory_growth")
+    if events:
+        ev.update({k: v for k, v in strip_event(events[-1]).items() if k not in ev})
+    return None
+
+
+FAILURE = Failure(
+    playbook=PinnedMemoryGrowth.playbook,
+    detectors=(PinnedMemoryGrowth,),
+    enrich=_enrich,
+    evidence_forms={
+        "mlocked": "bytes",
+        "growth": "growth",
+        "lockers": "table",
+        "limit": "text",
+        "limit_in_s": "seconds",
+    },
+    examples=("pinned_growth",),
+)

@@ -1,4 +1,4 @@
-"""Detector for ``rng-duplication``: a random stream the workers draw from that does not differ.
+"""The ``rng-duplication`` failure: a random stream the workers draw from that does not differ.
 
 Each worker sends two ``rng_fingerprint`` events (see :mod:`dlwatch.inproc.worker_hook` and
 :mod:`dlwatch.inproc.rngcheck`): ``stage="start"`` after the user's ``worker_init_fn``, and
@@ -22,7 +22,9 @@ Generations are told apart by pid: the n-th process seen with a worker id is tha
 n-th generation (fingerprints may arrive before the iterator's ``loader_workers`` event).
 Pure: :func:`judge` takes events and returns evidence (the matcher uses it too); the
 detector keeps the events and hands a signal back once every worker of the generation
-has reported, so the incident names them all.
+has reported, so the incident names them all.  The ``rng_fingerprint`` event's schema is
+declared here (:func:`_fingerprint_event`), and the matcher judges a report's raw
+fingerprints again (:func:`_from_fingerprints`) for a signal the report lacks.
 """
 
 from __future__ import annotations
@@ -31,10 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dlwatch.detect.base import Detector, View
+from dlwatch.detect.evidence import Context
+from dlwatch.detect.registry import Failure
+from dlwatch.wire.playbooks import Playbook
 
 __all__ = ["RngDuplication", "fingerprints_of", "judge"]
 
 MAX_WORKERS_KEPT = 512  # worker processes whose fingerprints the detector keeps (oldest dropped)
+PLAYBOOK = "rng-duplication"
 EVIDENCE_WAIT_S = 5.0  # how long a finding waits for the rest of its generation's workers
 
 
@@ -171,7 +177,7 @@ def generation_complete(workers: Iterable[_Worker], num_workers: int) -> bool:
 
 
 class RngDuplication(Detector):
-    playbook = "rng-duplication"
+    playbook = PLAYBOOK
 
     def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
         super().__init__(thresholds)
@@ -218,3 +224,81 @@ class RngDuplication(Detector):
                 self.sent[name] = found
                 out.append({"ts": view.now, "event": name, key: found})
         return out
+
+
+# --------------------------------------------------------------------------- events and the matcher's side
+
+
+def _fingerprint_event(ev: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema of ``rng_fingerprint`` (see :func:`dlwatch.wire.events.normalize`): a worker id and
+    fingerprints by path; hashes that are not strings are dropped."""
+    fps = ev.get("fingerprints")
+    if "worker_id" not in ev or not isinstance(fps, dict):
+        return None
+    ev["fingerprints"] = {k: v for k, v in fps.items() if isinstance(v, str)}
+    return ev
+
+
+def _from_fingerprints(ctx: Context) -> list[dict[str, Any]]:
+    """The detector's signals, judged again from raw fingerprint events (the same rule),
+    for each signal the report does not already hold."""
+    events = ctx.events
+    prints = [ev for ev in events if ev.get("event") == "rng_fingerprint"]
+    if not prints:
+        return []
+    dups, repeats = judge(prints)
+    checked = len({(ev.get("pid"), ev.get("worker_id")) for ev in prints})
+    out = []
+    for name, key, found in (("rng_duplicate", "duplicates", dups), ("rng_epoch_repeat", "repeats", repeats)):
+        if found and not ctx.signal_events(name):
+            out.append(
+                {
+                    "event": "threshold",
+                    "signal": name,
+                    key: found,
+                    "num_workers_checked": checked,
+                    "derived": "rng_fingerprint events",
+                }
+            )
+    return out
+
+
+def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
+    for signal, key in (("rng_duplicate", "duplicates"), ("rng_epoch_repeat", "repeats")):
+        found: list[Any] = []
+        for e in ctx.signal_events(signal):
+            for d in e.get(key) or ():
+                if d not in found:
+                    found.append(d)
+        if found:
+            ev[key] = found
+    if ev.get("repeats"):
+        # workers restart each epoch; a sequential sampler means the very same samples get the
+        # very same draws (on purpose only for a validation loader seeded alike every epoch)
+        for key in ("persistent_workers", "sampler"):
+            if ctx.loader.get(key) is not None:
+                ev[key] = ctx.loader.get(key)
+    if ctx.loader.get("worker_init_fn") is not None:
+        ev["worker_init_fn"] = ctx.loader.get("worker_init_fn")
+    if ev.get("duplicates") and not ev.get("repeats"):
+        return "worker-copies"
+    if ev.get("repeats") and not ev.get("duplicates"):
+        return "epoch-repeat"
+    return None  # both (or neither measured): every variant is shown
+
+
+FAILURE = Failure(
+    playbook=PLAYBOOK,
+    detectors=(RngDuplication,),
+    enrich=_enrich,
+    derive=_from_fingerprints,
+    evidence_forms={
+        "duplicates": "table",
+        "repeats": "table",
+        "persistent_workers": "text",
+        "sampler": "text",
+        "worker_init_fn": "text",
+    },
+    events={"rng_fingerprint": _fingerprint_event},
+    examples=("rng_duplication", "rng_epoch_repeat"),
+)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
+from dlwatch.detect.registry import Failure
+
 __all__ = ["DEFAULTS", "PLAYBOOK", "judge", "thresholds"]
 
 PLAYBOOK = "straggler-rank"
@@ -149,3 +151,17 @@ def judge(ranks: Sequence[Mapping[str, Any]], t: Mapping[str, float] | None = No
                 }
             )
     return out
+
+
+# judged on the job view (report/jobview.py), never by the matcher: what belongs to it is how its evidence reads
+FAILURE = Failure(
+    playbook=PLAYBOOK,
+    evidence_forms={
+        "rank": "text",
+        "data_wait_share": "text",
+        "batch_rate_per_s": "text",
+        "first_batch_s": "text",
+        "ranks": "table",
+    },
+    examples=("ddp_straggler",),
+)

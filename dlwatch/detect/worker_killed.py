@@ -1,4 +1,4 @@
-"""Detector for ``worker-killed``: what dlwatch saw when a DataLoader worker vanished.
+"""The ``worker-killed`` failure: what dlwatch saw when a DataLoader worker vanished.
 
 torch says a worker "exited unexpectedly" or "is killed by signal: X" and nothing
 else; whether it raises at once or the loop hangs, the report is written later
@@ -8,7 +8,8 @@ end, the memory limit, the OOM-kill counters before and after, /dev/shm, its exi
 status when seen (a zombie's, or the exit codes the training process read after
 torch raised) and the Python stack a fatal signal left in its crash file.  It notes
 only a worker that ended abnormally; workers shut down at an epoch's end stay quiet.
-The cause is judged by :func:`exit_cause` (pure), and again by the matcher on the report.
+The cause is judged by :func:`exit_cause` (pure), and again on the report by this
+module's enricher, which also shows the memory, the limits and the crash stack.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import signal as _signal
 from typing import Any, Iterable, Mapping
 
 from dlwatch.detect.base import Detector, View
+from dlwatch.detect.evidence import Context, MAX_FRAMES, frame_str, is_user_frame, samples_of, strip_event, threads
+from dlwatch.detect.registry import Failure
+from dlwatch.wire.playbooks import Playbook
 from dlwatch.model import SystemSample
 
 __all__ = ["WorkerKilled", "exit_cause", "signal_name", "torch_worker_exit", "wait_status_signal"]
@@ -256,3 +260,107 @@ class WorkerKilled(Detector):
         if crash:
             ev["crash"] = {k: crash.get(k) for k in ("signal", "fatal_error")}
         return ev
+
+
+def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
+    obs = [e for e in ctx.signal_events("worker_exit") if e.get("event") == "observation"]
+    pids, sig_text = torch_worker_exit(ctx.text)
+    crashed = [p for p in ctx.processes if p.get("role") == "worker" and p.get("crash")]
+    gone = [p for p in ctx.processes if p.get("role") == "worker" and p.get("status") == "gone"]
+    pid = (
+        (pids[0] if pids else None)
+        or next((e.get("pid") for e in obs), None)
+        or next((p.get("pid") for p in crashed + gone), None)
+    )
+    if pid is None:
+        return None
+    mine = [e for e in obs if e.get("pid") == pid]
+    merged: dict[str, Any] = {}
+    for e in mine:  # later observations add what earlier ones lacked (an exit code read after torch raised)
+        merged.update({k: v for k, v in e.items() if v is not None})
+    proc = next((p for p in ctx.processes if p.get("pid") == pid), None)
+    crash = (proc or {}).get("crash") or merged.get("crash") or {}
+    sig = merged.get("exit_signal") or sig_text or crash.get("signal")
+    share = merged.get("memory_share")
+    before, after = merged.get("oom_kills_before") or {}, merged.get("oom_kills_after") or {}
+    cg_b, cg_a = before.get("cgroup"), after.get("cgroup")
+    if cg_b is not None and cg_a is not None:
+        oom = cg_a > cg_b
+    else:
+        oom = before.get("host") is not None and after.get("host") is not None and after["host"] > before["host"]
+    cause, basis = exit_cause(
+        sig,
+        oom_rose=oom,
+        memory_share=share,
+        crash_signal=crash.get("signal"),
+        near_share=pb.threshold("near_limit_share", 0.9),
+    )
+    ev.update(
+        {
+            "pid": pid,
+            "worker_id": (proc or {}).get("worker_id", merged.get("worker_id")),
+            "exit_signal": sig,
+            "cause": cause,
+            "cause_basis": basis,
+        }
+    )
+    if merged.get("exit_status") is not None:
+        ev["exit_status"] = merged["exit_status"]
+    if merged.get("last_seen_ts") is not None:
+        ev["last_seen_ts"] = merged["last_seen_ts"]
+    memory = (
+        merged.get("memory")
+        or [{"ts": s.get("ts"), "rss": s.get("rss"), "uss": s.get("uss")} for s in samples_of(ctx.report, pid)][-12:]
+    )
+    if memory:
+        ev["memory"] = memory
+    limits = {
+        k: merged.get(k, ctx.system.get(k)) for k in ("cgroup_memory_limit", "cgroup_memory_usage", "mem_available")
+    }
+    ev["memory_limit"] = {k: v for k, v in limits.items() if v is not None}
+    if share is not None:
+        ev["memory_share"] = share
+    if before or after:
+        ev["oom_kills"] = {
+            "before": before or None,
+            "after": after or None,
+            "at_start": merged.get("oom_kills_at_start"),
+        }
+    shm = {k: merged.get(k, ctx.system.get(k)) for k in ("shm_total", "shm_free")}
+    if any(v is not None for v in shm.values()):
+        ev["shm"] = shm
+    if crash:
+        ev["crash"] = {"signal": crash.get("signal"), "fatal_error": crash.get("fatal_error")}
+    if proc is not None and crash:
+        stacks = threads(proc)  # the thread that crashed in the dataset's code first
+        stacks.sort(key=lambda t: not any(is_user_frame(f) for f in t))
+        frames = stacks[0] if stacks else []
+        ev["crash_stack"] = [frame_str(f) for f in frames[:MAX_FRAMES]]
+        user = next((f for f in frames if is_user_frame(f)), None)
+        if user is not None:
+            ev["crash_frame"] = frame_str(user)
+    if cause == "sigbus":
+        ev["see_also"] = "shm-exhaustion"
+    growth = ctx.signal_events("worker_memory_growth") + [
+        e for e in ctx.events if e.get("event") == "advice" and e.get("playbook") == "worker-memory-growth"
+    ]
+    if growth:
+        ev["memory_growth_before"] = strip_event(growth[-1])
+    return cause if cause != "unknown" else None
+
+
+FAILURE = Failure(
+    playbook=WorkerKilled.playbook,
+    detectors=(WorkerKilled,),
+    enrich=_enrich,
+    evidence_forms={
+        "exit_signal": "text",
+        "memory": "memory_history",
+        "memory_limit": "text",
+        "oom_kills": "text",
+        "shm": "text",
+        "crash_stack": "stack",
+        "crash_frame": "text",
+    },
+    examples=("worker_segfault", "worker_killed", "worker_oom"),
+)

@@ -30,6 +30,7 @@ from dlwatch.wire.config import DEFAULT_KEEP_RUNS
 from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.collect.system import SystemProbe, read_system
+from dlwatch.detect import registry
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.collect.runstats import RunStats
@@ -135,7 +136,8 @@ class Monitor:
         self.report_dir: str = self.cfg.get("report_dir") or opts.get("report_dir") or "./dlwatch-reports"
         self.loader = self.cfg.get("loader")
         self.hb_path = os.path.join(run_dir, "heartbeat")
-        self.events = EventReader(os.path.join(run_dir, "events.jsonl"))
+        # a failure's own events are type-checked by the schema its module declares
+        self.events = EventReader(os.path.join(run_dir, "events.jsonl"), registry.event_schemas())
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"))
         self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=RING)
         self.notable: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)

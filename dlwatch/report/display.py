@@ -1,14 +1,16 @@
 """Display forms: report values as people read them (units, tables, stack excerpts), never a repr.
 
 Pure functions from report data to strings and :class:`Table` s; the Markdown, terminal
-and HTML renderers lay them out.  Every evidence key of the shipped playbooks has an
-entry in ``EVIDENCE_FORMS`` (tests check it); a key a user's playbook adds is shown by
+and HTML renderers lay them out.  Every evidence key of the shipped playbooks has a
+form (tests check it): its failure module declares it (see :func:`evidence_forms`),
+or ``EVIDENCE_FORMS`` here for the keys failures share; a key a user's playbook adds is shown by
 its name's unit suffix (``_bytes``, ``_s``) or its shape (a list of records is a table).
 Values are untrusted and of any type: every function here accepts anything.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -406,85 +408,26 @@ def _memory_history(v: Any) -> str:
     return text + f" ({len(recs)} samples)"
 
 
-# key -> form: "bytes", "seconds", "count", "text", "table" (records), "lines", or a function
+# key -> form: "bytes", "seconds", "count", "text", "table" (records), "lines", or a function.
+# The keys of one failure's evidence are declared by its module (``evidence_forms`` in
+# dlwatch/detect/<failure>.py, by name: see dlwatch.detect.registry.FORM_NAMES); these are
+# the keys every failure shares, and those of the advice playbooks and preflight checks.
 EVIDENCE_FORMS: dict[str, Any] = {
-    # worker-deadlock
-    "workers": "table",
-    "main": _process,
-    "points_at": "table",
-    "multiprocessing_context": "text",
-    "timeout": "seconds",
     "matched": _signals,
-    # fd-exhaustion
+    "points_at": "table",
+    "frames": _stack,  # stacks in evidence
+    # shared by several failures
+    "workers": "table",
+    "timeout": "seconds",
     "pid": "text",
     "role": "text",
     "worker_id": "text",
-    "num_fds": "count",
-    "fd_limit": "count",
-    "fds": _fds,
-    "top_files": "text",
     "cause": "text",
-    "sharing_strategy": "text",
+    "cause_basis": "text",
     "pressure": "text",
     "errno": "text",
-    # shm-exhaustion
-    "shm_free": "bytes",
-    "shm_total": "bytes",
-    "need_bytes": "bytes",
-    "held_bytes": "bytes",
-    "available_bytes": "bytes",
-    "shm_torch_files": "count",
     "loader": "text",
     "text": "text",
-    # io-stall
-    "wait": "text",
-    "peers": "table",
-    "stall_s": "seconds",
-    # rng-duplication
-    "duplicates": "table",
-    "repeats": "table",
-    "persistent_workers": "text",
-    "sampler": "text",
-    "worker_init_fn": "text",
-    # batch-dim-mismatch
-    "batch_index": "count",
-    "expected_batch_size": "count",
-    "shapes": "text",
-    "leading_dims": "text",
-    "collate_fn": "text",
-    "reason": "text",
-    "leaf": "text",
-    "multiple": "count",
-    "sample_count": "count",
-    "confirmed_batches": "count",
-    "confirmed_at_index": "count",
-    "ignored_keys": "text",
-    # pinned-memory-growth
-    "mlocked": "bytes",
-    "growth": _growth,
-    "lockers": "table",
-    "limit": "text",
-    "limit_in_s": "seconds",
-    # worker-killed
-    "exit_signal": "text",
-    "cause_basis": "text",
-    "memory": _memory_history,
-    "memory_limit": "text",
-    "oom_kills": "text",
-    "shm": "text",
-    "crash_stack": _stack,
-    "crash_frame": "text",
-    # worker-memory-growth
-    "workers_growing": "count",
-    "copy_on_read": "text",
-    "all_workers_growing": "text",
-    "rate_bytes_per_s": "text",
-    # straggler-rank (job view)
-    "rank": "text",
-    "data_wait_share": "text",
-    "batch_rate_per_s": "text",
-    "first_batch_s": "text",
-    "ranks": "table",
     # advice playbooks (the run summary) and preflight checks
     "steady_data_wait_share": "text",
     "steady_data_wait_s": "seconds",
@@ -525,16 +468,35 @@ EVIDENCE_FORMS: dict[str, Any] = {
     "start_method": "text",
     "cuda_initialized": "text",
     "threads": "table",
-    # stacks in evidence
-    "frames": _stack,
 }
+
+# the display functions a failure module names in its evidence_forms
+_FORM_FUNCTIONS: dict[str, Callable[[Any], Any]] = {
+    "process": _process,
+    "fds": _fds,
+    "growth": _growth,
+    "memory_history": _memory_history,
+    "stack": _stack,
+    "signals": _signals,
+}
+
+
+@functools.lru_cache(maxsize=1)
+def evidence_forms() -> dict[str, Any]:
+    """Every evidence key's form: the shared ones above and each failure's own (dlwatch.detect.registry)."""
+    from dlwatch.detect import registry
+
+    forms: dict[str, Any] = {k: _FORM_FUNCTIONS.get(v, v) for k, v in registry.evidence_forms().items()}
+    forms.update(EVIDENCE_FORMS)
+    return forms
+
 
 PLUMBING_KEYS = {"matched", "ts", "event", "signal"}
 
 
 def evidence_value(key: str, v: Any) -> str | Table | list[str]:
     """One evidence value: a line of text, a table, or lines (stack excerpt, signals)."""
-    form = EVIDENCE_FORMS.get(key)
+    form = evidence_forms().get(key)
     if callable(form):
         return form(v)
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, Mapping) for x in v):

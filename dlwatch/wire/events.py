@@ -13,7 +13,7 @@ import json
 import os
 import stat
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from dlwatch._fs import json_line, open_private
 
@@ -85,14 +85,21 @@ def _exception(value: Any) -> dict[str, Any] | None:
     }
 
 
-def normalize(record: Any) -> dict[str, Any] | None:
+# event name -> its schema: takes the event (common fields checked, a fresh dict) and returns it
+# well-typed, or None to skip it.  A failure's own events are declared by its module
+# (dlwatch.detect.registry: ``events``); the monitor passes their table in.
+Schemas = Mapping[str, Callable[[dict[str, Any]], "dict[str, Any] | None"]]
+
+
+def normalize(record: Any, schemas: Schemas | None = None) -> dict[str, Any] | None:
     """One parsed line -> an event whose fields have the types the monitor relies on, or None.
 
     Every process of the run can append to the events file, and a file can be damaged:
     a line is only data.  Common fields of the wrong type are dropped (``ts`` must be a
     number, ``pid`` a positive int, ``worker_id`` a non-negative int); the fields an event
-    is acted on are checked per event, and an event whose essential field is unusable
-    is skipped.  Unknown events pass through (bounded in depth) for the timeline.
+    is acted on are checked per event (the events of the watch here, a failure's own by
+    its schema in ``schemas``), and an event whose essential field is unusable is
+    skipped.  Unknown events pass through (bounded in depth) for the timeline.
     """
     if not isinstance(record, dict) or not isinstance(record.get("event"), str) or not depth_ok(record):
         return None
@@ -120,14 +127,11 @@ def normalize(record: Any) -> dict[str, Any] | None:
         if not isinstance(pids, list):
             return None
         ev["pids"] = [p for p in pids if _int(p, 1) is not None]
-    elif name == "rng_fingerprint":
-        fps = ev.get("fingerprints")
-        if "worker_id" not in ev or not isinstance(fps, dict):
-            return None
-        ev["fingerprints"] = {k: v for k, v in fps.items() if isinstance(v, str)}
     elif name == "batch_bytes":
         if _int(ev.get("batch_bytes")) is None:
             return None
+    elif schemas is not None and name in schemas:
+        return schemas[name](ev)
     return ev
 
 
@@ -138,8 +142,9 @@ class EventReader:
     (see :func:`normalize`): no line can stop the reader or the monitor behind it.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, schemas: Schemas | None = None) -> None:
         self.path = path
+        self.schemas = schemas
         self._offset = 0
         self._partial = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES: drop up to its newline
@@ -166,10 +171,10 @@ class EventReader:
             self._skipping = False
         if len(self._partial) > MAX_LINE_BYTES:
             self._partial, self._skipping = b"", True
-        yield from parse_lines(lines)
+        yield from parse_lines(lines, self.schemas)
 
 
-def parse_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+def parse_lines(lines: Iterable[bytes], schemas: Schemas | None = None) -> Iterator[dict[str, Any]]:
     """Complete lines -> the well-typed events among them (see :func:`normalize`)."""
     for line in lines:
         if not line.strip() or len(line) > MAX_LINE_BYTES:
@@ -178,6 +183,6 @@ def parse_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
             record = json.loads(line)
         except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
             continue
-        event = normalize(record)
+        event = normalize(record, schemas)
         if event is not None:
             yield event

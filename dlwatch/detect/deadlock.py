@@ -1,0 +1,44 @@
+"""The ``worker-deadlock`` failure: the loop waits for a batch and no worker makes progress.
+
+No detector of its own: a stall is its own trigger (:mod:`dlwatch.detect.stall`) and
+its verdict is the stall's classification (:mod:`dlwatch.detect.classify`), which the
+playbook's signals name.  This module measures the finding's evidence: every worker
+and the main process with their state, what they wait in and their stacks, and the
+loader settings that bear on it (start method, timeout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlwatch.detect.evidence import MAX_WORKERS, Context, worker_view
+from dlwatch.detect.registry import Failure
+from dlwatch.wire.playbooks import Playbook
+
+PLAYBOOK = "worker-deadlock"
+
+
+def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
+    workers = [p for p in ctx.processes if p.get("role") == "worker"]
+    if workers:
+        ev["workers"] = [worker_view(p) for p in workers[:MAX_WORKERS]]
+        if len(workers) > MAX_WORKERS:
+            ev["workers_not_shown"] = len(workers) - MAX_WORKERS
+    main = next((p for p in ctx.processes if p.get("role") == "main"), None)
+    if main is not None:
+        mv = worker_view(main)
+        mv.pop("worker_id", None)
+        ev["main"] = mv
+    if ctx.loader.get("multiprocessing_context") is not None:
+        ev["multiprocessing_context"] = ctx.loader.get("multiprocessing_context")
+    if ctx.loader.get("timeout") is not None:
+        ev["timeout"] = ctx.loader.get("timeout")
+    return None
+
+
+FAILURE = Failure(
+    playbook=PLAYBOOK,
+    enrich=_enrich,
+    evidence_forms={"main": "process", "multiprocessing_context": "text"},
+    examples=("deadlock", "ddp_deadlock"),
+)
