@@ -57,7 +57,8 @@ def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:
     assert r0["rank"]["world_size"] == 2 and r1["rank"]["local_world_size"] == 2
     assert "-r1-" in r1["id"] and "-r0-" in r0["id"]
     # rank 1: its own failure
-    assert r1["classification"] == "deadlock" and r1["findings"][0]["playbook"] == "worker-deadlock"
+    assert r1["classification"] == "deadlock" and r1["findings"][0]["playbook"] == "lock-held-at-fork"
+    assert "worker-deadlock" in [f["playbook"] for f in r1["findings"]]
     # rank 0: only waiting, in the collective, with no DataLoader playbook of its own
     main0 = next(p for p in r0["processes"] if p["role"] == "main")
     assert r0["classification"] == "main-blocked" and main0["waiting_in"] == "collective: all_reduce"
@@ -65,12 +66,12 @@ def test_ddp_deadlock_rank1_origin_rank0_waits_in_all_reduce(tmp_path) -> None:
     assert r0["job"]["view"].startswith(f"dlwatch report --job {report_dir}")
     # the job view, as the command prints it
     view = jobview.job_view(report_dir)
-    assert view["origin"]["rank"] == 1 and view["origin"]["top_finding"] == "worker-deadlock"
+    assert view["origin"]["rank"] == 1 and view["origin"]["top_finding"] == "lock-held-at-fork"
     assert [(w["rank"], w["waiting_in"]) for w in view["waiting"]] == [(0, "collective: all_reduce")]
     text = io.StringIO()
     with redirect_stdout(text):
         assert cli_main(["report", "--job", report_dir]) == 0
-    assert "stalled first: rank 1" in text.getvalue() and "deadlock -> worker-deadlock" in text.getvalue()
+    assert "stalled first: rank 1" in text.getvalue() and "deadlock -> lock-held-at-fork" in text.getvalue()
     assert "waited for it: rank 0" in text.getvalue()
 
 

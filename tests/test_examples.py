@@ -80,6 +80,33 @@ def _only_playbook(run: Run, playbook: str) -> None:
         assert r["findings"] and r["findings"][0]["playbook"] == playbook, (path, r["summary"], r["findings"][:1])
 
 
+def test_lock_owner_names_the_thread_and_its_line(report_dir):
+    run = run_example("lock_owner", report_dir)
+    _only_playbook(run, "lock-held-at-fork")
+    (path,) = run.reports
+    r = load(path)
+    assert r["classification"] == "deadlock"
+    ev = r["findings"][0]["evidence"]
+    assert ev["holder_thread"] == "metrics-flusher"
+    assert ev["holder_frame"].startswith("flush (") and "lock_owner.py:" in ev["holder"]
+    assert "`self._lock`" in ev["holder"] and "lock_owner.py:" in ev["lock"]
+    # the idle thread is listed as alive at the fork, never named
+    assert any(t.startswith("heartbeat: ") and "(idle: " in t for t in ev["threads_at_fork"])
+    assert "heartbeat" not in ev["holder"]
+    assert "worker-deadlock" in [f["playbook"] for f in r["findings"]]
+
+
+def test_lock_unknown_holder_says_unknown_rather_than_guess(report_dir):
+    run = run_example("lock_unknown_holder", report_dir)
+    _only_playbook(run, "worker-deadlock")
+    (path,) = run.reports
+    r = load(path)
+    assert "lock-held-at-fork" not in [f["playbook"] for f in r["findings"]]
+    ev = r["findings"][0]["evidence"]
+    assert ev["holder"].startswith("unknown: ")
+    assert [t.split(":")[0] for t in ev["threads_at_fork"]] == ["prefetcher"]
+
+
 def test_cat_collate(report_dir):
     run = run_example("cat_collate", report_dir)
     assert "loop finished" in run.stdout  # nothing raised
@@ -163,12 +190,15 @@ def test_shm_exhaustion(report_dir):
 
 def test_deadlock(report_dir):
     run = run_example("deadlock", report_dir)
-    _only_playbook(run, "worker-deadlock")
+    _only_playbook(run, "lock-held-at-fork")  # the holder is named (#21 item 1); worker-deadlock follows
     (path,) = run.reports
     r = load(path)
+    assert [f["playbook"] for f in r["findings"]][:2] == ["lock-held-at-fork", "worker-deadlock"]
+    holder = r["findings"][0]["evidence"]["holder"]
+    assert "refresh_in_background" in holder and "deadlock.py:" in holder and "`self.lock`" in holder
     assert r["trigger"] == "stall" and r["classification"] == "deadlock"
     assert r["progress"]["batches"] == 0 and r["progress"]["stall_s"] >= 3
-    ev = r["findings"][0]["evidence"]
+    ev = r["findings"][1]["evidence"]  # worker-deadlock's: the workers' stacks
     workers = ev["workers"]
     assert len(workers) == 2
     for w in workers:

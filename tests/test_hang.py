@@ -34,7 +34,10 @@ def test_real_deadlock_is_detected_and_classified(tmp_path, target):
     report = load(found[0])
     assert report["trigger"] == "stall"
     assert report["classification"] == "deadlock"
-    assert report["findings"][0]["playbook"] == "worker-deadlock"
+    # the watched run recorded the holder at the fork: named first, worker-deadlock next (#21 item 1)
+    assert [f["playbook"] for f in report["findings"]][:2] == ["lock-held-at-fork", "worker-deadlock"]
+    holder = report["findings"][0]["evidence"]
+    assert "hold_lock_forever" in holder["holder_thread"] and holder["holder_frame"].startswith("hold_lock_forever (")
     ws = workers(report)
     assert len(ws) == 2
     for w in ws:

@@ -82,7 +82,13 @@ def test_the_refresher_idle_inside_the_lock_is_named(tmp_path):
     ds.write_text(DATASET)
     worker = [frame(ds, 9, "CachedSamples.__getitem__"), frame("/usr/lib/python3/torch/x.py", 1, "fetch")]
     site = acquire_site(worker, read_source)
-    assert site == {"expr": "self.lock", "filename": str(ds), "line": 9, "function": "CachedSamples.__getitem__"}
+    assert site == {
+        "expr": "self.lock",
+        "exprs": ["self.lock"],
+        "filename": str(ds),
+        "line": 9,
+        "function": "CachedSamples.__getitem__",
+    }
     threads = [
         thread(
             "cache-refresher",
@@ -109,12 +115,15 @@ def test_acquire_try_finally_release_and_a_wrapper_are_regions(tmp_path):
     m.write_text(METRICS)
     kinds = {(r.expr, r.start) for r in regions(__import__("ast").parse(METRICS))}
     assert ("self", 15) in kinds or ("self._lock", 22) in kinds
-    # the worker waits inside the wrapper acquire(): its caller's `self.acquire()` names the lock
+    # the worker waits inside the wrapper acquire(): its caller's `self.acquire()` takes the same lock
     worker = [frame(m, 9, "Metrics.acquire"), frame(m, 15, "Metrics.add")]
     site = acquire_site(worker, read_source)
-    assert site["expr"] == "self" and site["line"] == 15
+    assert site["expr"] == "self._lock" and site["exprs"] == ["self._lock", "self"] and site["caller"]["line"] == 15
     got = find_holder(site, [thread("metrics-flusher", frame(m, 17, "add"))], read_source)
-    assert got["holder"]["name"] == "metrics-flusher"
+    assert got["holder"]["name"] == "metrics-flusher" and got["holder"]["lock"] == "self"
+    # ... and a holder inside the direct form's region of the wrapped lock is found from the same site
+    got = find_holder(site, [thread("flusher", frame(m, 24, "flush"))], read_source)
+    assert got["holder"]["name"] == "flusher" and got["holder"]["lock"] == "self._lock"
     # the direct form: _lock.acquire() ... finally: _lock.release()
     site = acquire_site([frame(m, 22, "Metrics.flush")], read_source)
     assert site["expr"] == "self._lock"

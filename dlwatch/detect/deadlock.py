@@ -33,12 +33,28 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
         ev["multiprocessing_context"] = ctx.loader.get("multiprocessing_context")
     if ctx.loader.get("timeout") is not None:
         ev["timeout"] = ctx.loader.get("timeout")
+    _fork_threads(ctx, ev)
     return None
+
+
+def _fork_threads(ctx: Context, ev: dict[str, Any]) -> None:
+    """The threads of the training process at the workers' fork, when recorded and no holder was named
+    (then lock-held-at-fork is the finding): listed as alive, the holder said to be unknown."""
+    from dlwatch.detect.lock_held import judge
+
+    got = judge(ctx)
+    if got is None or got.get("holder") is not None:
+        return
+    ev["holder"] = f"unknown: {got['basis']}"
+    ev["threads_at_fork"] = [
+        f"{t.get('name')}: {t.get('where') or '?'}" + (f" (idle: {t['idle']})" if t.get("idle") else "")
+        for t in got.get("alive") or ()
+    ]
 
 
 FAILURE = Failure(
     playbook=PLAYBOOK,
     enrich=_enrich,
-    evidence_forms={"main": "process", "multiprocessing_context": "text"},
-    examples=("deadlock", "ddp_deadlock"),
+    evidence_forms={"main": "process", "multiprocessing_context": "text", "holder": "text", "threads_at_fork": "lines"},
+    examples=("lock_unknown_holder",),  # the seed's deadlock names its holder: lock-held-at-fork's example
 )

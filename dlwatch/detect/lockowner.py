@@ -119,7 +119,7 @@ def _parse(path: str, read_source: Callable[[str], str | None], cache: dict[str,
 def acquire_site(
     frames: Sequence[Mapping[str, Any]], read_source: Callable[[str], str | None], cache: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
-    """{"expr", "filename", "line", "function"} of the lock a worker waits on, from its stack
+    """{"expr", "exprs", "filename", "line", "function"} of the lock a worker waits on, from its stack
     (innermost frame first; native frames skipped); None when no frame shows it."""
     cache = {} if cache is None else cache
     py = [f for f in frames if f.get("filename") and isinstance(f.get("line"), int) and f["line"] > 0]
@@ -130,11 +130,21 @@ def acquire_site(
         expr = _site_expr(tree, int(f["line"]))
         if expr is None:
             continue
-        if f.get("function", "").rsplit(".", 1)[-1] in _WRAPPERS and i + 1 < len(py):
-            outer = acquire_site(py[i + 1 :], read_source, cache)  # a wrapper: its caller names the lock
-            if outer is not None:
-                return outer
-        return {"expr": expr, "filename": f["filename"], "line": f["line"], "function": f.get("function")}
+        site = {
+            "expr": expr,
+            "exprs": [expr],
+            "filename": f["filename"],
+            "line": f["line"],
+            "function": f.get("function"),
+        }
+        if str(f.get("function") or "").rsplit(".", 1)[-1] in _WRAPPERS and i + 1 < len(py):
+            # a wrapper (``def acquire(self): self._lock.acquire()``): its caller's ``self.acquire()``
+            # takes the same lock; a holder may be inside a region of either expression
+            outer = acquire_site(py[i + 1 :], read_source, cache)
+            if outer is not None and outer["filename"] == f["filename"]:
+                site["exprs"] = [expr, *[e for e in outer["exprs"] if e != expr]]
+                site["caller"] = {"line": outer["line"], "function": outer["function"]}
+        return site
     return None
 
 
@@ -159,8 +169,9 @@ def find_holder(
     if site is None:
         return {"holder": None, "candidates": [], "alive": alive, "basis": "the workers' wait shows no lock site"}
     expr, path = site["expr"], site["filename"]
+    exprs = set(site.get("exprs") or (expr,))
     tree = _parse(str(path), read_source, cache)
-    spans = [r for r in regions(tree) if r.expr == expr] if tree is not None else []
+    spans = [r for r in regions(tree) if r.expr in exprs] if tree is not None else []
     found: list[Holder] = []
     for t in threads:
         for f in t.get("frames") or ():
@@ -175,7 +186,7 @@ def find_holder(
                         function=str(f.get("function")),
                         filename=str(path),
                         line=int(f["line"]),
-                        lock=expr,
+                        lock=r.expr,
                         region_line=r.start,
                         idle=t.get("idle"),
                     )
@@ -191,9 +202,14 @@ def find_holder(
     return {"holder": None, "candidates": [h.__dict__ for h in found], "alive": alive, "basis": basis}
 
 
+_PLUMBING = ("/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/multiprocessing/connection.py")
+
+
 def _where(frames: Sequence[Mapping[str, Any]]) -> str | None:
-    for f in frames:
-        name = str(f.get("filename") or "")
-        if name:
-            return f"{f.get('function')} ({name.rsplit('/', 1)[-1]}:{f.get('line')})"
-    return None
+    """The innermost frame outside the waiting machinery (threading, queue, selectors), else the innermost."""
+    named = [f for f in frames if f.get("filename")]
+    own = next((f for f in named if not str(f["filename"]).endswith(_PLUMBING)), None)
+    f = own or (named[0] if named else None)
+    if f is None:
+        return None
+    return f"{f.get('function')} ({str(f['filename']).rsplit('/', 1)[-1]}:{f.get('line')})"
