@@ -107,6 +107,19 @@ def test_lock_unknown_holder_says_unknown_rather_than_guess(report_dir):
     assert [t.split(":")[0] for t in ev["threads_at_fork"]] == ["prefetcher"]
 
 
+def test_producer_gone_links_the_dead_decoder(report_dir):
+    run = run_example("producer_gone", report_dir)
+    _only_playbook(run, "producer-gone")
+    (path,) = run.reports
+    r = load(path)
+    assert r["classification"] == "deadlock"
+    ev = r["findings"][0]["evidence"]
+    assert "wait in queue get" in ev["link"] and "was killed by SIGKILL" in ev["link"]
+    assert ev["producer"].endswith("SIGKILL")
+    dl = next(f for f in r["findings"] if f["playbook"] == "worker-deadlock")
+    assert "A queue or pipe nobody feeds" in dl["remediation"] and "held across fork" not in dl["remediation"]
+
+
 def test_cat_collate(report_dir):
     run = run_example("cat_collate", report_dir)
     assert "loop finished" in run.stdout  # nothing raised

@@ -26,6 +26,8 @@ FAILURE_IDS = {
     "worker-memory-growth",
     "pinned-memory-growth",
     "straggler-rank",
+    "lock-held-at-fork",
+    "producer-gone",
 }
 # advice (the run summary) and preflight ids: found by code, never matched into an incident
 ADVICE_IDS = {
@@ -98,9 +100,15 @@ def test_remediation_content_is_specific() -> None:
     ):
         assert needle in shm, needle
     dl = pbs["worker-deadlock"]
-    text = dl.remediation + "".join(h.text for h in dl.hints)
-    for needle in ("cv2.setNumThreads(0)", "cv2.ocl.setUseOpenCL(False)", "spawn", "forkserver", "timeout="):
-        assert needle in text, needle
+    # the remedy depends on the waiting site (#21 item 2): "lock held across fork" only for a lock
+    assert set(dl.variants) == {"lock", "queue", "condition", "semaphore"}
+    lock = dl.variants["lock"] + "".join(h.text for h in dl.hints)
+    for needle in ("cv2.setNumThreads(0)", "cv2.ocl.setUseOpenCL(False)", "spawn", "forkserver"):
+        assert needle in lock, needle
+    assert "timeout=" in dl.remediation
+    for site in ("queue", "condition", "semaphore"):
+        assert "held across fork" not in dl.variants[site] and "spawn" not in dl.variants[site], site
+        assert "timeout" in dl.variants[site], site
     bd = pbs["batch-dim-mismatch"].remediation
     assert "torch.stack" in bd and "torch.cat" in bd and "assert" in bd and "DDP" in bd
     rng = pbs["rng-duplication"].remediation

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlwatch.detect.evidence import MAX_WORKERS, Context, worker_view
+from dlwatch.detect.evidence import MAX_FRAMES, MAX_WORKERS, Context, main_thread_frames, threads, worker_view
 from dlwatch.detect.registry import Failure
 from dlwatch.wire.playbooks import Playbook
 
@@ -34,6 +34,35 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
     if ctx.loader.get("timeout") is not None:
         ev["timeout"] = ctx.loader.get("timeout")
     _fork_threads(ctx, ev)
+    return waiting_site(workers)
+
+
+_QUEUE = ("Queue.get", "SimpleQueue.get", "Connection.recv", "Connection.recv_bytes", "Queue.get_nowait")
+_CONDITION = ("Condition.wait", "Event.wait", "Condition.wait_for", "Barrier.wait")
+_SEMAPHORE = ("Semaphore.acquire", "BoundedSemaphore.acquire", "SemLock.__enter__", "SemLock.acquire")
+
+
+def waiting_site(workers: list[Any]) -> str | None:
+    """The remediation variant for what the blocked workers wait on: lock, queue, condition or
+    semaphore (from the innermost Python frames of the first one that shows it), else None."""
+    for p in workers:
+        if p.get("status") != "blocked":
+            continue
+        # the thread that runs the worker loop: a queue's feeder thread idles in Condition.wait
+        for frames in [main_thread_frames(p) or next(iter(threads(p)), [])]:
+            for f in frames[:MAX_FRAMES]:
+                fn = str(f.get("function") or "")
+                if fn.endswith(_QUEUE):  # a queue's get waits on its own lock too: the queue is the site
+                    return "queue"
+                if fn.endswith(_CONDITION):
+                    return "condition"
+                if fn.endswith(_SEMAPHORE):
+                    return "semaphore"
+        waiting = p.get("waiting_in")
+        if waiting == "queue get":
+            return "queue"
+        if waiting == "lock acquire":
+            return "lock"
     return None
 
 
