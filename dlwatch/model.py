@@ -35,7 +35,8 @@ def plain(obj: Any) -> Any:
 
 class _ToDict:
     def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+        out: dict[str, Any] = _plain(self)  # a dataclass instance: always a dict
+        return out
 
 
 # --------------------------------------------------------------------------- collect
