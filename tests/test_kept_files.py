@@ -29,7 +29,7 @@ def _own_fds_to(prefix: str) -> list[str]:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue
-        if target.startswith(prefix):
+        if target == prefix or target.startswith(prefix.rstrip("/") + "/"):
             out.append(target)
     return out
 
@@ -195,3 +195,81 @@ def test_heartbeat_reader_follows_the_writer_and_waits_for_the_file(tmp_path):
     finally:
         reader.close()
     assert len(_own_fds_to(path)) == held - 1
+
+
+_BUDGET_SIDE = r"""
+import json, os, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+from dlwatch.monitor import loop as monitor
+m = monitor.Monitor(sys.argv[1])
+m._drain_events()
+out = {"budget": m.files_budget}
+m.poll()
+out["kept"] = sorted(t.pid for t in m.procs.values() if t.files is not None)
+out["sampled"] = sorted(t.pid for t in m.procs.values() if t.last is not None and t.last.name == "sleep")
+os.kill(out["kept"][0], 9)
+print(json.dumps(out), flush=True)
+sys.stdin.readline()  # the test reaps the killed sleeper, then says go on
+m.poll()
+out["gone"] = sorted(t.pid for t in m.procs.values() if t.gone)
+out["kept_after"] = sorted(t.pid for t in m.procs.values() if t.files is not None)
+m._close()
+out["budget_after_close"] = m.files_budget
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_monitor_keeps_files_within_its_fd_limit_and_hands_them_on(tmp_path):
+    """A monitor whose fd limit leaves room for two processes' files reads the rest by path; the files of
+    a process that goes are closed and the next process gets them."""
+    import json
+
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(4)]
+    side = None
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(mode=0o700)
+        (run_dir / "dumps").mkdir(mode=0o700)
+        main, workers = sleepers[0].pid, [s.pid for s in sleepers[1:]]
+        (run_dir / "config.json").write_text(
+            json.dumps({"pid": main, "started_at": time.time(), "report_dir": str(tmp_path / "reports"), "options": {}})
+        )
+        events = run_dir / "events.jsonl"
+        events.write_text(
+            json.dumps({"ts": time.time(), "event": "loader_workers", "pid": main, "pids": workers}) + "\n"
+        )
+        events.chmod(0o600)
+        limit = monitor_fds_spare() + 2 * procfs.ProcFiles.FDS + 3  # room for two processes' files
+        side = subprocess.Popen(
+            [sys.executable, "-c", _BUDGET_SIDE, str(run_dir), str(limit)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        first = json.loads(side.stdout.readline())
+        assert first["budget"] == 2
+        assert len(first["kept"]) == 2
+        assert first["sampled"] == sorted(s.pid for s in sleepers)  # the others read by path, all sampled
+        killed = next(s for s in sleepers if s.pid == first["kept"][0])
+        killed.wait(10)  # reaped: its /proc directory is gone
+        side.stdin.write("go\n")
+        side.stdin.flush()
+        second = json.loads(side.stdout.readline())
+        assert second["gone"] == [killed.pid]
+        assert killed.pid not in second["kept_after"] and len(second["kept_after"]) == 2  # handed on
+        assert second["budget_after_close"] == 2  # every kept file closed at the end
+        assert side.wait(30) == 0
+    finally:
+        if side is not None and side.poll() is None:
+            side.kill()
+            side.wait(10)
+        for s in sleepers:
+            s.kill()
+            s.wait(10)
+
+
+def monitor_fds_spare() -> int:
+    from dlwatch.monitor import loop as monitor
+
+    return monitor.FDS_SPARE
