@@ -98,7 +98,10 @@ class ProcFiles:
                 pass
 
     def __del__(self) -> None:  # a table dropped without close() must not leak descriptors
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the os module may be torn down: the kernel closes them then
+            pass
 
 
 def _read(path: str) -> str:

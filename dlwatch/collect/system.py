@@ -225,7 +225,10 @@ class SystemProbe:
             self._forget(path)
 
     def __del__(self) -> None:  # a probe dropped without close() must not leak descriptors
-        self.close()
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the os module may be torn down: the kernel closes them then
+            pass
 
     def _torch_shm_files(self, now: float) -> int | None:
         """``torch_shm_files``, counted again only when /dev/shm changed or SHM_RECOUNT_EVERY_S passed.

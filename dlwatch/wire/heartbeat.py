@@ -343,5 +343,8 @@ class HeartbeatReader:
                 pass
             self._fd = None
 
-    def __del__(self) -> None:
-        self.close()
+    def __del__(self) -> None:  # a reader dropped without close() must not leak its descriptor
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the os module may be torn down: the kernel closes them then
+            pass
