@@ -170,6 +170,13 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
         )
         / n,
     }
+    if hasattr(procfs, "ProcFiles"):  # as the monitor reads: its files kept open (absent from older trees)
+        kept = [procfs.ProcFiles(p) for p in pids]
+        parts["read_proc, files kept open (ProcFiles, as the monitor reads)"] = (
+            _cpu_us(lambda: [procfs.read_proc(f.pid, files=f) for f in kept], reps) / n
+        )
+        for f in kept:
+            f.close()
     try:  # the one-walk record (absent from a tree before it)
         from dlwatch.monitor import timeline as timeline_record
 

@@ -22,6 +22,7 @@ LIMIT_EVERY_S = 10.0  # SystemProbe re-reads the cgroup's memory limit this ofte
 SHM_RECOUNT_EVERY_S = 10.0
 # a directory mtime this close to the count may hide a change made in the same clock tick right after it
 _MTIME_SLACK_NS = 1_000_000_000
+_KEEPABLE = ("/proc/", "/sys/")  # pseudo-filesystems whose files SystemProbe keeps open (see there)
 
 
 def _read(path: str) -> str | None:
@@ -130,7 +131,11 @@ def torch_shm_files(path: str = SHM_DIR, cap: int = 100_000) -> int | None:
 
 def vm_oom_kills() -> int | None:
     """The host's OOM kills since boot (/proc/vmstat ``oom_kill``, Linux >= 4.13); None if absent."""
-    text = _read("/proc/vmstat") or ""
+    return _vm_oom_kills(_read("/proc/vmstat"))
+
+
+def _vm_oom_kills(text: str | None) -> int | None:
+    text = text or ""
     idx = text.find("\noom_kill ")
     if idx < 0:
         return None
@@ -155,7 +160,11 @@ def _meminfo_kib(text: str, key: str) -> int | None:
 
 def read_system(pid: int, cgroup_paths: tuple[str | None, str | None] | None = None) -> SystemSample:
     """Everything read afresh (attach, the monitor's last look after the training process died)."""
-    return SystemProbe(pid, cgroup_paths).sample()
+    probe = SystemProbe(pid, cgroup_paths)
+    try:
+        return probe.sample()
+    finally:
+        probe.close()
 
 
 class SystemProbe:
@@ -166,6 +175,14 @@ class SystemProbe:
     ``LIMIT_EVERY_S``: the cgroup's memory limit.  Read every time: everything that moves
     (MemAvailable, Mlocked, /dev/shm, the cgroup's usage and OOM-kill count, the host's OOM
     kills), so that a death is judged on counters read after it.
+
+    The files read every poll (/proc/meminfo, /proc/vmstat, the cgroup's files) are opened once
+    and read again from offset 0 (``os.pread``): procfs and the cgroup filesystem (kernfs)
+    regenerate a file's text on such a read, as a fresh open would, without the open and close,
+    and fail it (ENODEV) once the cgroup is removed.  A kept file that fails a read is closed and
+    opened again at the next read (a cgroup file that fails is looked for again, as before).  Only
+    files under /proc and /sys are kept: a regular file (a test's fake cgroup) would go on reading
+    its unlinked text.  ``close`` closes them.
     """
 
     def __init__(
@@ -180,6 +197,38 @@ class SystemProbe:
         self._shm_key: tuple[int, int, int] | None = None  # (st_dev, st_ino, st_mtime_ns) when counted
         self._shm_files: int | None = None
         self._shm_at = -SHM_RECOUNT_EVERY_S
+        self._kept: dict[str, int] = {}  # path -> descriptor read with pread
+
+    def _read(self, path: str) -> str | None:
+        """``_read(path)`` through a descriptor kept open; None (and the descriptor closed) on failure."""
+        if not path.startswith(_KEEPABLE):
+            return _read(path)
+        fd = self._kept.get(path)
+        try:
+            if fd is None:
+                fd = self._kept[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return os.pread(fd, 65536, 0).decode("utf-8", "replace")
+        except OSError:
+            self._forget(path)
+            return None
+
+    def _forget(self, path: str) -> None:
+        fd = self._kept.pop(path, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for path in list(self._kept):
+            self._forget(path)
+
+    def __del__(self) -> None:  # a probe dropped without close() must not leak descriptors
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the os module may be torn down: the kernel closes them then
+            pass
 
     def _torch_shm_files(self, now: float) -> int | None:
         """``torch_shm_files``, counted again only when /dev/shm changed or SHM_RECOUNT_EVERY_S passed.
@@ -205,25 +254,27 @@ class SystemProbe:
         if self._files is not None:
             limit_file, usage_file, events_file = self._files
             fresh = now - self._limit_at >= LIMIT_EVERY_S
-            limit_text = _read(limit_file) if fresh else ""
-            usage = _read(usage_file)
+            limit_text = self._read(limit_file) if fresh else ""
+            usage = self._read(usage_file)
             if limit_text is not None and usage is not None:
                 if fresh:
                     self._limit, self._limit_at = _int(limit_text), now
-                return self._limit, _int(usage), _oom_kills(_read(events_file))
+                return self._limit, _int(usage), _oom_kills(self._read(events_file))
             self._files = None  # gone or refused: look again, as read_system would
+            for path in (limit_file, usage_file, events_file):
+                self._forget(path)
         if self._paths is None:
             self._paths = cgroup_paths(self.pid)
         for files in _cgroup_candidates(self._paths):
-            limit_text = _read(files[0])
+            limit_text = self._read(files[0])
             if limit_text is None:
                 continue
             self._files, self._limit, self._limit_at = files, _int(limit_text), now
-            return self._limit, _int(_read(files[1])), _oom_kills(_read(files[2]))
+            return self._limit, _int(self._read(files[1])), _oom_kills(self._read(files[2]))
         return None, None, None
 
     def sample(self) -> SystemSample:
-        meminfo = _read("/proc/meminfo") or ""
+        meminfo = self._read("/proc/meminfo") or ""
         total, free = shm_usage()
         now = time.monotonic()
         limit, usage, ooms = self._cgroup(now)
@@ -237,7 +288,7 @@ class SystemProbe:
             cgroup_memory_limit=limit,
             cgroup_memory_usage=usage,
             cgroup_oom_kills=ooms,
-            vm_oom_kills=vm_oom_kills(),
+            vm_oom_kills=_vm_oom_kills(self._read("/proc/vmstat")),
         )
 
 

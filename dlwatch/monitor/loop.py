@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -56,6 +57,10 @@ MEM_FAST_FAULT_BYTES = 16 << 20  # minor faults x page size since the last read 
 MEM_FAST_MAX = 8
 MAX_OTHER = 16  # descendants that are not workers (shm manager, forkserver) we keep an eye on
 MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten (1,000 epochs stay bounded)
+# Descriptors the monitor keeps for its own work (py-spy pipes, report files, the timeline): the
+# rest of its soft RLIMIT_NOFILE, up to KEPT_FDS_MAX, may hold processes' /proc files open
+FDS_SPARE = 256
+KEPT_FDS_MAX = 1024
 
 
 @dataclass
@@ -68,6 +73,7 @@ class Tracked(TrackedProcess):
     detail_poll: int = -(10**9)
     crash: dict[str, Any] | None = None  # the stack a crashed process left in its crash file (faultdump)
     minflt_at_detail: int | None = None  # minor faults when USS was last read (see Monitor._faulting)
+    files: procfs.ProcFiles | None = None  # its /proc files kept open while it is polled
 
     @property
     def last(self) -> ProcSample | None:
@@ -136,6 +142,7 @@ class Monitor:
         self.report_dir: str = self.cfg.get("report_dir") or opts.get("report_dir") or "./dlwatch-reports"
         self.loader = self.cfg.get("loader")
         self.hb_path = os.path.join(run_dir, "heartbeat")
+        self.hb_reader = hbmod.HeartbeatReader(self.hb_path)  # opened once: read every poll
         # a failure's own events are type-checked by the schema its module declares
         self.events = EventReader(os.path.join(run_dir, "events.jsonl"), registry.event_schemas())
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"))
@@ -180,6 +187,12 @@ class Monitor:
         )
         self.warned: set[str] = set()
         self.system_probe = SystemProbe(self.main_pid)  # its cgroup found once, the limit read every 10 s
+        try:  # how many processes may keep their /proc files open (see procfs.ProcFiles)
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            soft = KEPT_FDS_MAX + FDS_SPARE if soft == resource.RLIM_INFINITY else soft
+        except (OSError, ValueError):
+            soft = 0
+        self.files_budget = max(0, min(KEPT_FDS_MAX, soft - FDS_SPARE)) // procfs.ProcFiles.FDS
         # which rank of which job (read by the training process: see dlwatch.wire.job)
         rank = self.cfg.get("rank")
         self.rank: dict[str, Any] = dict(rank) if isinstance(rank, dict) else store.rank_info()
@@ -326,7 +339,13 @@ class Monitor:
     def _forget_old(self) -> None:
         gone = [pid for pid, t in self.procs.items() if t.gone and t.role != "main"]
         for pid in gone[:-MAX_GONE] if len(gone) > MAX_GONE else ():
-            del self.procs[pid]
+            self._drop_files(self.procs.pop(pid))
+
+    def _drop_files(self, t: Tracked) -> None:
+        if t.files is not None:
+            t.files.close()
+            t.files = None
+            self.files_budget += 1
 
     def _discover(self) -> None:
         try:
@@ -366,7 +385,7 @@ class Monitor:
     def poll(self) -> None:
         self.polls += 1
         now = time.time()
-        hb = hbmod.read(self.hb_path)
+        hb = self.hb_reader.read()
         self.last_hb = hb or self.last_hb
         if self.polls % DISCOVER_EVERY == 1:
             self._discover()
@@ -383,7 +402,11 @@ class Monitor:
             detail = mem_detail
             if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
                 detail, fast = True, fast + 1
-            s = procfs.read_proc(t.pid, mem_detail=detail, carry=prev)  # USS & co. kept from prev between reads
+            if t.files is None and self.files_budget > 0:
+                t.files = procfs.ProcFiles(t.pid)
+                self.files_budget -= 1
+            # USS & co. kept from prev between reads
+            s = procfs.read_proc(t.pid, mem_detail=detail, carry=prev, files=t.files)
             if detail and s.uss_ts == s.ts:  # read now, not carried from prev
                 t.minflt_at_detail = s.minflt
             if not s.gone and self._wants_fd_detail(t, s):
@@ -391,6 +414,8 @@ class Monitor:
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
             if s.gone or s.state == "Z":
                 t.gone = s.gone or t.role != "main"
+                if t.gone:
+                    self._drop_files(t)
                 if t.gone and t.crash is None:  # its last words, if it died of a fatal signal
                     t.crash = faultdump.read_crash(faultdump.crash_path(os.path.join(self.run_dir, "dumps"), t.pid))
             t.history.append(s)
@@ -753,6 +778,9 @@ class Monitor:
             except Exception as exc:
                 self._warn_once(f"{sink.name}_failed", f"{type(exc).__name__}: {exc}")
         self.timeline.close()
+        self.hb_reader.close()
+        for t in self.procs.values():
+            self._drop_files(t)
         if self.gpu is not None:
             self.gpu.close()
 

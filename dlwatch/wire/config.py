@@ -92,10 +92,12 @@ def _count(name: str, value: Any, *, source: str) -> int:
             raise ValueError(
                 f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), got {value!r} ({source})"
             )
-        value = int(text)
-    if value < 0:
+        count = int(text)
+    else:
+        count = value  # an int: bools and other types were refused above
+    if count < 0:
         raise ValueError(f"dlwatch.watch: {name} must be a whole number >= 0 (0 keeps all), got {value!r} ({source})")
-    return value
+    return count
 
 
 def _flag(name: str, value: Any, *, source: str) -> bool:

@@ -285,19 +285,66 @@ def parse(raw: bytes) -> Heartbeat | None:
     )
 
 
+def _snapshot(fd: int) -> Heartbeat | None:
+    """A consistent record read from ``fd`` at offset 0; None if short, foreign or torn on every try."""
+    for _ in range(20):
+        raw = os.pread(fd, SIZE, 0)
+        if len(raw) != SIZE or raw[:8] != MAGIC:
+            return None
+        hb = parse(raw)
+        if hb is not None:
+            return hb
+        time.sleep(0.0005)
+    return None
+
+
 def read(path: str) -> Heartbeat | None:
     """A consistent snapshot, or None if the file is missing or torn on every try."""
     try:
-        with open(path, "rb") as f:
-            for _ in range(20):
-                f.seek(0)
-                raw = f.read(SIZE)
-                if len(raw) != SIZE or raw[:8] != MAGIC:
-                    return None
-                hb = parse(raw)
-                if hb is not None:
-                    return hb
-                time.sleep(0.0005)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    return None
+    try:
+        return _snapshot(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class HeartbeatReader:
+    """``read(path)`` for a reader that asks every poll: the file is opened once and kept.
+
+    The writer creates the file once (``create_private``, O_EXCL) and never replaces it, so the
+    descriptor keeps naming it; an open and a buffered file object per poll cost more than the
+    read.  A file not there yet is looked for again at the next read.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def read(self) -> Heartbeat | None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        try:
+            return _snapshot(self._fd)
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def __del__(self) -> None:  # a reader dropped without close() must not leak its descriptor
+        try:
+            self.close()
+        except Exception:  # at interpreter exit the os module may be torn down: the kernel closes them then
+            pass

@@ -416,9 +416,10 @@ class _Validator:
     def boolean(self, table: Mapping[str, Any], key: str, prefix: str) -> bool | None:
         if key not in table:
             return None
-        if not isinstance(table[key], bool):
-            raise self.fail(f"{prefix}{key}", f"must be true or false, not {type(table[key]).__name__}")
-        return table[key]
+        value = table[key]
+        if not isinstance(value, bool):
+            raise self.fail(f"{prefix}{key}", f"must be true or false, not {type(value).__name__}")
+        return value
 
     def role(self, table: Mapping[str, Any], prefix: str) -> str:
         role = self.string(table, "role", prefix, default="any")
