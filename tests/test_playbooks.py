@@ -98,7 +98,7 @@ def test_remediation_content_is_specific() -> None:
     ):
         assert needle in shm, needle
     dl = pbs["worker-deadlock"]
-    text = dl.remediation + "".join(h.text for h in dl.hints)
+    text = dl.remediation + "".join(dl.variants.values()) + "".join(h.text for h in dl.hints)
     for needle in ("cv2.setNumThreads(0)", "cv2.ocl.setUseOpenCL(False)", "spawn", "forkserver", "timeout="):
         assert needle in text, needle
     bd = pbs["batch-dim-mismatch"].remediation

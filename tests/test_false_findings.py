@@ -1,0 +1,125 @@
+"""False findings seen on PyTorch's own DataLoader tests (issue 21 items 7-10), each with its real twin.
+
+Every run is a real training process under ``dlwatch.watch`` with real workers
+(tests/targets/false_findings.py): the look-alike must stay quiet, the failure must
+still be named.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from conftest import REPO, TARGETS, incidents, load, run_bounded
+from dlwatch.detect.evidence import Context
+from dlwatch.detect.match import match
+from dlwatch.wire.playbooks import PlaybookError, load_playbooks, load_file
+
+RUN_TIMEOUT_S = 240
+
+
+def run_mode(mode: str, report_dir: str) -> tuple[int, str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, TARGETS, env.get("PYTHONPATH", "")])
+    return run_bounded(
+        [sys.executable, os.path.join(TARGETS, "false_findings.py"), mode, report_dir],
+        env=env,
+        cwd=report_dir,
+        timeout=RUN_TIMEOUT_S,
+    )
+
+
+def reports(report_dir: str) -> list[dict]:
+    return sorted((load(p) for p in incidents(report_dir)), key=lambda r: r["created_at"])
+
+
+def top(report: dict) -> str | None:
+    return report["findings"][0]["playbook"] if report["findings"] else None
+
+
+# --------------------------------------------------------------------------- item 7: torch's timeout
+
+
+def test_timeout_while_spawn_workers_start_is_not_a_deadlock(tmp_path) -> None:
+    """PyTorch's test_timeout: timeout=1 on spawn; the workers were importing torch when torch raised."""
+    rc, out, err = run_mode("timeout-starting", str(tmp_path))
+    assert rc != 0 and "DataLoader timed out after 1 seconds" in err
+    (r,) = reports(str(tmp_path))
+    assert r["trigger"] == "exception"
+    # the precondition: the workers were alive and starting or working when torch raised
+    progressing = Context(r, load_playbooks()).fact("workers_progressing")
+    assert progressing and {p["why"] for p in progressing} <= {
+        "starting",
+        "running",
+        "cpu rising",
+        "sleeping on a timer",
+    }
+    assert all(f["playbook"] != "worker-deadlock" for f in r["findings"]), r["findings"]
+
+
+def test_timeout_on_workers_deadlocked_at_fork_is_still_a_deadlock(tmp_path) -> None:
+    rc, out, err = run_mode("timeout-deadlock-fork", str(tmp_path))
+    assert "BLOCKED" in out and "DataLoader timed out after 2 seconds" in err
+    (r,) = reports(str(tmp_path))
+    assert r["trigger"] == "exception" and top(r) == "worker-deadlock"
+    f = r["findings"][0]
+    assert [h["signal"] for h in f["evidence"]["matched"]] == ["torch-timeout"]
+    assert Context(r, load_playbooks()).fact("workers_progressing") == []
+    # a fork loader is told about spawn; a loader with a timeout is not told to set one
+    assert 'multiprocessing_context="spawn"' in f["remediation"]
+    assert "timeout=120" not in f["remediation"]
+
+
+def test_timeout_on_spawn_workers_deadlocked_never_recommends_spawn(tmp_path) -> None:
+    rc, out, err = run_mode("timeout-deadlock-spawn", str(tmp_path))
+    assert "BLOCKED" in out and "DataLoader timed out after 2 seconds" in err
+    (r,) = reports(str(tmp_path))
+    assert top(r) == "worker-deadlock"
+    f = r["findings"][0]
+    assert f["evidence"]["multiprocessing_context"] == "spawn"
+    assert "already start with spawn or forkserver" in f["remediation"]
+    assert 'multiprocessing_context="spawn"' not in f["remediation"] and "timeout=120" not in f["remediation"]
+
+
+def test_a_loader_without_a_timeout_is_told_of_one_and_the_unknown_start_method_of_spawn() -> None:
+    """A stall report (no loader settings known): both the spawn and the timeout advice."""
+    r = {"trigger": "stall", "classification": "deadlock", "processes": [], "loader": {}}
+    (f,) = match(r, load_playbooks())
+    assert 'multiprocessing_context="spawn"' in f.remediation and "timeout=120" in f.remediation
+    r["loader"] = {"multiprocessing_context": "forkserver", "timeout": 0}
+    (f,) = match(r, load_playbooks())
+    assert 'multiprocessing_context="spawn"' not in f.remediation and "timeout=120" in f.remediation
+
+
+def test_fact_conditions_are_validated_and_evaluated(tmp_path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(
+        'id = "x"\ntitle = "t"\n[[signals]]\nexception_text = "boom"\n'
+        'facts = ["fd_at_limit"]\nnot_facts = "workers_progressing"\nconfidence = 0.5\n'
+    )
+    pb = load_file(str(good))
+    assert pb.signals[0].facts == ("fd_at_limit",) and pb.signals[0].not_facts == ("workers_progressing",)
+    exc = {"type": "RuntimeError", "message": "boom"}
+    at_limit = {"pid": 7, "role": "worker", "sample": {"num_fds": 128, "fd_limit": 128}}
+    assert [f.playbook for f in match({"exception": exc, "processes": [at_limit]}, [pb])] == ["x"]
+    assert match({"exception": exc, "processes": []}, [pb]) == []  # the fact is false
+    for bad, why in (
+        ('not_facts = ["a"]', "no positive"),  # a negation alone would match every healthy run
+        ('exception_text = "b"\nfacts = ["Bad-Name"]', "not a fact name"),
+        ('exception_text = "b"\nfacts = [1]', "string"),
+    ):
+        p = tmp_path / "bad.toml"
+        p.write_text(f'id = "x"\ntitle = "t"\n[[signals]]\n{bad}\nconfidence = 0.5\n')
+        with pytest.raises(PlaybookError, match=why):
+            load_file(str(p))
+
+
+def test_shipped_fact_conditions_name_facts_a_failure_provides() -> None:
+    from dlwatch.detect import registry
+
+    provided = set(registry.fact_providers())
+    for pb in load_playbooks():
+        for s in pb.signals:
+            assert set(s.facts) | set(s.not_facts) <= provided, (pb.id, s.name)
