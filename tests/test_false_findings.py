@@ -57,6 +57,7 @@ def test_timeout_while_spawn_workers_start_is_not_a_deadlock(tmp_path) -> None:
         "sleeping on a timer",
     }
     assert all(f["playbook"] != "worker-deadlock" for f in r["findings"]), r["findings"]
+    assert "related" not in r  # no earlier incident of this run to name
 
 
 def test_timeout_on_workers_deadlocked_at_fork_is_still_a_deadlock(tmp_path) -> None:
@@ -123,3 +124,21 @@ def test_shipped_fact_conditions_name_facts_a_failure_provides() -> None:
     for pb in load_playbooks():
         for s in pb.signals:
             assert set(s.facts) | set(s.not_facts) <= provided, (pb.id, s.name)
+
+
+# --------------------------------------------------------------------------- item 9: one failure, one incident
+
+
+def test_exception_names_the_threshold_incident_of_the_same_failure(tmp_path) -> None:
+    """PyTorch's test_fd_limit_exceeded: the fd climb (threshold) and the worker's EMFILE (exception)
+    are one failure; the exception incident names the threshold incident."""
+    rc, out, err = run_mode("fd-leak", str(tmp_path))
+    assert "Too many open files" in err
+    first, last = reports(str(tmp_path))
+    assert first["trigger"] == "threshold" and top(first) == "fd-exhaustion" and "related" not in first
+    assert last["trigger"] == "exception" and top(last) == "fd-exhaustion"
+    assert last["related"] == [
+        {"id": first["id"], "trigger": "threshold", "playbook": "fd-exhaustion", "relation": "seen-before"}
+    ]
+    assert first["id"] in last["summary"] and any(first["id"] in n for n in last["notes"])
+    assert f"first seen in {first['id']}" in err
