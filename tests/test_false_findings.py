@@ -142,3 +142,26 @@ def test_exception_names_the_threshold_incident_of_the_same_failure(tmp_path) ->
     ]
     assert first["id"] in last["summary"] and any(first["id"] in n for n in last["notes"])
     assert f"first seen in {first['id']}" in err
+
+
+# --------------------------------------------------------------------------- item 10: where the crash stack is
+
+
+def test_segfault_under_the_programs_own_faulthandler_says_the_stack_is_on_stderr(tmp_path) -> None:
+    """PyTorch's test_segfault enables faulthandler itself: dlwatch leaves it alone, so the stack is on
+    the worker's stderr, not in the report; the finding says so and never speaks of a stack above."""
+    rc, out, err = run_mode("segfault-own-faulthandler", str(tmp_path))
+    # what the worker's stderr holds: torch's worker handler took SIGSEGV over the inherited faulthandler
+    assert "Unexpected segmentation fault encountered in worker" in err
+    assert "Fatal Python error" not in err
+    (r,) = reports(str(tmp_path))
+    assert r["trigger"] == "exception" and top(r) == "worker-killed"
+    f = r["findings"][0]
+    ev = f["evidence"]
+    assert ev["cause"] == "native-crash" and "crash_stack" not in ev
+    assert ev["exit_signal"] == "SIGSEGV"
+    assert ev["crash_stack_at"].startswith("the worker's stderr, without a Python stack")
+    registered = [e for e in r["events"] if e.get("event") == "worker_registered"]
+    assert registered and {e["crash_output"] for e in registered} == {"program"}
+    assert "this report has no crash\nstack" in f["remediation"] and "faulthandler.enable()" in f["remediation"]
+    assert "crash stack above" not in f["remediation"] and "PYTHONFAULTHANDLER=1" not in f["remediation"]
