@@ -7,12 +7,14 @@ still be named.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 import pytest
 
 from conftest import REPO, TARGETS, incidents, load, run_bounded
+from dlwatch.collect import growth
 from dlwatch.detect.evidence import Context
 from dlwatch.detect.match import match
 from dlwatch.wire.playbooks import PlaybookError, load_playbooks, load_file
@@ -165,3 +167,36 @@ def test_segfault_under_the_programs_own_faulthandler_says_the_stack_is_on_stder
     assert registered and {e["crash_output"] for e in registered} == {"program"}
     assert "this report has no crash\nstack" in f["remediation"] and "faulthandler.enable()" in f["remediation"]
     assert "crash stack above" not in f["remediation"] and "PYTHONFAULTHANDLER=1" not in f["remediation"]
+
+
+# --------------------------------------------------------------------------- item 8: start-up is not growth
+
+
+def test_short_spawn_loader_start_up_is_not_memory_growth(tmp_path) -> None:
+    """6 batches from spawn workers whose start-up climbs steadily for ~12 s before their first batch
+    (a fresh interpreter importing torch on a loaded machine): no worker-memory-growth, not even advice."""
+    rc, out, err = run_mode("short-spawn", str(tmp_path))
+    assert rc == 0 and "BATCHES 6" in out, err[-2000:]
+    assert reports(str(tmp_path)) == []
+    (run,) = [os.path.join(tmp_path, "runs", n) for n in os.listdir(os.path.join(tmp_path, "runs"))]
+    with open(os.path.join(run, "summary.json")) as f:
+        summary = json.load(f)
+    assert [a["playbook"] for a in summary.get("advice") or ()] == []
+    # the precondition: each worker's USS rose steadily before its first batch, as the growth rule
+    # would have judged it without the gate (one point per USS read: where the carried figure changes)
+    with open(os.path.join(run, "timeline.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    by_pid: dict[int, list[tuple[float, float]]] = {}
+    for rec in samples:
+        for p in rec.get("procs") or ():
+            if p.get("role") == "worker" and isinstance(p.get("uss"), int):
+                pts = by_pid.setdefault(p["pid"], [])
+                if not pts or pts[-1][1] != p["uss"]:
+                    pts.append((rec["ts"], float(p["uss"])))
+    steady = [
+        pid
+        for pid, pts in by_pid.items()
+        if growth.steady_growth(pts, min_rate=float(1 << 20), min_rise=float(64 << 20), min_window_s=8.0)
+    ]
+    if not steady:
+        pytest.skip(f"the start-up climb was not seen as steady growth here ({len(by_pid)} workers): nothing to test")
