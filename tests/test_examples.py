@@ -182,6 +182,7 @@ def test_fd_exhaustion(report_dir):
     if len(run.reports) > 1:  # the climb was seen before the crash
         first = run.report(0)
         assert first["trigger"] == "threshold" and first["findings"][0]["playbook"] == "fd-exhaustion"
+        assert r["related"][0]["id"] == first["id"]  # one failure: the exception names the earlier incident
 
 
 def test_shm_exhaustion(report_dir):

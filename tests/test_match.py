@@ -485,8 +485,8 @@ def test_fork_held_lock_deadlock(playbooks: tuple) -> None:
     assert w0["user_frame"] == "__getitem__ (/home/user/examples/deadlock.py:30)"
     assert w0["frames"][-1].startswith("_worker_loop")  # the parent's frames are cut
     assert ev["main"]["frames"][0].startswith("_try_get_data")
-    assert ev["points_at"][0]["hint"] == "lock held across fork"
-    assert f[0].remediation.startswith("**The workers wait on a lock.**")
+    assert "points_at" not in ev  # no library hint: the waiting site's variant says it is a lock
+    assert "**A lock held across fork.**" in f[0].remediation and "nobody feeds" not in f[0].remediation
     assert 'multiprocessing_context="spawn"' in f[0].remediation and "timeout=" in f[0].remediation
 
 

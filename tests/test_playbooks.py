@@ -100,15 +100,16 @@ def test_remediation_content_is_specific() -> None:
     ):
         assert needle in shm, needle
     dl = pbs["worker-deadlock"]
-    # the remedy depends on the waiting site (#21 item 2): "lock held across fork" only for a lock
-    assert set(dl.variants) == {"lock", "queue", "condition", "semaphore"}
-    lock = dl.variants["lock"] + "".join(h.text for h in dl.hints)
+    # the remedy depends on the waiting site (#21 item 2): "lock held across fork" only for a lock;
+    # never what the loader already does (#21 item 7)
+    assert set(dl.variants) == {"lock", "no-fork-start", "queue", "condition", "semaphore", "no-timeout"}
+    lock = dl.remediation + dl.variants["lock"] + "".join(h.text for h in dl.hints)
     for needle in ("cv2.setNumThreads(0)", "cv2.ocl.setUseOpenCL(False)", "spawn", "forkserver"):
         assert needle in lock, needle
-    assert "timeout=" in dl.remediation
-    for site in ("queue", "condition", "semaphore"):
-        assert "held across fork" not in dl.variants[site] and "spawn" not in dl.variants[site], site
-        assert "timeout" in dl.variants[site], site
+    assert "timeout=" in dl.variants["no-timeout"]
+    for site in ("queue", "condition", "semaphore", "no-fork-start"):
+        assert "held across fork" not in dl.variants[site] and '"spawn"' not in dl.variants[site], site
+        assert "timeout" in dl.variants[site] or "time out" in dl.variants[site], site
     bd = pbs["batch-dim-mismatch"].remediation
     assert "torch.stack" in bd and "torch.cat" in bd and "assert" in bd and "DDP" in bd
     rng = pbs["rng-duplication"].remediation

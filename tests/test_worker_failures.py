@@ -21,6 +21,7 @@ from dlwatch.detect.memory_growth import WorkerMemoryGrowth
 from dlwatch.detect.pinned_memory import PinnedMemoryGrowth
 from dlwatch.detect.worker_killed import WorkerKilled, exit_cause, wait_status_signal
 from dlwatch.model import ProcSample, SystemSample
+from dlwatch.wire.heartbeat import Heartbeat
 
 MiB = 1 << 20
 
@@ -36,10 +37,32 @@ class P:
         return self.history[-1] if self.history else None
 
 
-def view(procs, system, now):
-    return View(
-        now=now, procs={p.pid: p for p in procs}, loader=None, loader_pids=frozenset(), system=system, heartbeat=None
+def heartbeat(epoch_batches=100, epochs=1):
+    return Heartbeat(
+        batches=epoch_batches,
+        epoch_batches=epoch_batches,
+        epochs=epochs,
+        state=0,
+        pid=1,
+        ts_last_batch=0.0,
+        ts_wait_start=0.0,
+        total_wait_s=0.0,
+        total_step_s=0.0,
+        last_interval_s=0.0,
     )
+
+
+def view(procs, system, now, hb=None):
+    return View(
+        now=now, procs={p.pid: p for p in procs}, loader=None, loader_pids=frozenset(), system=system, heartbeat=hb
+    )
+
+
+def growth_detector(pids=(10, 11), at=999.0):
+    """A WorkerMemoryGrowth that saw these workers' first batches delivered at ``at`` (before their reads)."""
+    det = WorkerMemoryGrowth()
+    assert list(det.on_poll(view([P(pid, "worker", []) for pid in pids], None, now=at, hb=heartbeat()))) == []
+    return det
 
 
 def uss_series(pid, values, rss=500 * MiB, step=2.0, t0=1000.0):
@@ -85,7 +108,7 @@ def test_copy_on_read_near_the_limit_is_a_threshold():
         for w in range(2)
     ]
     sys_ = system(limit=2 << 30, usage=1 << 30)
-    (sig,) = WorkerMemoryGrowth().on_poll(view(workers, sys_, now=1011.0))
+    (sig,) = growth_detector().on_poll(view(workers, sys_, now=1011.0))
     assert sig["event"] == "threshold" and sig["signal"] == "worker_memory_growth"
     assert sig["copy_on_read"] is True and sig["workers_growing"] == 2
     assert sig["limit"] == "cgroup memory limit" and sig["limit_in_s"] < 60
@@ -99,7 +122,7 @@ def test_far_limit_is_advice_once_and_rss_growth_is_not_copy_on_read():
         uss_series(10, [20 * MiB + i * 24 * MiB for i in range(6)], rss=lambda i: 500 * MiB + i * 24 * MiB),
         worker_id=0,
     )
-    det = WorkerMemoryGrowth()
+    det = growth_detector()
     (adv,) = det.on_poll(view([w], system(avail=1 << 40), now=1011.0))
     assert adv["event"] == "advice" and adv["playbook"] == "worker-memory-growth"
     assert "signal" not in adv  # advice never matches a playbook signal by itself
@@ -111,9 +134,7 @@ def test_flat_and_plateauing_workers_stay_quiet():
     flat = P(10, "worker", uss_series(10, [300 * MiB] * 8), worker_id=0)
     warm = P(11, "worker", uss_series(11, [20, 120, 220, 224, 225, 225, 226, 226]), worker_id=1)
     warm.history = collections.deque(uss_series(11, [v * MiB for v in (20, 120, 220, 224, 225, 225, 226, 226)]))
-    assert (
-        list(WorkerMemoryGrowth().on_poll(view([flat, warm], system(limit=1 << 30, usage=900 * MiB), now=1015.0))) == []
-    )
+    assert list(growth_detector().on_poll(view([flat, warm], system(limit=1 << 30, usage=900 * MiB), now=1015.0))) == []
 
 
 def test_warmup_slowing_to_a_plateau_is_quiet_even_with_a_limit_in_reach():
@@ -128,17 +149,45 @@ def test_warmup_slowing_to_a_plateau_is_quiet_even_with_a_limit_in_reach():
         )
         is None
     )
-    assert list(WorkerMemoryGrowth().on_poll(view([warm], system(avail=22 << 30), now=1015.0))) == []
+    assert list(growth_detector().on_poll(view([warm], system(avail=22 << 30), now=1015.0))) == []
+
+
+def test_start_up_before_the_first_batches_is_not_growth():
+    """A spawned worker importing torch on a loaded machine: 45 -> 245 MiB in 8 s, steadily, before any
+    batch.  Judged only from the poll at which every worker had delivered a batch: quiet; the same
+    climb after the first batches is growth."""
+    climb = [45 * MiB + i * 25 * MiB for i in range(9)]  # 45 -> 245 MiB, one read per second
+    assert growth.steady_growth(
+        [(1000.0 + i, float(v)) for i, v in enumerate(climb)], min_rate=MiB, min_rise=64 * MiB, min_window_s=8
+    )
+    sys_ = system(limit=2 << 30, usage=1 << 30)
+    det = WorkerMemoryGrowth()
+    w = P(10, "worker", [], worker_id=0)
+    assert list(det.on_poll(view([w], sys_, now=999.0, hb=heartbeat(epoch_batches=0)))) == []
+    w.history = collections.deque(uss_series(10, climb, step=1.0))
+    # 1 of 2 workers' batches so far (loader unknown: the live workers count), then no heartbeat at all
+    assert list(det.on_poll(view([w, P(11, "worker", [])], sys_, now=1008.0, hb=heartbeat(epoch_batches=1)))) == []
+    assert list(det.on_poll(view([w], sys_, now=1008.0))) == []
+    # the first batches arrive now: the climb before is start-up, and stays out of every later judgement
+    assert list(det.on_poll(view([w], sys_, now=1008.5, hb=heartbeat(epoch_batches=2)))) == []
+    w.history.extend(uss_series(10, [245 * MiB] * 9, step=1.0, t0=1009.0))  # flat after start-up
+    assert list(det.on_poll(view([w], sys_, now=1017.0, hb=heartbeat(epoch_batches=40)))) == []
+    # the same climb after the first batches is growth (a later epoch of persistent workers counts too)
+    late = WorkerMemoryGrowth()
+    assert list(late.on_poll(view([P(10, "worker", [])], sys_, now=990.0, hb=heartbeat(epoch_batches=0)))) == []
+    assert list(late.on_poll(view([P(10, "worker", [])], sys_, now=999.0, hb=heartbeat(0, epochs=2)))) == []
+    (sig,) = late.on_poll(view([P(10, "worker", uss_series(10, climb, step=1.0), worker_id=0)], sys_, now=1008.0))
+    assert sig["signal"] == "worker_memory_growth" and sig["growth"][0]["uss"]["window_s"] == 8.0
 
 
 def test_a_short_trend_projected_far_waits_to_be_watched_longer():
     """35 MiB/s seen for 10 s against 22 GiB of MemAvailable projects ~11 minutes: not yet an
     incident (10 s is under a tenth of it); the same trend watched for 70 s is one."""
     short = P(10, "worker", uss_series(10, [20 * MiB + i * 70 * MiB for i in range(6)]), worker_id=0)
-    det = WorkerMemoryGrowth()
+    det = growth_detector()
     assert list(det.on_poll(view([short], system(avail=22 << 30), now=1011.0))) == []
     long_ = P(10, "worker", uss_series(10, [20 * MiB + i * 70 * MiB for i in range(36)]), worker_id=0)
-    (sig,) = WorkerMemoryGrowth().on_poll(view([long_], system(avail=22 << 30), now=1071.0))
+    (sig,) = growth_detector().on_poll(view([long_], system(avail=22 << 30), now=1071.0))
     assert sig["event"] == "threshold" and sig["observed_s"] >= 0.1 * sig["limit_in_s"]
 
 

@@ -86,6 +86,8 @@ def _condition_text(s: Signal) -> str:
         parts.append(f"signal {s.signal}")
     if s.fd_at_limit is not None:
         parts.append("a process at its fd limit" if s.fd_at_limit else "no process at its fd limit")
+    parts.extend(f"fact {name}" for name in s.facts)
+    parts.extend(f"not fact {name}" for name in s.not_facts)
     return "; ".join(parts)
 
 

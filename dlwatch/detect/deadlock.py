@@ -4,18 +4,66 @@ No detector of its own: a stall is its own trigger (:mod:`dlwatch.detect.stall`)
 its verdict is the stall's classification (:mod:`dlwatch.detect.classify`), which the
 playbook's signals name.  This module measures the finding's evidence: every worker
 and the main process with their state, what they wait in and their stacks, and the
-loader settings that bear on it (start method, timeout).
+loader settings that bear on it (start method, timeout).  Its fact
+``workers_progressing`` keeps a torch timeout from being called a deadlock while the
+workers are still starting or working, and its remediation never recommends what the
+loader already does (spawn, a timeout).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dlwatch.detect.evidence import MAX_FRAMES, MAX_WORKERS, Context, main_thread_frames, threads, worker_view
+from dlwatch.collect import syscalls
+from dlwatch.detect.evidence import (
+    MAX_FRAMES,
+    MAX_WORKERS,
+    Context,
+    main_thread_frames,
+    samples_of,
+    threads,
+    worker_view,
+)
 from dlwatch.detect.registry import Failure
 from dlwatch.wire.playbooks import Playbook
 
 PLAYBOOK = "worker-deadlock"
+NO_FORK = ("spawn", "forkserver")  # start methods that copy no lock or thread pool from the main process
+CPU_RISE_S = 0.05  # CPU seconds between the last two reads of a worker that count as working (ticks are 0.01 s)
+
+
+def workers_progressing(ctx: Context) -> list[dict[str, Any]]:
+    """The loader's live workers that are not deadlocked, each with why (empty: none is known to be).
+
+    Starting: the loader started it and it has not registered yet (a spawned interpreter
+    importing torch; registration comes first in ``worker_init_fn``).  Working: running
+    on a CPU at the last read, CPU time rising between its last reads, or asleep on a
+    timer (``time.sleep`` in the dataset waits for time, not for a lock).
+    """
+    started = {p for e in ctx.signal_events("loader_workers") for p in (e.get("pids") or ())}
+    registered = {e.get("pid") for e in ctx.signal_events("worker_registered")}
+    out: list[dict[str, Any]] = []
+    for p in ctx.processes:
+        s = p.get("sample") or {}
+        if p.get("role") != "worker" or p.get("status") == "gone" or s.get("gone") or s.get("state") in ("Z", "X"):
+            continue
+        pid = p.get("pid")
+        why = None
+        if pid in started and pid not in registered:
+            why = "starting"
+        elif s.get("state") == "R" or p.get("status") == "running":
+            why = "running"
+        elif isinstance(p.get("cpu_progress_s"), (int, float)) and p["cpu_progress_s"] >= CPU_RISE_S:
+            why = "cpu rising"
+        elif syscalls.category(s.get("syscall") if isinstance(s.get("syscall"), int) else None) == "sleep":
+            why = "sleeping on a timer"
+        else:
+            cpu = [x.get("cpu_s") for x in samples_of(ctx.report, pid)[-2:]]
+            if len(cpu) == 2 and all(isinstance(c, (int, float)) for c in cpu) and cpu[1] - cpu[0] >= CPU_RISE_S:
+                why = "cpu rising"
+        if why is not None:
+            out.append({"pid": pid, "worker_id": p.get("worker_id"), "why": why})
+    return out
 
 
 def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
@@ -34,7 +82,18 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
     if ctx.loader.get("timeout") is not None:
         ev["timeout"] = ctx.loader.get("timeout")
     _fork_threads(ctx, ev)
-    return waiting_site(workers)
+    # the remedy follows the waiting site, and never recommends what the loader already does
+    method = ctx.loader.get("multiprocessing_context") or next(
+        (p.get("start_method") for p in workers if p.get("start_method")), None
+    )
+    site = waiting_site(workers)
+    if site in ("lock", None):
+        primary = "no-fork-start" if method in NO_FORK else "lock"
+    else:
+        primary = site
+    timeout = ctx.loader.get("timeout")
+    has_timeout = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0
+    return (primary,) if has_timeout else (primary, "no-timeout")
 
 
 _QUEUE = ("Queue.get", "SimpleQueue.get", "Connection.recv", "Connection.recv_bytes", "Queue.get_nowait")
@@ -84,6 +143,7 @@ def _fork_threads(ctx: Context, ev: dict[str, Any]) -> None:
 FAILURE = Failure(
     playbook=PLAYBOOK,
     enrich=_enrich,
+    facts={"workers_progressing": workers_progressing},
     evidence_forms={"main": "process", "multiprocessing_context": "text", "holder": "text", "threads_at_fork": "lines"},
     examples=("lock_unknown_holder",),  # the seed's deadlock names its holder: lock-held-at-fork's example
 )

@@ -122,6 +122,14 @@ def _eval_signal(sig: Signal, ctx: Context) -> dict[str, Any] | None:
             return None
         if at_limit:
             hit["at_fd_limit"] = [a.get("pid") for a in at_limit]
+    for name in sig.facts:  # named facts of the failures that provide them (registry.Failure.facts)
+        if not ctx.fact(name):
+            return None
+    for name in sig.not_facts:
+        if ctx.fact(name):
+            return None
+    if sig.facts:
+        hit["facts"] = list(sig.facts)
     if sig.has_frame_condition:
         found = next(((p, f) for p, f in ctx.frames(sig.role) if _frame_matches(sig, f)), None)
         if found is None:
@@ -200,10 +208,12 @@ def _match_one(pb: Playbook, ctx: Context) -> Finding | None:
     )
 
 
-def _remediation(pb: Playbook, variant: str | None, hints: Sequence[Hint]) -> str:
+def _remediation(pb: Playbook, variant: str | tuple[str, ...] | None, hints: Sequence[Hint]) -> str:
     parts = [h.text for h in hints if h.text]
-    if variant is not None and variant in pb.variants:
-        parts.append(pb.variants[variant])
+    # an enricher names one variant, or several that each measured one side (in order)
+    chosen = [v for v in ((variant,) if isinstance(variant, str) else variant or ()) if v in pb.variants]
+    if chosen:
+        parts.extend(pb.variants[v] for v in chosen)
     else:  # cause not measured: show every variant, the reader picks
         parts.extend(pb.variants.values())
     if pb.remediation:

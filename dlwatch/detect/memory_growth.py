@@ -1,7 +1,9 @@
 """The ``worker-memory-growth`` failure: DataLoader workers whose private memory grows with every sample.
 
 Each worker's USS (private pages; the monitor reads it every 10 s, and every 2 s for
-a process faulting in pages) is judged by :func:`dlwatch.collect.growth.steady_growth`.
+a process faulting in pages) is judged by :func:`dlwatch.collect.growth.steady_growth`,
+over the reads taken after the loop had its first batch from every worker (start-up,
+a fresh interpreter importing torch, is not growth).
 The copy-on-read signature is USS rising while RSS stays flat (shared pages of the
 parent's dataset turning private as the worker touches them), in every worker alike.
 The time to the memory limit (the cgroup's limit less its usage, or MemAvailable,
@@ -58,12 +60,39 @@ class WorkerMemoryGrowth(Detector):
         super().__init__(thresholds)
         self.advised = False
         self.judged: dict[int, tuple[float, dict[str, Any] | None]] = {}  # pid -> (last USS read, its growth)
+        self.first_epoch: dict[int, int] = {}  # pid -> the epoch (heartbeat) in which it was first seen
+        self.ready: dict[int, float] = {}  # pid -> when the loop had its first batches from its generation
+
+    def _ready_since(self, pid: int, view: View, n_workers: int) -> float | None:
+        """When this worker's generation had delivered its first batches (None: not yet, or unknown).
+
+        Start-up is not growth: a spawned worker importing torch on a loaded machine climbs
+        steadily for seconds (45 -> 245 MB in 8 s measured) before its first sample.  Its
+        memory is judged from the poll at which the loop had one batch per worker in the
+        worker's epoch (torch hands batches out in order, one from each worker in turn), or
+        a later epoch began (persistent workers).
+        """
+        if pid in self.ready:
+            return self.ready[pid]
+        hb = view.heartbeat
+        if hb is None:
+            return None  # no loop progress known: nothing tells start-up from growth
+        first = self.first_epoch.setdefault(pid, hb.epochs)
+        num_workers = (view.loader or {}).get("num_workers")
+        need = num_workers if isinstance(num_workers, int) and num_workers > 0 else n_workers
+        if hb.epochs > first or hb.epoch_batches >= max(1, need):
+            self.ready[pid] = view.now
+            return view.now
+        return None
 
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
         t = self.thresholds
         growing = []
         workers = [p for p in view.procs.values() if p.role == "worker" and not p.gone]
         for p in workers:
+            since = self._ready_since(p.pid, view, len(workers))
+            if since is None:
+                continue
             last = p.last
             if last is None or last.uss_ts is None:
                 continue
@@ -75,7 +104,13 @@ class WorkerMemoryGrowth(Detector):
             self.judged[p.pid] = (last.uss_ts, None)
             reads = {}
             for s in p.history:  # one point per USS read (the monitor carries the figure forward between reads)
-                if s.uss_ts is not None and s.uss is not None and not s.gone and view.now - s.uss_ts <= t["window_s"]:
+                if (
+                    s.uss_ts is not None
+                    and s.uss is not None
+                    and not s.gone
+                    and s.uss_ts >= since  # after its first batches: start-up is not growth
+                    and view.now - s.uss_ts <= t["window_s"]
+                ):
                     reads[s.uss_ts] = s
             if len(reads) < 4:
                 continue
@@ -103,6 +138,10 @@ class WorkerMemoryGrowth(Detector):
         if len(self.judged) > 4 * max(1, len(workers)) + 64:  # forget workers long gone
             live = {p.pid for p in workers}
             self.judged = {pid: v for pid, v in self.judged.items() if pid in live}
+        if len(self.first_epoch) > 4 * max(1, len(workers)) + 64:
+            live = {p.pid for p in workers}
+            self.first_epoch = {pid: v for pid, v in self.first_epoch.items() if pid in live}
+            self.ready = {pid: v for pid, v in self.ready.items() if pid in live}
         if not growing:
             return ()
         rate = sum(g["uss"]["rate_bytes_per_s"] for g in growing)

@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 # An enricher adds what was measured for its failure to a finding's evidence (a dict it may
-# change) and returns the variant of the playbook's remediation it measured, or None for all.
-Enricher = Callable[["Playbook", "Context", dict[str, Any]], "str | None"]
+# change) and returns the variant of the playbook's remediation it measured, or several (a
+# tuple, shown in that order: each measured one side of the cause), or None for all.
+Enricher = Callable[["Playbook", "Context", dict[str, Any]], "str | tuple[str, ...] | None"]
 # A derivation returns events the report's raw data implies (judged again, the same rule as
 # the detector's), for signals the report does not already hold.
 Derivation = Callable[["Context"], list[dict[str, Any]]]

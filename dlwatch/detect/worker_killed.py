@@ -262,7 +262,13 @@ class WorkerKilled(Detector):
         return ev
 
 
-def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
+CAUSES = ("oom-kill", "native-crash", "sigbus", "external-kill")
+# torch's DataLoader worker installs its own handler for these (torch/csrc/DataLoader.cpp), over a
+# faulthandler inherited from the program; dlwatch's crash file is installed after it, and chains to it
+TORCH_WORKER_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE"})
+
+
+def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | tuple[str, ...] | None:
     obs = [e for e in ctx.signal_events("worker_exit") if e.get("event") == "observation"]
     pids, sig_text = torch_worker_exit(ctx.text)
     crashed = [p for p in ctx.processes if p.get("role") == "worker" and p.get("crash")]
@@ -273,7 +279,7 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
         or next((p.get("pid") for p in crashed + gone), None)
     )
     if pid is None:
-        return None
+        return CAUSES
     mine = [e for e in obs if e.get("pid") == pid]
     merged: dict[str, Any] = {}
     for e in mine:  # later observations add what earlier ones lacked (an exit code read after torch raised)
@@ -339,6 +345,10 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
         user = next((f for f in frames if is_user_frame(f)), None)
         if user is not None:
             ev["crash_frame"] = frame_str(user)
+    # unknown: every cause's text, but not the variants that say where a crash stack went
+    variant: str | tuple[str, ...] = cause if cause != "unknown" else CAUSES
+    if cause == "native-crash":
+        variant = _crash_stack_at(ctx, pid, ev)
     if cause == "sigbus":
         ev["see_also"] = "shm-exhaustion"
     growth = ctx.signal_events("worker_memory_growth") + [
@@ -346,7 +356,38 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
     ]
     if growth:
         ev["memory_growth_before"] = strip_event(growth[-1])
-    return cause if cause != "unknown" else None
+    return variant
+
+
+def _crash_stack_at(ctx: Context, pid: Any, ev: dict[str, Any]) -> str:
+    """Where a native crash's Python stack is (evidence ``crash_stack_at``), and the variant that says so.
+
+    The worker's registration tells whose faulthandler was on (``crash_output``): dlwatch's
+    crash file (its stack is then in this report), or the program's own, which writes to the
+    worker's stderr and which dlwatch leaves alone.
+    """
+    output = next((e.get("crash_output") for e in ctx.signal_events("worker_registered") if e.get("pid") == pid), None)
+    if ev.get("crash_stack"):
+        ev["crash_stack_at"] = "this report (crash stack, from dlwatch's crash file)"
+        return "native-crash"
+    if output == "program":
+        if ev.get("exit_signal") in TORCH_WORKER_SIGNALS:
+            ev["crash_stack_at"] = (
+                "the worker's stderr, without a Python stack: the program enabled faulthandler itself "
+                "(dlwatch leaves it alone), but in a DataLoader worker torch's handler takes "
+                f'{ev["exit_signal"]} and prints only "ERROR: Unexpected ... encountered in worker."'
+            )
+        else:
+            ev["crash_stack_at"] = (
+                "the worker's stderr: the program enabled faulthandler itself (dlwatch leaves it alone), "
+                "which wrote the stack there"
+            )
+        return "native-crash-stderr"
+    ev["crash_stack_at"] = {
+        "dlwatch": "nowhere: dlwatch's crash file stayed empty",
+        "none": "nowhere: faulthandler was off in the worker",
+    }.get(output, "not in this report (the worker did not say where its crash output went)")
+    return "native-crash-no-stack"
 
 
 FAILURE = Failure(
@@ -361,6 +402,7 @@ FAILURE = Failure(
         "shm": "text",
         "crash_stack": "stack",
         "crash_frame": "text",
+        "crash_stack_at": "text",
     },
     examples=("worker_segfault", "worker_killed", "worker_oom"),
 )

@@ -97,7 +97,7 @@ class WorkerHook:
                 dump_path = dumps.install(os.path.join(self.run_dir, "dumps"))
             except Exception:
                 pass
-            self._crash_dump()
+            crash_output = self._crash_dump()
             events.emit(
                 self.events_path,
                 "worker_registered",
@@ -105,20 +105,27 @@ class WorkerHook:
                 start_method=self.start_method,
                 ppid=os.getppid(),
                 dump_path=dump_path,
+                crash_output=crash_output,
             )
         except Exception:
             pass
 
-    def _crash_dump(self) -> None:
+    def _crash_dump(self) -> str | None:
         """faulthandler on the fatal signals, into ``dumps/<pid>.crash.txt`` that the monitor reads
         when this worker is gone: a native crash in ``__getitem__`` then leaves its Python line.
-        A program that enabled faulthandler itself keeps its own setting."""
+        A program that enabled faulthandler itself keeps its own setting.  Returns where a crash's
+        stack goes: ``dlwatch`` (the crash file), ``program`` (the program's own faulthandler: its
+        file, the worker's stderr unless it chose another), ``none``, or None when unknown."""
         try:
+            import faulthandler
+
             from dlwatch.wire import dumps
 
-            dumps.install_crash(os.path.join(self.run_dir, "dumps"))
+            if dumps.install_crash(os.path.join(self.run_dir, "dumps")) is not None:
+                return "dlwatch"
+            return "program" if faulthandler.is_enabled() else "none"
         except Exception:
-            pass
+            return None
 
     def _fingerprint(self, worker_id: int) -> None:
         try:

@@ -163,6 +163,7 @@ class Monitor:
         self.stop_seen = False
         self.interrupted = False  # the block was left by a KeyboardInterrupt (the stop event says so)
         self.reported_playbooks: set[str] = set()
+        self.warned_in: dict[str, str] = {}  # playbook -> the threshold incident that reported it first
         self.incidents: list[str] = []
         self.polls = 0
         self.last_mem_detail = 0.0
@@ -534,7 +535,9 @@ class Monitor:
         self.reported_playbooks.add(fresh[0]["playbook"])
         report["findings"] = fresh + [f for f in report["findings"] if f not in fresh]
         report["summary"] = f"{fresh[0]['title']} (seen before any error)"
-        self._write(report)
+        path = self._write(report)
+        if path is not None:
+            self.warned_in[fresh[0]["playbook"]] = os.path.basename(path)
 
     def _on_stall(self, ev: StallEvent, hb: hbmod.Heartbeat | None) -> None:
         self._discover()  # every process of the tree, not only those seen at the last scan
@@ -650,7 +653,21 @@ class Monitor:
                 entry["sample"]["gone"] = True
         return entry
 
+    def _link_earlier(self, report: dict[str, Any]) -> None:
+        """One failure, one incident: a later incident whose top finding a threshold incident of this
+        run already reported names that incident (``related``; its summary line and notes say so)."""
+        findings = report.get("findings") or ()
+        first = (
+            self.warned_in.get(findings[0].get("playbook")) if findings and report["trigger"] != "threshold" else None
+        )
+        if first is None:
+            return
+        playbook = findings[0]["playbook"]
+        report["related"] = [{"id": first, "trigger": "threshold", "playbook": playbook, "relation": "seen-before"}]
+        report["notes"].append(f"{playbook} was first reported by the threshold incident {first}: the same failure")
+
     def _write(self, report: dict[str, Any], extra: dict[str, bytes] | None = None) -> str | None:
+        self._link_earlier(report)
         try:
             path = build.write(report, self.report_dir, extra_files=extra)
         except Exception as exc:
@@ -659,6 +676,8 @@ class Monitor:
             return None
         self.incidents.append(path)
         top = report["findings"][0]["playbook"] if report.get("findings") else "no playbook matched"
+        if report.get("related"):
+            top += f", first seen in {report['related'][0]['id']}"
         job = report.get("job") or {}
         if job.get("role") == "waiting":  # the cause is another rank's: say where to look
             top = f"this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"

@@ -20,6 +20,15 @@ TIMELINE_WINDOW = 120  # records copied into an incident
 
 
 def summary_line(report: Mapping[str, Any]) -> str:
+    line = _summary_line(report)
+    related = report.get("related") or ()
+    first = related[0] if isinstance(related, list) and related and isinstance(related[0], dict) else None
+    if first is not None and first.get("id"):  # one failure, one incident: the earlier report of it
+        line += f" (first seen before any error: incident {first['id']})"
+    return line
+
+
+def _summary_line(report: Mapping[str, Any]) -> str:
     trig = report.get("trigger")
     exc = report.get("exception") or {}
     findings = report.get("findings") or []

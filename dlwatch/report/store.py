@@ -240,6 +240,7 @@ _TOP_TYPES: dict[str, Any] = {
     "events": (list, type(None)),
     "config": _OPT_DICT,
     "job": _OPT_DICT,
+    "related": (list, type(None)),
 }
 _ITEM_TYPES: dict[str, dict[str, Any]] = {
     "exception": {"type": _OPT_STR, "message": _OPT_STR, "traceback": _OPT_STR, "errno": _OPT_INT},

@@ -122,6 +122,8 @@ def normalize(record: Any, schemas: Schemas | None = None) -> dict[str, Any] | N
         ev["worker_id"] = ev.get("worker_id")
         ev["start_method"] = _str(ev.get("start_method"))
         ev["dump_path"] = _str(ev.get("dump_path"))
+        out = ev.get("crash_output")  # where a fatal signal's stack goes: dlwatch's crash file or not
+        ev["crash_output"] = out if out in ("dlwatch", "program", "none") else None
     elif name == "loader_workers":
         pids = ev.get("pids")
         if not isinstance(pids, list):

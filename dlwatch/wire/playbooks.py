@@ -77,7 +77,8 @@ class Signal:
     processes of ``role``.  Over the incident: ``classification``
     (one of these stall classifications), ``signal`` (a detector event of that name, e.g.
     ``fd_pressure``), ``fd_at_limit`` (some process is at or near its fd limit; false =
-    none is).
+    none is), ``facts`` / ``not_facts`` (named facts a failure's module provides, all true /
+    all false; a name no failure provides is false).
     """
 
     name: str
@@ -95,6 +96,8 @@ class Signal:
     classification: tuple[str, ...] = ()
     signal: str | None = None
     fd_at_limit: bool | None = None
+    facts: tuple[str, ...] = ()
+    not_facts: tuple[str, ...] = ()
 
     @property
     def has_frame_condition(self) -> bool:
@@ -354,9 +357,12 @@ _SIGNAL_KEYS = {
     "classification",
     "signal",
     "fd_at_limit",
+    "facts",
+    "not_facts",
 }
 _SIGNAL_CONDITIONS = _SIGNAL_KEYS - {"name", "confidence", "description", "role"}
 _HINT_KEYS = {"name", "text", "frame", "waiting_in", "frame_function", "frame_filename", "role", "native"}
+_FACT_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")  # a fact a failure module names (registry.Failure.facts)
 
 
 class _Validator:
@@ -413,6 +419,13 @@ class _Validator:
             raise self.fail(f"{prefix}{key}", "must be a string or an array of strings")
         return tuple(items)
 
+    def fact_names(self, table: Mapping[str, Any], key: str, prefix: str) -> tuple[str, ...]:
+        names = self.strings(table, key, prefix)
+        for name in names:
+            if not _FACT_NAME.fullmatch(name):
+                raise self.fail(f"{prefix}{key}", f"{name!r} is not a fact name (lower case, digits and _)")
+        return names
+
     def boolean(self, table: Mapping[str, Any], key: str, prefix: str) -> bool | None:
         if key not in table:
             return None
@@ -433,13 +446,13 @@ class _Validator:
         positive = [
             k
             for k in _SIGNAL_CONDITIONS
-            if k in table and k != "not_errno" and not (k == "fd_at_limit" and table[k] is False)
+            if k in table and k not in ("not_errno", "not_facts") and not (k == "fd_at_limit" and table[k] is False)
         ]
         if not positive:  # a signal made only of negations would match every healthy run
             raise self.fail(
                 f"signals[{index}]",
                 "has no positive condition (give at least one of: "
-                + ", ".join(sorted(_SIGNAL_CONDITIONS - {"not_errno"}))
+                + ", ".join(sorted(_SIGNAL_CONDITIONS - {"not_errno", "not_facts"}))
                 + ")",
             )
         if "confidence" not in table:
@@ -467,6 +480,8 @@ class _Validator:
             classification=self.strings(table, "classification", prefix),
             signal=sig,
             fd_at_limit=self.boolean(table, "fd_at_limit", prefix),
+            facts=self.fact_names(table, "facts", prefix),
+            not_facts=self.fact_names(table, "not_facts", prefix),
         )
 
     def hint(self, table: Mapping[str, Any], index: int) -> Hint:
