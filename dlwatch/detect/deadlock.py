@@ -108,15 +108,16 @@ def waiting_site(workers: list[Any]) -> str | None:
         if p.get("status") != "blocked":
             continue
         # the thread that runs the worker loop: a queue's feeder thread idles in Condition.wait
-        for frames in [main_thread_frames(p) or next(iter(threads(p)), [])]:
-            for f in frames[:MAX_FRAMES]:
-                fn = str(f.get("function") or "")
-                if fn.endswith(_QUEUE):  # a queue's get waits on its own lock too: the queue is the site
-                    return "queue"
-                if fn.endswith(_CONDITION):
-                    return "condition"
-                if fn.endswith(_SEMAPHORE):
-                    return "semaphore"
+        frames = (main_thread_frames(p) or next(iter(threads(p)), []))[:MAX_FRAMES]
+        names = [str(f.get("function") or "") for f in frames]
+        # a queue's get waits on its own lock or semaphore too: a queue anywhere in the frames is the site
+        if any(n.endswith(_QUEUE) for n in names):
+            return "queue"
+        for n in names:
+            if n.endswith(_CONDITION):
+                return "condition"
+            if n.endswith(_SEMAPHORE):
+                return "semaphore"
         waiting = p.get("waiting_in")
         if waiting == "queue get":
             return "queue"
