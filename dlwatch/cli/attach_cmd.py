@@ -324,22 +324,20 @@ def write_attach_incident(
     """
     procs, watched = gather(pid)
     now = time.time()
-    report = store.skeleton(trigger="attach", pid=pid, now=now)
     cfg = watched.get("config") or {}
-    report["loader"] = cfg.get("loader") if isinstance(cfg.get("loader"), dict) else None
-    report["config"] = {"duration_s": duration, "report_dir": out_dir, "watched": "run_dir" in watched}
-    report["notes"].extend(watched.get("notes") or ())
+    loader = cfg.get("loader") if isinstance(cfg.get("loader"), dict) else None
+    notes = list(watched.get("notes") or ())
     hb = watched.get("heartbeat")
+    progress = None
     if hb is not None:
-        report["progress"] = hb.to_dict()
+        progress = hb.to_dict()
         if hb.ts_last_batch:
-            report["progress"]["stall_s"] = round(time.monotonic() - hb.ts_last_batch, 3)
-    report["events"] = watched.get("events") or []
-    report["timeline"] = watched.get("timeline") or []
+            progress["stall_s"] = round(time.monotonic() - hb.ts_last_batch, 3)
+    entries = []
     for p in procs.values():
         sample = procfs.read_proc(p.pid, fd_detail=True, mem_detail=True)
-        report["processes"].append(
-            build.process_entry(
+        entries.append(
+            build.process(
                 p.pid,
                 p.role,
                 worker_id=p.worker_id,
@@ -349,22 +347,37 @@ def write_attach_incident(
                 sample=build.compact(sample.to_dict()),
             )
         )
+    system = None
     try:
-        report["system"] = read_system(pid).to_dict()
+        system = read_system(pid).to_dict()
     except Exception as exc:
-        report["notes"].append(f"system probe failed: {exc}")
+        notes.append(f"system probe failed: {exc}")
     gpu = GpuProbe()
-    report["gpus"] = [g.to_dict() for g in gpu.sample()]
+    gpus = [g.to_dict() for g in gpu.sample()]
     gpu.close()
     if not watched.get("found_run_dir"):
-        report["notes"].append("the target does not run under dlwatch.watch: no heartbeat or timeline")
+        notes.append("the target does not run under dlwatch.watch: no heartbeat or timeline")
+    report = build.incident(
+        "attach",
+        pid,
+        now=now,
+        loader=loader,
+        config={"duration_s": duration, "report_dir": out_dir, "watched": "run_dir" in watched},
+        progress=progress,
+        processes=entries,
+        system=system,
+        gpus=gpus,
+        events=watched.get("events") or [],
+        timeline=watched.get("timeline") or [],
+        notes=notes,
+    )
     waiting = None
     if hb is not None and hb.state in (heartbeat.STATE_WAITING, heartbeat.STATE_BODY):
         waiting = hb.state == heartbeat.STATE_WAITING
     reader = watched.get("reader")
     workers = sum(1 for p in procs.values() if p.role == "worker")
-    expected = (report["loader"] or {}).get("num_workers") if report["loader"] else None
-    extra = forensics.investigate(
+    expected = (loader or {}).get("num_workers") if loader else None
+    report, extra = forensics.investigate(
         report,
         procs,
         main_waiting_for_data=waiting,
@@ -376,13 +389,14 @@ def write_attach_incident(
         uid=_target_uid(watched),
     )
     if reader is not None:  # dump files refused while the stacks were taken
-        report["notes"].extend(
-            n for n in (f"run directory file refused: {r}" for r in reader.refusals) if n not in report["notes"]
+        have = report.notes or ()
+        report = report.with_notes(
+            *(n for n in dict.fromkeys(f"run directory file refused: {r}" for r in reader.refusals) if n not in have)
         )
     # never the run's own playbook directories: code-free, but the target's user wrote them
-    build.add_findings(report, ())
-    path = build.write(report, out_dir, extra_files=extra)
-    return report, path
+    report = build.add_findings(report, ())
+    written, path = build.write_report(report, out_dir, extra_files=extra)
+    return written, path
 
 
 def print_summary(report: dict[str, Any], path: str, file: Any) -> None:

@@ -30,6 +30,7 @@ def finish(run_dir: str) -> int:
     from dlwatch.detect.advice import to_finding
     from dlwatch.report import summary as sm
     from dlwatch.report.build import exception_report_from_run, write_run_summary
+    from dlwatch.report.schema import Finding
     from dlwatch.wire import heartbeat as hbmod
     from dlwatch.wire.playbooks import load_playbooks
 
@@ -48,19 +49,20 @@ def finish(run_dir: str) -> int:
     except Exception:
         advice_pbs = {}
     now = time.time()
-    s = sm.skeleton(
+    s = sm.new_summary(
         run_id=os.path.basename(os.path.normpath(run_dir)),
         pid=int(state["pid"]),
         now=now,
         started_at=state.get("started_at"),
-    )
-    s["ended"] = state["ended"]
-    s["cpus"] = state.get("cpus")
-    s["loop"] = RunStats(state.get("started_at")).loop(hbmod.read(os.path.join(run_dir, "heartbeat")), now)
-    s["preflight"] = [to_finding(sig, advice_pbs) for sig in state.get("preflight") or ()]
-    s["notes"].append(
-        "the monitor process was not running at the end of the block: this summary was "
-        "written by the training process and has no per-process figures and no advice"
+    ).replace(
+        ended=state["ended"],
+        cpus=state.get("cpus"),
+        loop=RunStats(state.get("started_at")).loop(hbmod.read(os.path.join(run_dir, "heartbeat")), now),
+        preflight=tuple(Finding.from_dict(to_finding(sig, advice_pbs)) for sig in state.get("preflight") or ()),
+        notes=[
+            "the monitor process was not running at the end of the block: this summary was "
+            "written by the training process and has no per-process figures and no advice"
+        ],
     )
     path = write_run_summary(s, report_dir, keep_runs=int(state.get("keep_runs", 200)), timeline_dir=run_dir)
     if path is None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from dlwatch.collect import bounds, faultdump, procfs, stacks
 from dlwatch.detect.classify import ProcessObservation, classify_stall
 from dlwatch.model import ProcSample, TrackedProcess
+from dlwatch.report.schema import Incident, ProcessEntry, Stack
 
 # The window over which a process must show a sign of life (state R in any read, run
 # delay, CPU time, a wake-up, bytes moved) not to count as stuck.  1 s: sixteen
@@ -40,7 +41,7 @@ def _raw_copy(text: bytes) -> bytes:
 
 
 def investigate(
-    report: dict[str, Any],
+    report: Incident,
     procs: Mapping[int, TrackedProcess],
     *,
     main_waiting_for_data: bool | None,
@@ -50,16 +51,17 @@ def investigate(
     read_dump: Callable[[str], bytes | None] | None = None,
     allow: Callable[[int], bool] | None = None,
     uid: int | None = None,
-) -> dict[str, bytes]:
-    """Fill ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
+) -> tuple[Incident, dict[str, bytes]]:
+    """``report`` with ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
     /proc is read ``WINDOW_READS`` times across ``interval_s``, each process's
     threads and sockets (``procfs.read_io``) at both ends, then the stacks.
-    Returns extra files for the incident directory (raw fallback dumps).  ``read_dump``
+    Returns it with the extra files for the incident directory (raw fallback dumps).  ``read_dump``
     and ``allow`` are for attach (see faultdump.request_dumps): dump files are then read
     through ``read_dump`` only, never emptied, and a pid is dumped only if ``allow(pid)``;
     ``uid`` is the target's: no process of another uid is signalled (default: our own).
     """
+    notes: list[str] = []  # added to the report's, in the order found
     live = {pid: t for pid, t in procs.items() if not t.gone and (allow is None or allow(pid))}
     started = time.monotonic()
     before = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
@@ -86,7 +88,7 @@ def investigate(
             # loader shut its workers down): judge it on what it did, and say so
             after[pid] = seen[-1]
             between[pid] = seen[:-1]
-            report["notes"].append(
+            notes.append(
                 f"pid {pid} exited during the {interval_s:g} s observation window; judged on the reads before it exited"
             )
     io = {pid: procfs.read_io(pid) for pid, s in after.items() if not s.gone}
@@ -106,14 +108,12 @@ def investigate(
                         extra[f"stacks/{pid}.txt"] = _raw_copy(raw[pid])
             refused = [f"pid {pid}: {d.error}" for pid, d in sorted(got.items()) if not d.threads and d.error]
             for why in refused[:3]:  # why a process got no signal (gone, another uid, a recycled pid) is evidence
-                report["notes"].append(f"faulthandler stacks missing for {why}")
+                notes.append(f"faulthandler stacks missing for {why}")
         reasons = sorted({d.error for d in failed.values() if d.error})
         for reason in reasons[:3]:
-            report["notes"].append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")
+            notes.append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")
         if any(dumps[p].source == "faulthandler" for p in failed):
-            report["notes"].append(
-                "Python stacks of those processes come from faulthandler (no native frames, no thread names)"
-            )
+            notes.append("Python stacks of those processes come from faulthandler (no native frames, no thread names)")
     observations = [
         ProcessObservation(
             pid=pid,
@@ -131,29 +131,38 @@ def investigate(
     verdict = classify_stall(
         observations, main_waiting_for_data=main_waiting_for_data, expected_workers=expected_workers
     )
-    report["classification"] = verdict.classification
-    report["classification_reason"] = verdict.reason
     by_pid = {v.pid: v for v in verdict.processes}
-    for entry in report["processes"]:
-        pid = entry["pid"]
-        v = by_pid.get(pid)
+
+    def judged(entry: ProcessEntry) -> ProcessEntry:
+        pid = entry.pid
+        v = by_pid.get(pid) if pid is not None else None
         if v is not None:
-            entry["status"] = v.status
-            entry["waiting_in"] = v.waiting_in
-            entry["cpu_progress_s"] = v.cpu_progress_s
-            entry["where"] = v.where
-            entry["alive_by"] = list(v.alive_by)
-            entry["io_wait"] = v.io_wait.to_dict() if v.io_wait is not None else None
+            entry = entry.replace(
+                status=v.status,
+                waiting_in=v.waiting_in,
+                cpu_progress_s=v.cpu_progress_s,
+                where=v.where,
+                alive_by=list(v.alive_by),
+                io_wait=v.io_wait.to_dict() if v.io_wait is not None else None,
+            )
         if pid in after and not after[pid].gone:
             # the last read before py-spy attached (an attach turns a sleeping poll into
             # restart_syscall), keeping the slow-cadence figures of the last poll
             slow = {
                 k: val
-                for k, val in (entry.get("sample") or {}).items()
+                for k, val in (entry.sample or {}).items()
                 if k in ("fds", "uss", "pss", "shm_maps", "shm_map_bytes")
             }
-            entry["sample"] = {k: val for k, val in after[pid].to_dict().items() if val is not None}
-            entry["sample"].update(slow)
+            sample = {k: val for k, val in after[pid].to_dict().items() if val is not None}
+            sample.update(slow)
+            entry = entry.replace(sample=sample)
         if pid in dumps:
-            entry["stack"] = dumps[pid].to_dict()
-    return extra
+            entry = entry.replace(stack=Stack.from_dict(dumps[pid].to_dict()))
+        return entry
+
+    report = report.with_notes(*notes).replace(
+        classification=verdict.classification,
+        classification_reason=verdict.reason,
+        processes=tuple(judged(p) for p in report.processes or ()),
+    )
+    return report, extra

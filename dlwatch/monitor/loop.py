@@ -40,6 +40,7 @@ from dlwatch.wire.events import EventReader
 from dlwatch.model import ProcSample, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
+from dlwatch.report.schema import Finding, Incident, ProcessEntry
 from dlwatch.monitor import timeline as timeline_record
 
 log = get_logger("dlwatch.monitor")
@@ -529,22 +530,30 @@ class Monitor:
         if ev not in self.notable:
             self._note(ev)
         report = self._report("threshold")
-        fresh = [f for f in report["findings"] if f["playbook"] not in self.reported_playbooks]
+        findings = report.findings or ()
+        fresh = [f for f in findings if f.playbook not in self.reported_playbooks]
         if not fresh:
             return  # a signal no (new) playbook claims stays in the timeline, not in a report
-        self.reported_playbooks.add(fresh[0]["playbook"])
-        report["findings"] = fresh + [f for f in report["findings"] if f not in fresh]
-        report["summary"] = f"{fresh[0]['title']} (seen before any error)"
+        self.reported_playbooks.add(str(fresh[0].playbook))
+        report = report.replace(
+            findings=tuple(fresh + [f for f in findings if f not in fresh]),
+            summary=f"{fresh[0].title} (seen before any error)",
+        )
         path = self._write(report)
         if path is not None:
-            self.warned_in[fresh[0]["playbook"]] = os.path.basename(path)
+            self.warned_in[str(fresh[0].playbook)] = os.path.basename(path)
 
     def _on_stall(self, ev: StallEvent, hb: hbmod.Heartbeat | None) -> None:
         self._discover()  # every process of the tree, not only those seen at the last scan
         report = self._report("stall", findings=False)
-        report["progress"]["stall_s"] = round(ev.stall_s, 3)
-        report["progress"]["stall_timeout_s"] = ev.timeout_s
-        report["progress"]["stall_allowance"] = ev.allowance
+        report = report.replace(
+            progress={
+                **(report.progress or {}),
+                "stall_s": round(ev.stall_s, 3),
+                "stall_timeout_s": ev.timeout_s,
+                "stall_allowance": ev.allowance,
+            }
+        )
         stall_note = {
             "ts": time.time(),
             "event": "stall",
@@ -558,20 +567,19 @@ class Monitor:
         try:
             from dlwatch.monitor import forensics
 
-            extra = forensics.investigate(
+            report, extra = forensics.investigate(
                 report,
                 self.procs,
                 main_waiting_for_data=(ev.state == "waiting_for_data"),
                 expected_workers=self._expected_workers(),
             )
         except ImportError:
-            report["notes"].append("stack forensics unavailable in this build")
+            report = report.with_notes("stack forensics unavailable in this build")
         except Exception as exc:
-            report["notes"].append(f"stack forensics failed: {type(exc).__name__}: {exc}")
-        report["events"] = list(self.notable)
-        self._add_findings(report)
-        site = stall_site(report)
-        stall_note["classification"] = report.get("classification")
+            report = report.with_notes(f"stack forensics failed: {type(exc).__name__}: {exc}")
+        report = self._add_findings(report.replace(events=list(self.notable)))
+        site = stall_site(report.to_dict())
+        stall_note["classification"] = report.classification
         if site in self.stall_sites:
             # the same hang again (same verdict, same waiting frames): the timeline has it, one report is enough
             self.timeline.append(
@@ -579,15 +587,15 @@ class Monitor:
                     "kind": "event",
                     "ts": time.time(),
                     "event": "stall_repeated",
-                    "classification": report.get("classification"),
+                    "classification": report.classification,
                 }
             )
             return
         self.stall_sites.add(site)
         self._write(report, extra)
 
-    def _add_findings(self, report: dict[str, Any]) -> None:
-        build.add_findings(report, self.playbook_dirs, playbooks=self.playbooks, ignore=self.ignore)
+    def _add_findings(self, report: Incident) -> Incident:
+        return build.add_findings(report, self.playbook_dirs, playbooks=self.playbooks, ignore=self.ignore)
 
     def _expected_workers(self) -> int | None:
         n = (self.loader or {}).get("num_workers")
@@ -595,31 +603,33 @@ class Monitor:
 
     # ------------------------------------------------------------------ reports
 
-    def _report(self, trigger: str, *, findings: bool = True) -> dict[str, Any]:
-        now = time.time()
-        report = store.skeleton(trigger=trigger, pid=self.main_pid, now=now)
-        report["rank"] = dict(self.rank)
-        report["loader"] = self.loader
-        report["config"] = {k: (self.cfg.get("options") or {}).get(k) for k in ("poll_interval", "stall_timeout")}
-        report["config"]["report_dir"] = self.report_dir
+    def _report(self, trigger: str, *, findings: bool = True) -> Incident:
+        config = {k: (self.cfg.get("options") or {}).get(k) for k in ("poll_interval", "stall_timeout")}
+        config["report_dir"] = self.report_dir
         if self.cfg.get("program_run"):  # every iteration of one `dlwatch run` shares it
-            report["config"]["program_run"] = self.cfg["program_run"]
-        hb = self.last_hb
-        report["progress"] = self._progress(hb)
-        report["exception"] = self.exception if trigger == "exception" else None
-        report["processes"] = [self._proc_entry(t) for t in self.procs.values()]
-        report["system"] = self.last_system.to_dict() if self.last_system else None
-        report["gpus"] = [g.to_dict() for g in self.last_gpus]
-        report["events"] = list(self.notable)
-        report["timeline"] = list(self.ring)
-        report["notes"] = list(self.notes)
+            config["program_run"] = self.cfg["program_run"]
+        notes = list(self.notes)
         if self.gpu is not None and self.gpu.unavailable:
-            report["notes"].append(f"GPU: {self.gpu.unavailable}")
+            notes.append(f"GPU: {self.gpu.unavailable}")
         if self.timeline.failed:
-            report["notes"].append(self.timeline.failed)
-        if findings:
-            self._add_findings(report)
-        return report
+            notes.append(self.timeline.failed)
+        report = build.incident(
+            trigger,
+            self.main_pid,
+            now=time.time(),
+            rank=self.rank,
+            loader=self.loader,
+            config=config,
+            progress=self._progress(self.last_hb),
+            exception=self.exception if trigger == "exception" else None,
+            processes=[self._proc_entry(t) for t in self.procs.values()],
+            system=self.last_system.to_dict() if self.last_system else None,
+            gpus=[g.to_dict() for g in self.last_gpus],
+            events=self.notable,
+            timeline=self.ring,
+            notes=notes,
+        )
+        return self._add_findings(report) if findings else report
 
     def _progress(self, hb: hbmod.Heartbeat | None) -> dict[str, Any]:
         if hb is None:
@@ -630,58 +640,60 @@ class Monitor:
             out["last_batch_ts"] = round(time.time() - (time.monotonic() - hb.ts_last_batch), 3)
         return out
 
-    def _proc_entry(self, t: Tracked) -> dict[str, Any]:
+    def _proc_entry(self, t: Tracked) -> ProcessEntry:
         last = t.last
-        entry = build.process_entry(
+        sample = build.compact(last.to_dict()) if last else None
+        if sample and "fds" not in sample and t.last_fds is not None:
+            sample["fds"] = t.last_fds.to_dict()
+        if sample and t.gone:
+            sample["gone"] = True
+        crash = {k: t.crash.get(k) for k in ("signal", "fatal_error")} if t.crash is not None else None
+        return build.process(
             t.pid,
             t.role,
             worker_id=t.worker_id,
             start_method=t.start_method,
             name=last.name if last else None,
             cmdline=procfs.cmdline(t.pid) if not t.gone else None,
-            sample=build.compact(last.to_dict()) if last else None,
+            sample=sample,
+            crash=crash,
+            stack=t.crash.get("stack") if t.crash is not None else None,
+            status="gone" if t.gone else None,
         )
-        if entry["sample"] is not None and "fds" not in entry["sample"] and t.last_fds is not None:
-            entry["sample"]["fds"] = t.last_fds.to_dict()
-        if t.crash is not None:
-            entry["crash"] = {k: t.crash.get(k) for k in ("signal", "fatal_error")}
-            if entry.get("stack") is None:
-                entry["stack"] = t.crash.get("stack")
-        if t.gone:
-            entry["status"] = "gone"
-            if entry["sample"] is not None:
-                entry["sample"]["gone"] = True
-        return entry
 
-    def _link_earlier(self, report: dict[str, Any]) -> None:
+    def _link_earlier(self, report: Incident) -> Incident:
         """One failure, one incident: a later incident whose top finding a threshold incident of this
         run already reported names that incident (``related``; its summary line and notes say so)."""
-        findings = report.get("findings") or ()
-        first = (
-            self.warned_in.get(findings[0].get("playbook")) if findings and report["trigger"] != "threshold" else None
-        )
+        findings = report.findings or ()
+        first = self.warned_in.get(str(findings[0].playbook)) if findings and report.trigger != "threshold" else None
         if first is None:
-            return
-        playbook = findings[0]["playbook"]
-        report["related"] = [{"id": first, "trigger": "threshold", "playbook": playbook, "relation": "seen-before"}]
-        report["notes"].append(f"{playbook} was first reported by the threshold incident {first}: the same failure")
+            return report
+        playbook = str(findings[0].playbook)
+        return report.replace(
+            related=[{"id": first, "trigger": "threshold", "playbook": playbook, "relation": "seen-before"}],
+            notes=(
+                *(report.notes or ()),
+                f"{playbook} was first reported by the threshold incident {first}: the same failure",
+            ),
+        )
 
-    def _write(self, report: dict[str, Any], extra: dict[str, bytes] | None = None) -> str | None:
-        self._link_earlier(report)
+    def _write(self, report: Incident, extra: dict[str, bytes] | None = None) -> str | None:
+        report = self._link_earlier(report)
         try:
             path = build.write(report, self.report_dir, extra_files=extra)
         except Exception as exc:
             log.warning("report_write_failed", error=f"{type(exc).__name__}: {exc}")
-            print(outbound(f"dlwatch: could not write the {report['trigger']} report: {exc}"), file=sys.stderr)
+            print(outbound(f"dlwatch: could not write the {report.trigger} report: {exc}"), file=sys.stderr)
             return None
         self.incidents.append(path)
-        top = report["findings"][0]["playbook"] if report.get("findings") else "no playbook matched"
-        if report.get("related"):
-            top += f", first seen in {report['related'][0]['id']}"
-        job = report.get("job") or {}
-        if job.get("role") == "waiting":  # the cause is another rank's: say where to look
-            top = f"this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
-        print(outbound(f"dlwatch: {report['trigger']} incident ({top}): {path}"), file=sys.stderr, flush=True)
+        top = report.findings[0].playbook if report.findings else "no playbook matched"
+        related = report.extra.get("related")
+        if related:
+            top = f"{top}, first seen in {related[0]['id']}"
+        job = report.job
+        if job is not None and job.role == "waiting":  # the cause is another rank's: say where to look
+            top = f"this rank waits in {job.waiting_in}; the whole job: {job.view}"
+        print(outbound(f"dlwatch: {report.trigger} incident ({top}): {path}"), file=sys.stderr, flush=True)
         try:
             fd = open_private(os.path.join(self.run_dir, "incidents"))  # 0600, like every file
             try:
@@ -717,22 +729,20 @@ class Monitor:
         last = now_sys.cgroup_oom_kills if now_sys else None
         if first is not None and last is not None and last > first:
             cause = f"killed by the OOM killer (the cgroup's oom_kill count rose from {first} to {last})"
-            report["exit_cause"] = "oom-kill"
+            report = report.replace(exit_cause="oom-kill")
         else:
             cause = (
                 "ended without leaving the watch block: killed by a signal (e.g. SIGKILL) "
                 "or os._exit; the monitor cannot read its exit status"
             )
-            report["exit_cause"] = "vanished"
+            report = report.replace(exit_cause="vanished")
         alive = [
             t.pid for t in self.procs.values() if t.role == "worker" and not t.gone and not procfs.read_proc(t.pid).gone
         ]
-        report["summary"] = f"the training process (pid {self.main_pid}) {cause}"
+        report = report.replace(summary=f"the training process (pid {self.main_pid}) {cause}")
         if alive:
-            report["notes"].append(f"worker processes still alive after the training process ended: {alive}")
-        report["events"] = list(self.notable)
-        self._add_findings(report)
-        self._write(report)
+            report = report.with_notes(f"worker processes still alive after the training process ended: {alive}")
+        self._write(self._add_findings(report.replace(events=list(self.notable))))
         self._write_summary("vanished")
         self._close(clean=False)
         # nobody else will: the training process is gone. What mattered is in the incident.
@@ -746,27 +756,29 @@ class Monitor:
 
             now = time.time()
             hb = hbmod.read(self.hb_path) or self.last_hb
-            s = sm.skeleton(
+            figures = self.runstats.figures(hb, now)
+            s = sm.new_summary(
                 run_id=os.path.basename(os.path.normpath(self.run_dir)),
                 pid=self.main_pid,
                 now=now,
                 started_at=self.cfg.get("started_at"),
+            ).replace(
+                ended=ended,
+                rank=self.rank,  # the rank the training process read (see dlwatch.wire.job)
+                loader=self.loader,
+                cpus=self.cfg.get("cpus"),
+                accelerator=self.cfg.get("accelerator"),
+                **{key: figures[key] for key in ("loop", "workers", "main", "peaks")},
             )
-            s["ended"] = ended
-            s["rank"] = self.rank  # the rank the training process read (see dlwatch.wire.job)
-            s["loader"] = self.loader
-            s["cpus"] = self.cfg.get("cpus")
-            s["accelerator"] = self.cfg.get("accelerator")
-            figures = self.runstats.figures(hb, now)
-            for key in ("loop", "workers", "main", "peaks"):
-                s[key] = figures[key]
-            self._run_detectors("on_finish", run=s)
+            self._run_detectors("on_finish", run=s.to_dict())
             pbs = self.playbooks or ()
-            s["advice"] = sorted((to_finding(a, pbs) for a in self.advice.values()), key=lambda f: -f["confidence"])
-            s["preflight"] = [to_finding(a, pbs) for a in self.preflight.values()]
-            s["incidents"] = [os.path.basename(p) for p in self.incidents]
-            s["notes"] = list(self.notes) + (
-                [f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else []
+            advice = sorted((to_finding(a, pbs) for a in self.advice.values()), key=lambda f: -f["confidence"])
+            s = s.replace(
+                advice=tuple(Finding.from_dict(f) for f in advice),
+                preflight=tuple(Finding.from_dict(to_finding(a, pbs)) for a in self.preflight.values()),
+                incidents=[os.path.basename(p) for p in self.incidents],
+                notes=list(self.notes)
+                + ([f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else []),
             )
         except Exception as exc:
             self._warn_once("summary_failed", f"{type(exc).__name__}: {exc}")

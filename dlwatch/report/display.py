@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from dlwatch.report.schema import ProcessEntry
+
 
 @dataclass(frozen=True)
 class Table:
@@ -215,15 +217,15 @@ def _get(m: Any, key: str) -> Any:
     return m.get(key) if isinstance(m, Mapping) else None
 
 
-def process_row(p: Mapping[str, Any]) -> tuple[str, ...]:
-    s = p.get("sample") if isinstance(p.get("sample"), Mapping) else {}
-    role = one_line(p.get("role") or "?", 20)
-    if p.get("worker_id") is not None:
-        role += f" {one_line(p.get('worker_id'), 6)}"
-    state = p.get("status") or _get(s, "state") or "-"
+def process_row(p: ProcessEntry) -> tuple[str, ...]:
+    s = p.sample or {}
+    role = one_line(p.role or "?", 20)
+    if p.worker_id is not None:
+        role += f" {one_line(p.worker_id, 6)}"
+    state = p.status or _get(s, "state") or "-"
     if _get(s, "gone"):
-        state = f"{state}, gone" if p.get("status") and p.get("status") != "gone" else "gone"
-    progress = p.get("cpu_progress_s")
+        state = f"{state}, gone" if p.status and p.status != "gone" else "gone"
+    progress = p.cpu_progress_s
     cpu = (
         human_seconds(progress)
         if progress is not None
@@ -235,10 +237,10 @@ def process_row(p: Mapping[str, Any]) -> tuple[str, ...]:
         else "-"
     )
     return (
-        human_number(p.get("pid")),
+        human_number(p.pid),
         role,
         one_line(state, 20),
-        one_line(p.get("waiting_in") or "-", 40),
+        one_line(p.waiting_in or "-", 40),
         cpu,
         fds,
         human_bytes(_get(s, "rss")),
@@ -246,21 +248,19 @@ def process_row(p: Mapping[str, Any]) -> tuple[str, ...]:
     )
 
 
-def process_table(procs: Any) -> Table:
-    rows = tuple(process_row(p) for p in procs if isinstance(p, Mapping)) if isinstance(procs, (list, tuple)) else ()
-    return Table(PROCESS_HEADERS, rows)
+def process_table(procs: Sequence[ProcessEntry]) -> Table:
+    return Table(PROCESS_HEADERS, tuple(process_row(p) for p in procs))
 
 
-def process_excerpts(procs: Any, n: int = 4) -> list[tuple[str, tuple[str, ...]]]:
+def process_excerpts(procs: Sequence[ProcessEntry], n: int = 4) -> list[tuple[str, tuple[str, ...]]]:
     """Per process with a stack: its label and its innermost Python frames."""
     out = []
-    for p in procs if isinstance(procs, (list, tuple)) else ():
-        if not isinstance(p, Mapping):
-            continue
-        frames = frame_excerpt(thread_frames(p.get("stack")), n)
+    for p in procs:
+        threads = p.stack.main_first() if p.stack is not None else []
+        frames = frame_excerpt([f.to_dict() for f in threads[0].frames or ()] if threads else [], n)
         if frames:
-            who = one_line(p.get("role") or "?", 20) + (f" {p['worker_id']}" if p.get("worker_id") is not None else "")
-            out.append((f"pid {human_number(p.get('pid'))} ({who})", frames))
+            who = one_line(p.role or "?", 20) + (f" {p.worker_id}" if p.worker_id is not None else "")
+            out.append((f"pid {human_number(p.pid)} ({who})", frames))
     return out
 
 

@@ -39,7 +39,8 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from dlwatch.report import display
+from dlwatch.report import display, schema
+from dlwatch.report.schema import Finding, Incident, RunSummary
 
 HTML_NAME = "report.html"
 RENDER_TIMEOUT_S = 60.0
@@ -55,9 +56,9 @@ def _vendor(name: str) -> str:
     return resources.files("dlwatch.report").joinpath("vendor", name).read_text(encoding="utf-8")
 
 
-def incident_ts(report: Mapping[str, Any]) -> float | None:
+def incident_ts(report: Incident) -> float | None:
     try:
-        return _dt.datetime.fromisoformat(str(report.get("created_at"))).timestamp()
+        return _dt.datetime.fromisoformat(str(report.created_at)).timestamp()
     except (TypeError, ValueError):
         return None
 
@@ -255,28 +256,26 @@ def _charts(
     return charts
 
 
-def chart_data(report: Mapping[str, Any], timeline: Sequence[Any] | None = None) -> dict[str, Any]:
+def chart_data(report: Incident | Mapping[str, Any], timeline: Sequence[Any] | None = None) -> dict[str, Any]:
     """The charts' series from the timeline samples: plain lists, x in seconds relative to the incident."""
-    records = timeline if timeline is not None else report.get("timeline") or []
+    r = schema.incident(report)
+    records = timeline if timeline is not None else r.timeline or []
     samples = _samples(records)
-    t0 = incident_ts(report)
+    t0 = incident_ts(r)
     if t0 is None:
         t0 = samples[-1]["ts"] if samples else 0.0
-    xs = [round(r["ts"] - t0, 3) for r in samples]
+    xs = [round(rec["ts"] - t0, 3) for rec in samples]
     roles: dict[int, str] = {}
-    processes = report.get("processes")
-    for p in processes if isinstance(processes, list) else ():
-        if isinstance(p, Mapping) and isinstance(p.get("pid"), int):
-            roles[p["pid"]] = str(p.get("role") or "process") + (
-                f" {p['worker_id']}" if p.get("worker_id") is not None else ""
-            )
+    for p in r.processes or ():
+        if isinstance(p.pid, int):
+            roles[p.pid] = str(p.role or "process") + (f" {p.worker_id}" if p.worker_id is not None else "")
 
     def label(pid: Any, p: Mapping[str, Any]) -> str:
         return f"{roles.get(pid) or p.get('role') or 'process'} ({pid})"
 
     charts = _charts(samples, lambda p: p["pid"], label)
     markers = [{"x": 0.0, "label": "incident", "color": "#d62728"}]
-    stall = _num((report.get("progress") or {}).get("stall_s")) if isinstance(report.get("progress"), Mapping) else None
+    stall = _num(r.progress.get("stall_s")) if r.progress else None
     if stall:
         markers.append({"x": -round(stall, 3), "label": "last batch", "color": "#7f7f7f"})
     return {
@@ -293,14 +292,14 @@ MAX_EPOCH_MARKERS = 20
 
 
 def summary_chart_data(
-    summary: Mapping[str, Any], timeline: Sequence[Any] | None, incident_times: Mapping[str, float] | None = None
+    summary: RunSummary, timeline: Sequence[Any] | None, incident_times: Mapping[str, float] | None = None
 ) -> dict[str, Any]:
     """The run's charts: x in seconds since the block started; one series per worker slot (worker_id),
     so a worker restarted each epoch stays one line; epochs and incidents marked."""
     samples = _samples(timeline or [])
     started = None
     try:
-        started = _dt.datetime.fromisoformat(str(summary.get("started_at"))).timestamp()
+        started = _dt.datetime.fromisoformat(str(summary.started_at)).timestamp()
     except (TypeError, ValueError):
         pass
     t0 = (
@@ -310,8 +309,7 @@ def summary_chart_data(
     )
     xs = [round(r["ts"] - t0, 3) for r in samples]
     worker_ids: dict[int, Any] = {}
-    workers = summary.get("workers")
-    for w in workers if isinstance(workers, list) else ():
+    for w in summary.workers or ():
         if isinstance(w, Mapping) and isinstance(w.get("pid"), int) and isinstance(w.get("worker_id"), int):
             worker_ids[w["pid"]] = w["worker_id"]
 
@@ -513,32 +511,30 @@ def _page_end(parts: list[str], notes: Any, data: Any) -> str:
     return "".join(parts) + "\n"
 
 
-def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None) -> str:
+def render_html(report: Incident | Mapping[str, Any], timeline: Sequence[Any] | None = None) -> str:
     """The page for one incident (report as loaded and redacted)."""
-    data = _clean(chart_data(report, timeline))
-    findings = [f for f in report.get("findings") or () if isinstance(f, Mapping)]
-    procs = [p for p in report.get("processes") or () if isinstance(p, Mapping)]
-    parts = _page_head(f"dlwatch incident {_e(report.get('id'))}") + [
+    r = schema.incident(report)
+    data = _clean(chart_data(r, timeline))
+    findings = r.findings or ()
+    procs = r.processes or ()
+    parts = _page_head(f"dlwatch incident {_e(r.id)}") + [
         '<div class="headline">',
-        f"<div><b>{_e(str(report.get('trigger') or '?').upper())}</b>"
-        + (f" ({_e(report['classification'])})" if report.get("classification") else "")
-        + f": {_e(report.get('summary') or '')}</div>",
+        f"<div><b>{_e(str(r.trigger or '?').upper())}</b>"
+        + (f" ({_e(r.classification)})" if r.classification else "")
+        + f": {_e(r.summary or '')}</div>",
     ]
     if findings:
         top = findings[0]
         parts.append(
-            f"<div>Top finding: <b>{_e(top.get('title'))}</b> (<code>{_e(top.get('playbook'))}</code>, "
-            f"confidence {_e(display.percent(top.get('confidence')))})</div>"
+            f"<div>Top finding: <b>{_e(top.title)}</b> (<code>{_e(top.playbook)}</code>, "
+            f"confidence {_e(display.percent(top.confidence))})</div>"
         )
-    exc = report.get("exception") if isinstance(report.get("exception"), Mapping) else None
+    exc = r.exception
     if exc:
         # the message's last line: a worker's exception carries its whole traceback in the message
-        last = ([line for line in str(exc.get("message") or "").splitlines() if line.strip()] or [""])[-1]
-        parts.append(f"<div>Exception: <code>{_e(exc.get('type'))}</code>: {_e(display.one_line(last, 300))}</div>")
-    parts.append(
-        f'<div class="muted">{_e(report.get("created_at"))} on {_e(report.get("host"))}, '
-        f"pid {_e(report.get('pid'))}</div></div>"
-    )
+        last = ([line for line in str(exc.message or "").splitlines() if line.strip()] or [""])[-1]
+        parts.append(f"<div>Exception: <code>{_e(exc.type)}</code>: {_e(display.one_line(last, 300))}</div>")
+    parts.append(f'<div class="muted">{_e(r.created_at)} on {_e(r.host)}, pid {_e(r.pid)}</div></div>')
     parts.append("<h2>Timeline</h2>")
     if data["charts"]:
         parts.append(
@@ -551,8 +547,8 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
         parts.append("<p>No samples were recorded before this incident.</p>")
     parts.append("<h2>Findings</h2>")
     parts += _findings_html(findings, "No playbook matched.")
-    if exc and exc.get("traceback"):
-        parts.append(f"<h2>Traceback</h2><pre>{_e(str(exc['traceback']).rstrip())}</pre>")
+    if exc and exc.traceback:
+        parts.append(f"<h2>Traceback</h2><pre>{_e(str(exc.traceback).rstrip())}</pre>")
     if procs:
         parts.append("<h2>Processes</h2>")
         parts.append(_table(display.process_table(procs)))
@@ -561,13 +557,13 @@ def render_html(report: Mapping[str, Any], timeline: Sequence[Any] | None = None
             parts.append("<h2>Stacks</h2>")
             for who, frames in excerpts:
                 parts.append(f"<p><b>{_e(who)}</b> (innermost first)</p><pre>{_e(chr(10).join(frames))}</pre>")
-    return _page_end(parts, report.get("notes"), data)
+    return _page_end(parts, list(r.notes) if r.notes is not None else None, data)
 
 
-def _headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
-    loop = s.get("loop") if isinstance(s.get("loop"), Mapping) else {}
-    first = loop.get("first_batch_s") if isinstance(loop.get("first_batch_s"), Mapping) else {}
-    per_epoch = first.get("per_epoch") if isinstance(first.get("per_epoch"), list) else []
+def _headline_rows(s: RunSummary) -> list[tuple[str, str]]:
+    loop: Mapping[str, Any] = s.loop or {}
+    first: Mapping[str, Any] = loop["first_batch_s"] if isinstance(loop.get("first_batch_s"), Mapping) else {}
+    per_epoch: list[Any] = first["per_epoch"] if isinstance(first.get("per_epoch"), list) else []
     shown = ", ".join(f"{i}: {display.human_seconds(v)}" for i, v in enumerate(per_epoch[:40], 1))
     if len(per_epoch) > 40:
         shown += f", ... ({len(per_epoch) - 40} more epochs; mean {display.human_seconds(first.get('mean_s'))})"
@@ -584,7 +580,7 @@ def _headline_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("steady batch interval", display.human_seconds(loop.get("steady_batch_s"))),
         ("first-batch latency per epoch", shown or "-"),
     ]
-    cpus = s.get("cpus") if isinstance(s.get("cpus"), Mapping) else {}
+    cpus = s.cpus if isinstance(s.cpus, Mapping) else {}  # not checked as the summary is loaded
     if cpus:
         rows.append(
             (
@@ -603,13 +599,13 @@ def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
     )
 
 
-def _workers_table(s: Mapping[str, Any]) -> display.Table:
+def _workers_table(s: RunSummary) -> display.Table:
     rows = []
     states = ("running", "waiting_for_work", "blocked_put", "io")
-    for w in s.get("workers") or ():
+    for w in s.workers or ():
         if not isinstance(w, Mapping):
             continue
-        share = w.get("state_share") if isinstance(w.get("state_share"), Mapping) else {}
+        share: Mapping[str, Any] = w["state_share"] if isinstance(w.get("state_share"), Mapping) else {}
         rows.append(
             (
                 f"worker {display.human_number(w.get('worker_id'))}",
@@ -620,7 +616,7 @@ def _workers_table(s: Mapping[str, Any]) -> display.Table:
                 display.human_bytes(w.get("uss_peak")),
             )
         )
-    main = s.get("main") if isinstance(s.get("main"), Mapping) else None
+    main = s.main if isinstance(s.main, Mapping) else None
     if main:
         rows.append(
             (
@@ -651,39 +647,41 @@ def _workers_table(s: Mapping[str, Any]) -> display.Table:
     )
 
 
-def _findings_html(findings: Sequence[Mapping[str, Any]], none: str) -> list[str]:
+def _findings_html(findings: Sequence[Finding], none: str) -> list[str]:
     """Findings with their evidence (through display) and remediation: an incident's, a summary's advice."""
     if not findings:
         return [f"<p>{_e(none)}</p>"]
     parts = []
     for i, f in enumerate(findings, 1):
         parts.append(
-            f"<h3>{i}. {_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>, "
-            f"confidence {_e(display.percent(f.get('confidence')))})</h3>"
+            f"<h3>{i}. {_e(f.title)} (<code>{_e(f.playbook)}</code>, "
+            f"confidence {_e(display.percent(f.confidence))})</h3>"
         )
-        parts.append(_evidence(f.get("evidence") or {}))
-        if f.get("remediation"):
-            parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f['remediation']).strip())}</pre>")
+        parts.append(_evidence(f.evidence or {}))
+        if f.remediation:
+            parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f.remediation).strip())}</pre>")
     return parts
 
 
 def render_summary_html(
-    summary: Mapping[str, Any], timeline: Sequence[Any] | None = None, incident_times: Mapping[str, float] | None = None
+    summary: RunSummary | Mapping[str, Any],
+    timeline: Sequence[Any] | None = None,
+    incident_times: Mapping[str, float] | None = None,
 ) -> str:
     """The page for one run summary (as loaded and redacted), with the run's thinned timeline."""
     from dlwatch.report import summary as sm
 
-    s = summary
+    s = schema.run_summary(summary)
     data = _clean(summary_chart_data(s, timeline, incident_times))
-    advice = [f for f in s.get("advice") or () if isinstance(f, Mapping)]
-    preflight = [f for f in s.get("preflight") or () if isinstance(f, Mapping)]
-    parts = _page_head(f"dlwatch run summary {_e(s.get('id'))}") + [
+    advice = s.advice or ()
+    preflight = s.preflight or ()
+    parts = _page_head(f"dlwatch run summary {_e(s.id)}") + [
         '<div class="headline' + (" calm" if not advice else "") + '">'
     ]
     if advice:
         parts.append(
             "<div><b>ADVICE</b>: "
-            + "; ".join(f"{_e(f.get('title'))} (<code>{_e(f.get('playbook'))}</code>)" for f in advice)
+            + "; ".join(f"{_e(f.title)} (<code>{_e(f.playbook)}</code>)" for f in advice)
             + "</div>"
         )
     else:
@@ -693,13 +691,13 @@ def render_summary_html(
     except Exception as exc:  # a summary edited or damaged: the page says so, the rest is drawn
         loop_line = f"loop figures damaged ({type(exc).__name__})"
     parts.append(f"<div>{_e(display.one_line(loop_line, 500))}</div>")
-    if s.get("incidents"):
+    if s.incidents:
         parts.append(
-            "<div>Incidents in this run: " + ", ".join(f"<code>{_e(i)}</code>" for i in s["incidents"]) + "</div>"
+            "<div>Incidents in this run: " + ", ".join(f"<code>{_e(i)}</code>" for i in s.incidents) + "</div>"
         )
     parts.append(
-        f'<div class="muted">ended {_e(s.get("ended"))}; started {_e(s.get("started_at"))}, written '
-        f"{_e(s.get('created_at'))} on {_e(s.get('host'))}, pid {_e(s.get('pid'))}</div></div>"
+        f'<div class="muted">ended {_e(s.ended)}; started {_e(s.started_at)}, written '
+        f"{_e(s.created_at)} on {_e(s.host)}, pid {_e(s.pid)}</div></div>"
     )
     parts.append("<h2>Timeline</h2>")
     if data["charts"]:
@@ -729,11 +727,11 @@ def render_summary_html(
     parts += _findings_html(advice, "No advice: nothing in this run's figures called for a change.")
     parts.append("<h2>Preflight</h2>")
     parts += _findings_html(preflight, "No preflight finding.")
-    loader = s.get("loader")
-    if isinstance(loader, Mapping) and loader:
+    loader = s.loader
+    if isinstance(loader, Mapping) and loader:  # unchecked in a summary as it is loaded
         parts.append("<h2>Loader</h2>")
         parts.append(_kv_table([(str(k), display.scalar(str(k), v)) for k, v in loader.items()]))
-    return _page_end(parts, s.get("notes"), data)
+    return _page_end(parts, s.notes, data)
 
 
 def _open_dir(path: str) -> int:
@@ -865,7 +863,7 @@ def _incident_times(run_dir: str, summary: Mapping[str, Any]) -> dict[str, float
         if not isinstance(name, str) or not name or name.startswith(".") or os.sep in name:
             continue
         try:
-            ts = incident_ts(store.load_report(os.path.join(base, name)))
+            ts = incident_ts(store.load_incident(os.path.join(base, name)))
         except Exception:
             continue
         if ts is not None:

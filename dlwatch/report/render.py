@@ -10,7 +10,8 @@ import os
 import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
 
-from dlwatch.report import display
+from dlwatch.report import display, schema
+from dlwatch.report.schema import Finding, Frame, Incident, RunSummary, Stack
 
 # C0 controls (ESC among them), DEL, C1 controls, and the bidirectional overrides that
 # reorder what a terminal shows: a report's text comes from the training program and
@@ -64,40 +65,36 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _threads_main_first(stack: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    threads = list(stack.get("threads") or ())
-    return sorted(threads, key=lambda t: t.get("name") != "MainThread")
-
-
-def _frame_line(f: Mapping[str, Any]) -> str:
-    if f.get("filename") and f.get("line") is not None:
-        return f"{f.get('function')} ({f.get('filename')}:{f.get('line')})"
-    if f.get("filename"):
-        return f"{f.get('function')} ({os.path.basename(str(f['filename']))})"
-    return str(f.get("function"))
+def _frame_line(f: Frame) -> str:
+    if f.filename and f.line is not None:
+        return f"{f.function} ({f.filename}:{f.line})"
+    if f.filename:
+        return f"{f.function} ({os.path.basename(str(f.filename))})"
+    return str(f.function)
 
 
 def _stack_lines(
-    stack: Mapping[str, Any] | None, *, max_frames: int = 12, python_only: bool = False, max_threads: int = 64
+    stack: Stack | None, *, max_frames: int = 12, python_only: bool = False, max_threads: int = 64
 ) -> Iterator[str]:
     if not stack:
         return
-    if stack.get("error") and not stack.get("threads"):
-        yield f"    (no stack: {stack['error']})"
+    if stack.error and not stack.threads:
+        yield f"    (no stack: {stack.error})"
         return
-    for t in _threads_main_first(stack)[:max_threads]:
-        label = t.get("name") or t.get("thread_id")
-        yield f"    thread {label}" + (" [GIL]" if t.get("owns_gil") else "") + ":"
-        frames = [f for f in t.get("frames") or () if not (python_only and f.get("native"))]
+    for t in stack.main_first()[:max_threads]:
+        label = t.name or t.thread_id
+        yield f"    thread {label}" + (" [GIL]" if t.owns_gil else "") + ":"
+        frames = [f for f in t.frames or () if not (python_only and f.native)]
         for f in frames[:max_frames]:
             yield f"      {_frame_line(f)}"
-        omitted = t.get("frames_omitted") if isinstance(t.get("frames_omitted"), int) else 0
+        # an int in what dlwatch writes; the loader leaves it unchecked
+        omitted = t.frames_omitted if isinstance(t.frames_omitted, int) else 0
         if len(frames) > max_frames or omitted:
             yield f"      ... {len(frames) - min(max_frames, len(frames)) + omitted} more frames" + (
                 f" ({omitted} left out of the report)" if omitted else ""
             )
-    if isinstance(stack.get("threads_omitted"), int) and stack["threads_omitted"]:
-        yield f"    ... {stack['threads_omitted']} more threads left out of the report"
+    if isinstance(stack.threads_omitted, int) and stack.threads_omitted:
+        yield f"    ... {stack.threads_omitted} more threads left out of the report"
 
 
 def _md_text(v: Any) -> str:
@@ -137,10 +134,10 @@ def _progress_line(prog: Mapping[str, Any]) -> str:
     return text
 
 
-def _first_remediation(f: Mapping[str, Any], limit: int = 160) -> str:
+def _first_remediation(f: Finding, limit: int = 160) -> str:
     """The remediation's first paragraph, as plain words, cut at a sentence near ``limit``."""
     para: list[str] = []
-    for line in str(f.get("remediation") or "").splitlines():
+    for line in str(f.remediation or "").splitlines():
         line = line.strip()
         if line.startswith(("```", "#")) or (not line and para):
             break
@@ -153,26 +150,23 @@ def _first_remediation(f: Mapping[str, Any], limit: int = 160) -> str:
     return text[: cut + 1] if cut > 40 else text[: limit - 3].rstrip() + "..."
 
 
-def finding_md(i: int, f: Mapping[str, Any]) -> Iterator[str]:
+def finding_md(i: int, f: Finding) -> Iterator[str]:
     """One finding in Markdown: title, evidence for people (tables, units, stacks), what to do.
 
     The same for an incident's findings and a run summary's advice and preflight."""
-    yield (
-        f"### {i}. {_one_line(f.get('title'))} ({code(f.get('playbook'))}, "
-        f"confidence {display.percent(f.get('confidence'))})"
-    )
+    yield f"### {i}. {_one_line(f.title)} ({code(f.playbook)}, confidence {display.percent(f.confidence)})"
     yield ""
-    items = display.evidence_items(f.get("evidence") or {})
+    items = display.evidence_items(f.evidence or {})
     if items:
         yield "Evidence:"
         yield ""
         for label, value in items:
             yield from _md_value(label, value)
         yield ""
-    if f.get("remediation"):
+    if f.remediation:
         yield "What to do:"
         yield ""
-        yield from str(f["remediation"]).rstrip().splitlines()
+        yield from str(f.remediation).rstrip().splitlines()
         yield ""
 
 
@@ -193,49 +187,48 @@ def evidence_terminal(evidence: Any, *, width: int, indent: str = "  ", max_rows
             yield f"{indent}{label}: {text[: room - 3] + '...' if len(text) > room else text}"
 
 
-def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
-    yield f"# dlwatch incident {_one_line(r.get('id'))}"
+def markdown_lines(report: Incident | Mapping[str, Any]) -> Iterator[str]:
+    r = schema.incident(report)
+    yield f"# dlwatch incident {_one_line(r.id)}"
     yield ""
-    yield f"**{_one_line(r.get('summary') or r.get('trigger'))}**"
+    yield f"**{_one_line(r.summary or r.trigger)}**"
     yield ""
-    findings = [f for f in r.get("findings") or () if isinstance(f, Mapping)]
-    verdict = r.get("classification")
-    yield f"- what happened: {_md_text(r.get('trigger'))}" + (f", verdict {_md_text(verdict)}" if verdict else "")
+    findings = r.findings or ()
+    verdict = r.classification
+    yield f"- what happened: {_md_text(r.trigger)}" + (f", verdict {_md_text(verdict)}" if verdict else "")
     if findings:
         top = findings[0]
         yield (
-            f"- top finding: {_md_text(top.get('title'))} ({code(top.get('playbook'))}, "
-            f"confidence {display.percent(top.get('confidence'))})"
+            f"- top finding: {_md_text(top.title)} ({code(top.playbook)}, confidence {display.percent(top.confidence)})"
         )
         todo = _first_remediation(top)
         if todo:
             yield f"- what to do: {_md_text(todo)} (details below)"
-    rank = r.get("rank") or {}
-    rank_txt = "" if rank.get("rank") is None else f", rank {rank.get('rank')}/{rank.get('world_size')}"
+    rank = r.rank
+    rank_txt = "" if rank is None or rank.rank is None else f", rank {rank.rank}/{rank.world_size}"
     yield (
-        f"- when and where: {_md_text(r.get('created_at'))} on {_md_text(r.get('host'))}, "
-        f"pid {display.human_number(r.get('pid'))}{rank_txt}"
+        f"- when and where: {_md_text(r.created_at)} on {_md_text(r.host)}, pid {display.human_number(r.pid)}{rank_txt}"
     )
-    job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
-    if job.get("job_id") or job.get("role") == "waiting":  # multi-rank jobs (issue 13's `job` key)
-        waits = f"; this rank waits in {code(job.get('waiting_in'))}" if job.get("role") == "waiting" else ""
-        yield f"- job: {code(job.get('job_id'))}{waits}; the whole job: {code(job.get('view'))}"
-    prog = r.get("progress") or {}
+    job = r.job
+    if job is not None and (job.job_id or job.role == "waiting"):  # multi-rank jobs (issue 13's `job` key)
+        waits = f"; this rank waits in {code(job.waiting_in)}" if job.role == "waiting" else ""
+        yield f"- job: {code(job.job_id)}{waits}; the whole job: {code(job.view)}"
+    prog = r.progress or {}
     if prog:
         yield f"- progress: {_progress_line(prog)}"
-    exc = r.get("exception")
+    exc = r.exception
     if exc:
         yield ""
         yield "## Exception"
         yield ""
-        yield code(exc.get("type")) + (f" (errno {exc['errno']})" if exc.get("errno") is not None else "")
+        yield code(exc.type) + (f" (errno {exc.errno})" if exc.errno is not None else "")
         yield ""
-        yield from _fenced(str(exc.get("message") or "").splitlines()[:40])
-        if exc.get("traceback"):
+        yield from _fenced(str(exc.message or "").splitlines()[:40])
+        if exc.traceback:
             yield ""
             yield "<details><summary>traceback</summary>"
             yield ""
-            yield from _fenced(str(exc["traceback"]).rstrip().splitlines()[-60:])
+            yield from _fenced(str(exc.traceback).rstrip().splitlines()[-60:])
             yield "</details>"
     yield ""
     yield "## Findings"
@@ -244,7 +237,7 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
         yield "No playbook matched. The evidence below is what dlwatch saw."
     for i, f in enumerate(findings, 1):
         yield from finding_md(i, f)
-    procs = [p for p in r.get("processes") or () if isinstance(p, Mapping)]
+    procs = r.processes or ()
     if procs:
         yield ""
         yield "## Processes"
@@ -252,12 +245,11 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
         yield from display.md_table(display.process_table(procs), code)
         fd_rows = []
         for p in procs:
-            s = p.get("sample") or {}
-            fds = s.get("fds") if isinstance(s, Mapping) else None
-            if isinstance(fds, Mapping):
+            fds = p.fds
+            if fds is not None:
                 fd_rows.append(
                     (
-                        display.human_number(p.get("pid")),
+                        display.human_number(p.pid),
                         display.human_number(fds.get("file")),
                         display.human_number(fds.get("shm")),
                         display.human_bytes(fds.get("shm_bytes")),
@@ -283,16 +275,16 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
             for who, frames in excerpts:
                 yield f"- {who}: " + " <- ".join(code(fr) for fr in frames)
             for p in procs:
-                if p.get("stack"):
+                if p.stack:
                     yield ""
                     yield (
-                        f"<details><summary>pid {display.human_number(p.get('pid'))} "
-                        f"({_md_text(p.get('role'))}), full stack from {_md_text(p['stack'].get('source'))}</summary>"
+                        f"<details><summary>pid {display.human_number(p.pid)} "
+                        f"({_md_text(p.role)}), full stack from {_md_text(p.stack.source)}</summary>"
                     )
                     yield ""
-                    yield from _fenced(_stack_lines(p["stack"], max_frames=40))
+                    yield from _fenced(_stack_lines(p.stack, max_frames=40))
                     yield "</details>"
-    sysd = r.get("system") or {}
+    sysd = r.system or {}
     if sysd:
         yield ""
         yield "## System"
@@ -306,7 +298,7 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
                 f"- cgroup memory: {human_bytes(sysd.get('cgroup_memory_usage'))} of "
                 f"{human_bytes(sysd.get('cgroup_memory_limit'))}, OOM kills {_fmt(sysd.get('cgroup_oom_kills'))}"
             )
-    for g in r.get("gpus") or ():
+    for g in r.gpus or ():
         yield (
             f"- GPU {_md_text(g.get('index'))} {_md_text(g.get('name'))}: util {_fmt(g.get('util_percent'))}%, "
             f"memory {human_bytes(g.get('memory_used'))} of {human_bytes(g.get('memory_total'))}"
@@ -314,43 +306,44 @@ def markdown_lines(r: Mapping[str, Any]) -> Iterator[str]:
     yield from loader_and_notes_md(r)
     yield ""
     yield (
-        f"Timeline: {len(r.get('timeline') or [])} records in timeline.jsonl; "
+        f"Timeline: {len(r.timeline or [])} records in timeline.jsonl; "
         "report.html draws them (`dlwatch report ID --html`)."
     )
 
 
-def render_markdown(report: Mapping[str, Any]) -> str:
+def render_markdown(report: Incident | Mapping[str, Any]) -> str:
     return "\n".join(markdown_lines(report)) + "\n"
 
 
 HEADLINE_LINES = 6  # what happened, verdict, top finding, what to do: the first lines, before any detail
 
 
-def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
+def terminal_lines(report: Incident | Mapping[str, Any], width: int = 100) -> Iterator[str]:
     """The terminal view: the headline first (what happened, the verdict, the top finding, what to
     do), then the evidence of the top finding, the processes as a table, and short stacks."""
-    findings = [f for f in r.get("findings") or () if isinstance(f, Mapping)]
-    verdict = f" ({r['classification']})" if r.get("classification") else ""
-    yield f"{str(r.get('trigger') or '?').upper()}{verdict}: {_one_line(r.get('summary') or '')}"
-    yield f"  incident {r.get('id')}, {r.get('created_at')}, pid {r.get('pid')}"
-    job = r.get("job") if isinstance(r.get("job"), Mapping) else {}
-    if job.get("role") == "waiting":
-        yield f"  job: this rank waits in {job.get('waiting_in')}; the whole job: {job.get('view')}"
-    elif job.get("job_id"):
-        yield f"  job: {job.get('job_id')}; the whole job: {job.get('view')}"
-    exc = r.get("exception")
+    r = schema.incident(report)
+    findings = r.findings or ()
+    verdict = f" ({r.classification})" if r.classification else ""
+    yield f"{str(r.trigger or '?').upper()}{verdict}: {_one_line(r.summary or '')}"
+    yield f"  incident {r.id}, {r.created_at}, pid {r.pid}"
+    job = r.job
+    if job is not None and job.role == "waiting":
+        yield f"  job: this rank waits in {job.waiting_in}; the whole job: {job.view}"
+    elif job is not None and job.job_id:
+        yield f"  job: {job.job_id}; the whole job: {job.view}"
+    exc = r.exception
     if exc:
-        first = (str(exc.get("message") or "").splitlines() or [""])[-1]
-        yield f"  exception: {exc.get('type')}: {first[:200]}"
+        first = (str(exc.message or "").splitlines() or [""])[-1]
+        yield f"  exception: {exc.type}: {first[:200]}"
     if findings:
         top = findings[0]
-        yield f"  finding: {top.get('playbook')} ({display.percent(top.get('confidence'))}) {_one_line(top.get('title'))}"
+        yield f"  finding: {top.playbook} ({display.percent(top.confidence)}) {_one_line(top.title)}"
         todo = _first_remediation(top)
         if todo:
             yield f"  -> {todo}"
     else:
         yield "  no playbook matched"
-    prog = r.get("progress") or {}
+    prog = r.progress or {}
     if prog:
         stalled = f"no progress for {display.human_seconds(prog.get('stall_s'))}; " if prog.get("stall_s") else ""
         yield (
@@ -359,14 +352,14 @@ def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
             f"loop body {display.human_seconds(prog.get('step_s'))}"
         )
     if findings:
-        lines = list(evidence_terminal(findings[0].get("evidence"), width=width))
+        lines = list(evidence_terminal(findings[0].evidence, width=width))
         if lines:
             yield ""
             yield "evidence:"
         yield from lines
         for f in findings[1:]:
-            yield f"  also: {f.get('playbook')} ({display.percent(f.get('confidence'))}) {_one_line(f.get('title'))}"
-    procs = [p for p in r.get("processes") or () if isinstance(p, Mapping)]
+            yield f"  also: {f.playbook} ({display.percent(f.confidence)}) {_one_line(f.title)}"
+    procs = r.processes or ()
     if procs:
         yield ""
         yield "processes:"
@@ -380,7 +373,7 @@ def terminal_lines(r: Mapping[str, Any], width: int = 100) -> Iterator[str]:
                 yield f"  {who}: {frames[0]}"
                 for fr in frames[1:]:
                     yield f"      <- {fr}"
-    for n in r.get("notes") or ():
+    for n in r.notes or ():
         yield f"  note: {n}"
 
 
@@ -399,7 +392,7 @@ def use_color(stream: Any, environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def terminal_view(r: Mapping[str, Any], *, color: bool = False, width: int = 100) -> Iterator[str]:
+def terminal_view(r: Incident | Mapping[str, Any], *, color: bool = False, width: int = 100) -> Iterator[str]:
     """``terminal_lines`` made safe to print (controls escaped), then coloured when asked."""
     for i, line in enumerate(terminal_lines(r, width=width)):
         safe = terminal_safe(line)
@@ -417,7 +410,7 @@ def terminal_view(r: Mapping[str, Any], *, color: bool = False, width: int = 100
             yield safe
 
 
-def render_terminal(report: Mapping[str, Any], file: TextIO, *, color: bool = False) -> None:
+def render_terminal(report: Incident | Mapping[str, Any], file: TextIO, *, color: bool = False) -> None:
     for line in terminal_view(report, color=color):
         print(line, file=file)
 
@@ -434,10 +427,10 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
             yield terminal_safe(f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}")
 
 
-def loader_and_notes_md(r: Mapping[str, Any]) -> Iterator[str]:
+def loader_and_notes_md(r: Incident | RunSummary) -> Iterator[str]:
     """The "Loader" table and "Notes" list of report.md and summary.md (values from a report: escaped)."""
-    loader = r.get("loader")
-    if isinstance(loader, Mapping) and loader:
+    loader = r.loader
+    if isinstance(loader, Mapping) and loader:  # a summary's loader is not checked when it is loaded
         yield ""
         yield "## Loader"
         yield ""
@@ -445,9 +438,9 @@ def loader_and_notes_md(r: Mapping[str, Any]) -> Iterator[str]:
         yield "|---|---|"
         for k, v in loader.items():
             yield f"| {display.md_cell(str(k))} | {display.md_cell(display.scalar(str(k), v), code)} |"
-    if r.get("notes"):
+    if r.notes:
         yield ""
         yield "## Notes"
         yield ""
-        for n in r["notes"]:
+        for n in r.notes:
             yield f"- {_one_line(n)}"

@@ -38,6 +38,16 @@ from dlwatch._fs import (
 )
 from dlwatch.errors import NotFoundError, ReportError
 from dlwatch.redact import outbound
+from dlwatch.report.schema import (  # noqa: F401  (the checks were here; their names stay importable)
+    _ITEM_TYPES,
+    _SUMMARY_TYPES,
+    _TOP_TYPES,
+    Incident,
+    Rank,
+    RunSummary,
+    _type_problem,
+    summary_type_problem,
+)
 from dlwatch.wire.reportdir import (  # noqa: F401  (part of the store's interface)
     RUN_ID,
     RUNS_DIR,
@@ -73,34 +83,40 @@ def rank_info(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     return _rank_info(environ)
 
 
-def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
-    """Every top-level key of schema 1, in documented order, with empty values."""
+def new_incident(*, trigger: str, pid: int, now: float) -> Incident:
+    """A new incident: every top-level key of schema 1, in documented order, with empty values
+    (:func:`dlwatch.report.build.incident` fills it)."""
     if trigger not in TRIGGERS:
         raise ValueError(f"unknown trigger {trigger!r}")
     rank = rank_info()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "id": new_incident_id(trigger, pid, now, rank.get("rank")),
-        "created_at": _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
-        "dlwatch_version": __version__,
-        "host": socket.gethostname(),
-        "pid": pid,
-        "rank": rank,
-        "trigger": trigger,
-        "summary": "",
-        "classification": None,
-        "loader": None,
-        "progress": {},
-        "exception": None,
-        "findings": [],
-        "processes": [],
-        "system": None,
-        "gpus": [],
-        "events": [],
-        "timeline": [],
-        "notes": [],
-        "config": {},
-    }
+    return Incident(
+        schema_version=SCHEMA_VERSION,
+        id=new_incident_id(trigger, pid, now, rank.get("rank")),
+        created_at=_dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(timespec="seconds"),
+        dlwatch_version=__version__,
+        host=socket.gethostname(),
+        pid=pid,
+        rank=Rank.from_dict(rank),
+        trigger=trigger,
+        summary="",
+        classification=None,
+        loader=None,
+        progress={},
+        exception=None,
+        findings=(),
+        processes=(),
+        system=None,
+        gpus=[],
+        events=[],
+        timeline=[],
+        notes=(),
+        config={},
+    )
+
+
+def skeleton(*, trigger: str, pid: int, now: float) -> dict[str, Any]:
+    """:func:`new_incident` as the JSON object (every top-level key, in documented order)."""
+    return new_incident(trigger=trigger, pid=pid, now=now).to_dict()
 
 
 def write_incident(
@@ -213,96 +229,6 @@ def _too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-_OPT_STR = (str, type(None))
-_OPT_DICT = (dict, type(None))
-_OPT_INT = (int, type(None))
-_OPT_NUM = (int, float, type(None))
-# What the renderers index into, by key: a report whose fields have other types is damaged.
-_TOP_TYPES: dict[str, Any] = {
-    "id": str,
-    "created_at": str,
-    "trigger": str,
-    "pid": int,
-    "summary": _OPT_STR,
-    "host": _OPT_STR,
-    "classification": _OPT_STR,
-    "classification_reason": _OPT_STR,
-    "rank": _OPT_DICT,
-    "progress": _OPT_DICT,
-    "exception": _OPT_DICT,
-    "findings": (list, type(None)),
-    "processes": (list, type(None)),
-    "system": _OPT_DICT,
-    "gpus": (list, type(None)),
-    "loader": _OPT_DICT,
-    "notes": (list, type(None)),
-    "timeline": (list, type(None)),
-    "events": (list, type(None)),
-    "config": _OPT_DICT,
-    "job": _OPT_DICT,
-    "related": (list, type(None)),
-}
-_ITEM_TYPES: dict[str, dict[str, Any]] = {
-    "exception": {"type": _OPT_STR, "message": _OPT_STR, "traceback": _OPT_STR, "errno": _OPT_INT},
-    "findings[]": {
-        "playbook": _OPT_STR,
-        "title": _OPT_STR,
-        "confidence": _OPT_NUM,
-        "evidence": _OPT_DICT,
-        "remediation": _OPT_STR,
-    },
-    "processes[]": {
-        "pid": _OPT_INT,
-        "role": _OPT_STR,
-        "worker_id": _OPT_INT,
-        "status": _OPT_STR,
-        "waiting_in": _OPT_STR,
-        "where": _OPT_STR,
-        "sample": _OPT_DICT,
-        "stack": _OPT_DICT,
-    },
-    "processes[].sample": {"fds": _OPT_DICT},
-    "processes[].stack": {"threads": (list, type(None)), "error": _OPT_STR, "source": _OPT_STR},
-    "processes[].stack.threads[]": {"frames": (list, type(None)), "name": _OPT_STR},
-    "processes[].stack.threads[].frames[]": {"function": _OPT_STR, "filename": _OPT_STR, "line": _OPT_INT},
-    "gpus[]": {},
-    "progress": {},
-    "system": {},
-    "loader": {},
-    "rank": {"rank": _OPT_INT, "local_rank": _OPT_INT, "world_size": _OPT_INT, "job_id": _OPT_STR},
-    "job": {"role": _OPT_STR, "waiting_in": _OPT_STR, "job_id": _OPT_STR, "view": _OPT_STR},
-}
-
-
-def _type_problem(data: dict[str, Any]) -> str | None:
-    """The first field of ``data`` whose type the renderers cannot take, or None."""
-    for key, types in _TOP_TYPES.items():
-        if key in data and not isinstance(data[key], types) or isinstance(data.get(key), bool) and key == "pid":
-            return f"{key} is {type(data[key]).__name__}"
-    # (where, value, may it be None): an object field may be null, a list item may not
-    todo: list[tuple[str, Any, bool]] = [
-        (k, data.get(k), True) for k in ("exception", "rank", "progress", "system", "loader", "job")
-    ]
-    todo += [(f"{k}[]", item, False) for k in ("findings", "processes", "gpus") for item in data.get(k) or ()]
-    if any(not isinstance(n, str) for n in data.get("notes") or ()):
-        return "notes[] holds a non-string"
-    while todo:
-        where, value, optional = todo.pop()
-        if value is None and optional:
-            continue
-        if not isinstance(value, dict):
-            return f"{where} is {type(value).__name__}, not an object"
-        for key, types in _ITEM_TYPES.get(where, {}).items():
-            if key in value and not isinstance(value[key], types):
-                return f"{where}.{key} is {type(value[key]).__name__}"
-            child = f"{where}.{key}"
-            if child in _ITEM_TYPES:
-                todo.append((child, value.get(key), True))
-            elif f"{child}[]" in _ITEM_TYPES:
-                todo += [(f"{child}[]", item, False) for item in value.get(key) or ()]
-    return None
-
-
 def _load_json_document(
     path: str, raw: bytes, noun: str, what: str, has_keys: Callable[[dict[str, Any]], bool], schema_version: int
 ) -> dict[str, Any]:
@@ -360,6 +286,11 @@ def load_report(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     if problem:
         raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
     return data
+
+
+def load_incident(path: str, *, dir_fd: int | None = None) -> Incident:
+    """:func:`load_report`, as the typed :class:`~dlwatch.report.schema.Incident`."""
+    return Incident.from_dict(load_report(path, dir_fd=dir_fd))
 
 
 @dataclass(frozen=True)
@@ -753,17 +684,6 @@ def _job_entry(dir_fd: int, name: str, euid: int, spare: str | None = None) -> _
 
 
 MAX_SUMMARY_BYTES = 16 << 20  # summary.json: figures per worker and a few findings, far below this
-_SUMMARY_TYPES = {
-    "id": str,
-    "created_at": str,
-    "loop": _OPT_DICT,
-    "peaks": _OPT_DICT,
-    "advice": (list, type(None)),
-    "preflight": (list, type(None)),
-    "incidents": (list, type(None)),
-    "notes": (list, type(None)),
-    "workers": (list, type(None)),
-}
 
 
 def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
@@ -787,18 +707,15 @@ def load_summary(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
         lambda d: d.get("kind") == SUMMARY_KIND and all(k in d for k in SUMMARY_REQUIRED_KEYS),
         SUMMARY_SCHEMA_VERSION,
     )
-    for key, types in _SUMMARY_TYPES.items():
-        if key in data and not isinstance(data[key], types):
-            raise ReportError(
-                f"{path} is damaged: {key} is {type(data[key]).__name__}",
-                help="it was not written by dlwatch; remove it",
-            )
-    for key in ("advice", "preflight"):
-        if any(not isinstance(f, dict) for f in data.get(key) or ()):
-            raise ReportError(
-                f"{path} is damaged: {key}[] holds a non-object", help="it was not written by dlwatch; remove it"
-            )
+    problem = summary_type_problem(data)
+    if problem:
+        raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
     return data
+
+
+def load_run_summary(path: str, *, dir_fd: int | None = None) -> RunSummary:
+    """:func:`load_summary`, as the typed :class:`~dlwatch.report.schema.RunSummary`."""
+    return RunSummary.from_dict(load_summary(path, dir_fd=dir_fd))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from dlwatch._version import __version__
 
+from dlwatch.report import schema
+from dlwatch.report.schema import RunSummary
 from dlwatch.report.store import SUMMARY_KIND as KIND, SUMMARY_SCHEMA_VERSION
 
 
@@ -27,33 +29,39 @@ def _iso(ts: float | None) -> str | None:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def skeleton(*, run_id: str, pid: int, now: float, started_at: float | None = None) -> dict[str, Any]:
-    """Every top-level key of summary schema 1, in documented order, with empty values."""
+def new_summary(*, run_id: str, pid: int, now: float, started_at: float | None = None) -> RunSummary:
+    """A new run summary: every top-level key of summary schema 1, in documented order, with empty
+    values (the monitor and the finisher fill it with ``replace``)."""
     from dlwatch.wire.job import rank_info
 
-    return {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "kind": KIND,
-        "id": run_id,
-        "created_at": _iso(now),
-        "started_at": _iso(started_at),
-        "dlwatch_version": __version__,
-        "host": socket.gethostname(),
-        "pid": pid,
-        "rank": rank_info(),
-        "ended": "clean",  # clean, exception, interrupted, vanished
-        "loader": None,
-        "cpus": None,
-        "accelerator": None,
-        "loop": {},
-        "workers": [],
-        "main": None,
-        "peaks": {},
-        "advice": [],
-        "preflight": [],
-        "incidents": [],
-        "notes": [],
-    }
+    return RunSummary(
+        schema_version=SUMMARY_SCHEMA_VERSION,
+        kind=KIND,
+        id=run_id,
+        created_at=_iso(now),
+        started_at=_iso(started_at),
+        dlwatch_version=__version__,
+        host=socket.gethostname(),
+        pid=pid,
+        rank=rank_info(),
+        ended="clean",  # clean, exception, interrupted, vanished
+        loader=None,
+        cpus=None,
+        accelerator=None,
+        loop={},
+        workers=[],
+        main=None,
+        peaks={},
+        advice=(),
+        preflight=(),
+        incidents=[],
+        notes=[],
+    )
+
+
+def skeleton(*, run_id: str, pid: int, now: float, started_at: float | None = None) -> dict[str, Any]:
+    """:func:`new_summary` as the JSON object."""
+    return new_summary(run_id=run_id, pid=pid, now=now, started_at=started_at).to_dict()
 
 
 # --------------------------------------------------------------------------- renderers
@@ -77,8 +85,8 @@ def _num(x: Any, fmt: str = ".3g") -> str:
     return str(x)
 
 
-def loop_line(s: Mapping[str, Any]) -> str:
-    loop = s.get("loop") or {}
+def loop_line(s: RunSummary) -> str:
+    loop = s.loop or {}
     first = loop.get("first_batch_s") or {}
     return (
         f"{loop.get('batches', 0)} batches, {loop.get('epochs', 0)} epochs in {_num(loop.get('wall_s'))} s; "
@@ -97,8 +105,8 @@ def _worker_line(w: Mapping[str, Any]) -> str:
     )
 
 
-def _peak_lines(s: Mapping[str, Any]) -> Iterator[str]:
-    p = s.get("peaks") or {}
+def _peak_lines(s: RunSummary) -> Iterator[str]:
+    p = s.peaks or {}
     fds = p.get("fds") or {}
     if fds:
         yield f"fds: {fds.get('num_fds')} of {fds.get('fd_limit')} ({fds.get('role')} pid {fds.get('pid')})"
@@ -118,21 +126,22 @@ def _peak_lines(s: Mapping[str, Any]) -> Iterator[str]:
         yield f"GPU {g.get('index')} {g.get('name') or ''}: util mean {_num(g.get('util_mean'))}%, low {_num(g.get('util_low'))}%"
 
 
-def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
-    yield f"# dlwatch run summary {s.get('id')}"
+def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
+    s = schema.run_summary(summary)
+    yield f"# dlwatch run summary {s.id}"
     yield ""
     yield f"- {loop_line(s)}"
-    yield f"- ended: `{s.get('ended') or '-'}`; started {s.get('started_at') or '-'}, written {s.get('created_at') or '-'} on {s.get('host') or '-'}, pid {s.get('pid')}"
-    cpus = s.get("cpus") or {}
+    yield f"- ended: `{s.ended or '-'}`; started {s.started_at or '-'}, written {s.created_at or '-'} on {s.host or '-'}, pid {s.pid}"
+    cpus = s.cpus or {}
     if cpus:
         yield (
             f"- CPUs this process may use: {_num(cpus.get('usable'))} (affinity {_num(cpus.get('affinity'))}, "
             f"cgroup quota {_num(cpus.get('cgroup_quota'))}, machine {_num(cpus.get('cpu_count'))})"
         )
-    if s.get("incidents"):
-        yield f"- incidents in this run: {', '.join(f'`{i}`' for i in s['incidents'])}"
-    for title, key in (("Advice", "advice"), ("Preflight", "preflight")):
-        findings = s.get(key) or []
+    if s.incidents:
+        yield f"- incidents in this run: {', '.join(f'`{i}`' for i in s.incidents)}"
+    for title, key, found in (("Advice", "advice", s.advice), ("Preflight", "preflight", s.preflight)):
+        findings = found or ()
         yield ""
         yield f"## {title}"
         yield ""
@@ -142,7 +151,7 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
 
         for i, f in enumerate(findings, 1):
             yield from finding_md(i, f)
-    workers = s.get("workers") or []
+    workers = s.workers or []
     yield ""
     yield "## Workers"
     yield ""
@@ -150,7 +159,7 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
         yield "No worker processes were observed."
     for w in workers:
         yield f"- {_worker_line(w)}"
-    main = s.get("main") or {}
+    main = s.main or {}
     if main:
         yield (
             f"- training process (pid {main.get('pid')}): cpu {_num(main.get('cpu_util'))} cores, "
@@ -168,31 +177,32 @@ def markdown_lines(s: Mapping[str, Any]) -> Iterator[str]:
     yield from loader_and_notes_md(s)
 
 
-def render_markdown(summary: Mapping[str, Any]) -> str:
+def render_markdown(summary: RunSummary | Mapping[str, Any]) -> str:
     return "\n".join(markdown_lines(summary)) + "\n"
 
 
-def terminal_lines(s: Mapping[str, Any]) -> Iterator[str]:
-    yield f"run {s.get('id')}  [summary, {s.get('ended') or '-'}]  {s.get('created_at') or '-'}  pid {s.get('pid')}"
+def terminal_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
+    s = schema.run_summary(summary)
+    yield f"run {s.id}  [summary, {s.ended or '-'}]  {s.created_at or '-'}  pid {s.pid}"
     yield f"  {loop_line(s)}"
-    for key in ("advice", "preflight"):
-        for f in s.get(key) or ():
-            yield f"  {key}: {f.get('playbook')} ({_num(f.get('confidence'))}) {f.get('title')}"
+    for key, found in (("advice", s.advice), ("preflight", s.preflight)):
+        for f in found or ():
+            yield f"  {key}: {f.playbook} ({_num(f.confidence)}) {f.title}"
             from dlwatch.report.render import evidence_terminal
 
-            yield from itertools.islice(evidence_terminal(f.get("evidence"), width=100, indent="    "), 12)
-            rem = str(f.get("remediation") or "").strip().splitlines()
+            yield from itertools.islice(evidence_terminal(f.evidence, width=100, indent="    "), 12)
+            rem = str(f.remediation or "").strip().splitlines()
             if rem:
                 yield f"    -> {rem[0]}"
-    if not s.get("advice"):
+    if not s.advice:
         yield "  no advice"
-    for w in s.get("workers") or ():
+    for w in s.workers or ():
         yield f"  {_worker_line(w)}"
     for line in _peak_lines(s):
         yield f"  {line}"
-    if s.get("incidents"):
-        yield f"  incidents: {', '.join(s['incidents'])}"
-    for n in s.get("notes") or ():
+    if s.incidents:
+        yield f"  incidents: {', '.join(s.incidents)}"
+    for n in s.notes or ():
         yield f"  note: {n}"
 
 
@@ -206,9 +216,9 @@ def list_lines(runs: Sequence[Any]) -> Iterable[str]:
         yield (f"{r.id:<32} {r.created_at:<25} {r.batches:>8} {wait:>5} {r.incidents:>3}  {', '.join(r.advice) or '-'}")
 
 
-def pointer_line(s: Mapping[str, Any], path: str) -> str | None:
+def pointer_line(s: RunSummary, path: str) -> str | None:
     """The one stderr line at the end of a block with advice; None when there is none."""
-    ids = [str(f.get("playbook")) for f in s.get("advice") or ()]
+    ids = [str(f.playbook) for f in s.advice or ()]
     if not ids:
         return None
-    return f"dlwatch: run summary with advice ({', '.join(ids)}): {path} (dlwatch report {s.get('id')})"
+    return f"dlwatch: run summary with advice ({', '.join(ids)}): {path} (dlwatch report {s.id})"
