@@ -73,7 +73,10 @@ def test_typed_values_are_typed():
     with open(os.path.join(RAW, "hang-report-stall.json")) as f:
         r = Incident.from_dict(json.load(f))
     assert r.trigger == "stall" and r.classification == "deadlock"
-    assert isinstance(r.findings[0], Finding) and r.findings[0].playbook == "worker-deadlock"
+    assert isinstance(r.findings[0], Finding) and [f.playbook for f in r.findings][:2] == [
+        "lock-held-at-fork",
+        "worker-deadlock",
+    ]
     workers = [p for p in r.processes if p.role == "worker"]
     assert len(workers) == 2 and all(isinstance(p, ProcessEntry) for p in workers)
     assert all(isinstance(p.stack, Stack) and p.stack.threads for p in workers)
