@@ -271,3 +271,62 @@ def test_a_sitecustomize_already_on_the_path_still_runs(tmp_path):
     # once in the dlwatch command itself (before it becomes the program), once in the program
     assert err.splitlines() == ["USER SITECUSTOMIZE False", "USER SITECUSTOMIZE True"]
     assert out.split() == ["True", "False"]  # DataLoader hooked; the bootstrap's directory is off sys.path again
+
+
+def _summaries(report_dir):
+    runs = os.path.join(report_dir, "runs")
+    return [os.path.join(runs, d) for d in sorted(os.listdir(runs))] if os.path.isdir(runs) else []
+
+
+def _summary(run):
+    import json
+
+    with open(os.path.join(run, "summary.json")) as f:
+        return json.load(f)
+
+
+def _stall_iterations(report_dir):
+    """The iteration (heartbeat epoch: one per loader iteration of the program) each stall incident names."""
+    return sorted(load(i)["progress"]["epochs"] for i in incidents(report_dir) if load(i)["trigger"] == "stall")
+
+
+@pytest.mark.slow
+def test_lightning_style_loop_gets_a_stall_incident_in_every_planted_epoch(tmp_path):
+    """Iterators kept until the next iter(), len(loader) batches by next() (no StopIteration): a real worker
+    stall planted in epochs 0, 1 and 2 gives an incident in each, and the program one summary."""
+    reports = tmp_path / "reports"
+    script = os.path.join(TARGETS, "lightning_style.py")
+    args = ["--stall-timeout", "2", "--poll-interval", "0.2", script, "4", "0,1,2", "6"]
+    rc, out, err = dlwatch_run(tmp_path, *args, timeout=240)
+    assert rc == 0 and out.splitlines() == ["EPOCH 0", "EPOCH 1", "EPOCH 2", "EPOCH 3", "DONE"], err
+    # train iterations are the 1st, 3rd, 5th of the program (validation's between them)
+    stalled = set(_stall_iterations(str(reports)))
+    assert {1, 3, 5} <= stalled, (stalled, err)
+    assert len(_summaries(str(reports))) == 1
+    summary = _summary(_summaries(str(reports))[0])
+    rows = [(r["loader"], r["epoch"], r["batches"]) for r in summary["iterations"]]
+    train, val = rows[0][0], rows[1][0]
+    assert rows == [(key, epoch, n) for epoch in range(4) for key, n in ((train, 8), (val, 4))], rows
+    assert os.listdir(reports / ".runs") == []
+
+
+@pytest.mark.slow
+def test_lightning_fit_one_summary_with_every_epoch_and_each_planted_stall(tmp_path):
+    pytest.importorskip("lightning", reason="lightning (a test extra) is not installed")
+    reports = tmp_path / "reports"
+    script = os.path.join(TARGETS, "lightning_fit.py")
+    args = ["--stall-timeout", "2", "--poll-interval", "0.2", script, "3", "0,1", "6"]
+    rc, out, err = dlwatch_run(tmp_path, *args, timeout=300)
+    assert rc == 0 and "DONE global_step 24" in out, err[-3000:]
+    found = _summaries(str(reports))
+    assert len(found) == 1, found  # one summary for the whole Trainer.fit
+    summary = _summary(found[0])
+    assert summary["program"] is True and summary["ended"] == "clean"
+    rows = [(r["iteration"], r["batches"]) for r in summary["iterations"]]
+    # Lightning's sanity check (2 validation batches), then each epoch's training (8) and validation (2)
+    assert [n for _, n in rows] == [2, 8, 2, 8, 2, 8, 2], rows
+    by_loader = {e["loader"]: (e["iterations"], e["batches"]) for e in summary["loaders"]}
+    assert sorted(by_loader.values()) == [(3, 24), (4, 8)], by_loader
+    # the stall in epoch 0 (the 2nd iteration) and in epoch 1 (the 4th) each gave an incident
+    assert {2, 4} <= set(_stall_iterations(str(reports))), err[-3000:]
+    assert os.listdir(reports / ".runs") == []
