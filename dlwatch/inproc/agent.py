@@ -408,6 +408,9 @@ class Watch:
         self._iterations = 0
         self._loader_ids: Any = weakref.WeakKeyDictionary()  # loader -> its key, while the loader lives
         self._loaders_seen = 0
+        # loader key -> (worker generations started, its batch-shape probe, its batch size sent): what a
+        # loader's iterations carry over, as one watch's epochs do
+        self._generations_of: dict[str, tuple[int, Any, bool]] = {}
         self._mark: tuple[int, float, float, float] | None = None  # heartbeat figures when last credited
         self._iteration = 0  # a segment's number in the program (1, 2, ...)
         self._loader_key = ""
@@ -686,13 +689,21 @@ class Watch:
             seg._pending_exception = None
             seg._hook = seg._collate_hook = seg._shape_probe = None
             seg._shape_reported = seg._batch_bytes_sent = False
-            seg._worker_pids, seg._generations = (), 0  # each iteration registers its workers
+            seg._worker_pids = ()  # each iteration registers its workers
             seg._hooked_own = {}
             self._iterations += 1
             seg._iteration = self._iterations
             seg._loader_key, name = self._key_of(loader)
+            # RNG fingerprints: the first FINGERPRINT_GENERATIONS worker generations of each loader, as
+            # for a watch over its epochs (later ones would cost each worker start ~3 ms and tell nothing new)
+            seg._generations, probe, seg._batch_bytes_sent = self._generations_of.get(seg._loader_key, (0, None, False))
             if _is_dataloader(loader):
                 seg._prepare_probes(loader)
+                if probe is not None:  # the loader's probe goes on through its epochs, as under a watch
+                    seg._shape_probe = probe
+                if seg._generations >= FINGERPRINT_GENERATIONS and seg._hook is not None:
+                    seg._hook.fingerprint = False
+                    seg._collate_hook = None
             if self._events_path:
                 events.emit(
                     self._events_path,
@@ -720,6 +731,9 @@ class Watch:
         except BaseException as exc:  # the loader's own __iter__ raised (a worker that could not start)
             self.end_segment(seg, exc)
             raise
+        if len(self._generations_of) >= 1024:  # a program that makes a loader per step: bounded
+            self._generations_of.clear()
+        self._generations_of[seg._loader_key] = (seg._generations, seg._shape_probe, True)
         return it, seg
 
     def _key_of(self, loader: Any) -> tuple[str, str]:

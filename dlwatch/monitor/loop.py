@@ -856,7 +856,7 @@ class Monitor:
         s["program_run"] = self.cfg.get("program_run") if isinstance(self.cfg.get("program_run"), str) else None
         for n in sorted(self.segments):  # iterations whose end never came (the process was killed)
             self._segment_ends({"iteration": n})
-        s["loaders"] = list(self.loaders.values())
+        s["loaders"] = [{k: v for k, v in e.items() if k != "rows"} for e in self.loaders.values()]
         s["iterations"] = list(self.iteration_rows)
         if self.rows_dropped:
             s["notes"] = [*s.get("notes", []), f"{self.rows_dropped} later iterations are counted, not listed"]
