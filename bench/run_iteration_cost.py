@@ -8,9 +8,12 @@
 
 ``cost``: one script iterates a small DataLoader N times (num_workers 0, then 2) and times its
 own loop; run as ``python script.py`` and as ``dlwatch run script.py``, alternating in one run.
-The added time per iteration is the difference of the loops' medians over N; the whole process's
-wall time (interpreter start, the monitor's start at the first iteration, its summary at exit) is
-printed beside it.
+The added time per iteration is the difference of the loops' medians over N.  On a shared machine
+that difference wanders by more than the cost itself, so each process then runs 2N more
+iterations alternating ``DLWATCH_DISABLE`` (which the hook reads at each ``iter()``): under
+``dlwatch run`` watched and unwatched iterations side by side (the figure judged), bare an A/A
+pair (its noise).  The whole process's wall time (interpreter start, the monitor's start at the
+first iteration, its summary at exit) is printed beside it.
 
 ``suite``: a PyTorch-test-suite-like program: 120 loaders created and iterated (whole, a first
 batch only, ``next(iter(loader))``, two at once), with 0 and 2 workers; the whole process's
@@ -34,17 +37,33 @@ import tempfile
 import time
 
 COST = """
-import sys, time, torch
+import os, statistics, sys, time, torch
 from torch.utils.data import DataLoader
 n, workers = int(sys.argv[1]), int(sys.argv[2])
 loader = DataLoader(list(range(32)), batch_size=8, num_workers=workers)
-for batch in loader:  # torch's own first-use costs (imports, worker start-up paths) out of the timing
+for batch in loader:  # torch's first-use costs, and under dlwatch run the monitor's start, out of the timing
     pass
+time.sleep(1.5)  # the monitor's start-up (imports) done: its CPU is not the iterations' cost
 t0 = time.perf_counter()
 for _ in range(n):
     for batch in loader:
         pass
-print(time.perf_counter() - t0)
+loop = time.perf_counter() - t0
+# the same iterations alternating with DLWATCH_DISABLE=1 (read at each iter()): under dlwatch run,
+# watched and unwatched iterations side by side in one process at the same moments; bare, an A/A pair
+arms = {"0": [], "1": []}
+cpu = {"0": 0.0, "1": 0.0}  # CPU of this process and of its reaped children (each iteration's forked workers)
+for i in range(2 * n):
+    flag = "1" if i % 2 else "0"
+    os.environ["DLWATCH_DISABLE"] = flag
+    c = os.times()
+    t = time.perf_counter()
+    for batch in loader:
+        pass
+    arms[flag].append(time.perf_counter() - t)
+    e = os.times()
+    cpu[flag] += (e.user + e.system + e.children_user + e.children_system) - (c.user + c.system + c.children_user + c.children_system)
+print(loop, statistics.median(arms["0"]), statistics.median(arms["1"]), (cpu["0"] - cpu["1"]) / n)
 """
 
 SUITE = """
@@ -66,17 +85,24 @@ for i in range(30):
 TEARDOWN = """
 import time, torch
 from torch.utils.data import DataLoader, TensorDataset
-data = TensorDataset(torch.arange(100.0).reshape(50, 2))
-out = []
-for ctx in ("fork", "forkserver"):
-    l1 = iter(DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True))
-    l2 = iter(DataLoader(data, batch_size=2, num_workers=2, persistent_workers=True, multiprocessing_context=ctx))
-    next(l1); next(l1); next(l2); next(l2); next(l1); next(l2)
-    t0 = time.perf_counter()
-    del l1
-    del l2
-    out.append(time.perf_counter() - t0)
-print(" ".join(f"{x:.3f}" for x in out))
+
+
+def main():
+    data = TensorDataset(torch.arange(100.0).reshape(50, 2))
+    out = []
+    for ctx in ("fork", "forkserver"):
+        l1 = iter(DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True))
+        l2 = iter(DataLoader(data, batch_size=2, num_workers=2, persistent_workers=True, multiprocessing_context=ctx))
+        next(l1); next(l1); next(l2); next(l2); next(l1); next(l2)
+        t0 = time.perf_counter()
+        del l1
+        del l2
+        out.append(time.perf_counter() - t0)
+    print(" ".join(f"{x:.3f}" for x in out))
+
+
+if __name__ == "__main__":  # forkserver's workers import the main module
+    main()
 """
 
 
@@ -106,21 +132,42 @@ def cost(args: argparse.Namespace, d: str) -> dict[str, object]:
     for workers in (0, 2):
         loops: dict[str, list[float]] = {"bare": [], "run": []}
         walls: dict[str, list[float]] = {"bare": [], "run": []}
+        pairs: dict[str, list[float]] = {"bare": [], "run": []}  # per round: arm "0" less arm "1", seconds
+        cpus: dict[str, list[float]] = {"bare": [], "run": []}  # the same in CPU seconds (workers' included)
         for _ in range(args.rounds):
             for side, prefix in (("bare", [sys.executable]), ("run", run)):
                 wall, stdout = _run([*prefix, script, str(args.iterations), str(workers)], env, d)
-                loops[side].append(float(stdout.split()[-1]))
+                loop, on, off, cpu = (float(x) for x in stdout.split()[-4:])
+                cpus[side].append(cpu)
+                loops[side].append(loop)
                 walls[side].append(wall)
+                pairs[side].append(on - off)
         lb, lr = statistics.median(loops["bare"]), statistics.median(loops["run"])
         wb, wr = statistics.median(walls["bare"]), statistics.median(walls["run"])
         added = 1000 * (lr - lb) / args.iterations
+        paired = 1000 * statistics.median(pairs["run"])
+        aa = 1000 * statistics.median(pairs["bare"])
+        cpu_run, cpu_aa = 1000 * statistics.median(cpus["run"]), 1000 * statistics.median(cpus["bare"])
         print(
-            f"num_workers={workers}: {args.iterations} iterations; per iteration bare {1000 * lb / args.iterations:.2f} ms, "
-            f"dlwatch run {1000 * lr / args.iterations:.2f} ms: added {added:.2f} ms per iteration (target <= 5 ms); "
-            f"whole process bare {wb:.2f} s, dlwatch run {wr:.2f} s (median of {args.rounds})",
+            f"num_workers={workers}: per iteration bare {1000 * lb / args.iterations:.2f} ms, "
+            f"dlwatch run {1000 * lr / args.iterations:.2f} ms (separate processes, {args.iterations} iterations, "
+            f"median of {args.rounds}): added {added:.2f} ms; in one dlwatch-run process, watched vs unwatched "
+            f"iterations alternating: added {paired:.2f} ms per iteration (bare A/A {aa:+.2f} ms; target <= 5 ms), "
+            f"CPU added {cpu_run:.2f} ms per iteration, workers' included (bare A/A {cpu_aa:+.2f} ms); "
+            f"whole process bare {wb:.2f} s, dlwatch run {wr:.2f} s",
             flush=True,
         )
-        out[f"workers{workers}"] = {"loops": loops, "walls": walls, "added_ms_per_iteration": round(added, 3)}
+        out[f"workers{workers}"] = {
+            "loops": loops,
+            "walls": walls,
+            "pairs": pairs,
+            "added_ms_separate": round(added, 3),
+            "added_ms_paired": round(paired, 3),
+            "aa_ms": round(aa, 3),
+            "cpu_ms_paired": round(cpu_run, 3),
+            "cpu_aa_ms": round(cpu_aa, 3),
+            "bare_ms_per_iteration": round(1000 * lb / args.iterations, 3),
+        }
     return out
 
 
