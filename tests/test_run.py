@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import TARGETS, descendants_of, incidents, kill_session, load, run_bounded, wait_for
+from conftest import TARGETS, descendants_of, incidents, kill_session, load, run_bounded, run_to_end, wait_for
 from dlwatch.report.store import RUN_ID
 
 SCRIPT = os.path.join(TARGETS, "plain_train.py")
@@ -209,6 +209,19 @@ def test_torchrun_ranks_are_watched(tmp_path):
     for rank in ("0", "1"):
         mine = [words[2] for words in lines if words[0] == rank]
         assert mine == ["RunIterator"] * 4, lines
+    # one summary per rank, for its whole program: 2 epochs of train (4 batches) and validation (2)
+    found = _summaries(str(tmp_path / "r"))
+    assert len(found) == 2, found
+    for run in found:
+        s = _summary(run)
+        assert s["program"] is True and s["loop"]["batches"] == 12, s["loop"]
+        assert [r["batches"] for r in s["iterations"]] == [4, 2, 4, 2], s["iterations"]
+    # the job view reads each rank's whole program, not its last iteration
+    from dlwatch.report.jobview import job_view
+
+    view = job_view(str(tmp_path / "r"))
+    assert sorted(r["rank"] for r in view["ranks"]) == [0, 1]
+    assert [r["batches"] for r in view["ranks"]] == [12, 12], view["ranks"]
 
 
 def test_user_watch_inside_run_is_left_alone(tmp_path):
@@ -330,3 +343,52 @@ def test_lightning_fit_one_summary_with_every_epoch_and_each_planted_stall(tmp_p
     # the stall in epoch 0 (the 2nd iteration) and in epoch 1 (the 4th) each gave an incident
     assert {2, 4} <= set(_stall_iterations(str(reports))), err[-3000:]
     assert os.listdir(reports / ".runs") == []
+
+
+KEPT_TO_EXIT = """
+import torch
+from torch.utils.data import DataLoader
+
+KEEP = []
+
+
+def main():
+    for ctx in ("fork", "forkserver"):
+        dl = DataLoader(list(range(16)), batch_size=4, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=ctx)
+        it = iter(dl)
+        print("BATCH", next(it).tolist(), flush=True)
+        KEEP.append(it)  # alive until the interpreter's exit
+    print("END", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_iterators_alive_at_exit_end_as_bare(tmp_path):
+    """Persistent fork and forkserver iterators still alive at interpreter exit: the program ends as the bare
+    one (output, exit code, no warning), its summary is written, nothing is left in .runs, no process left."""
+    script = tmp_path / "kept_to_exit.py"
+    script.write_text(KEPT_TO_EXIT)
+    reports = tmp_path / "reports"
+    env = _env(tmp_path)
+    marker = str(tmp_path)  # the script's path (forked workers share it) and the monitor's run directory
+    prc, pout, perr = run_to_end([sys.executable, str(script)], env=env, marker=marker, timeout=180, what="bare")
+    rc, out, err = run_to_end(
+        [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(reports), str(script)],
+        env=env,
+        marker=marker,
+        timeout=180,
+        what="dlwatch run",
+    )
+    assert rc == prc == 0 and out == pout, err
+    assert [line for line in err.splitlines() if not line.startswith("dlwatch: run summary")] == perr.splitlines()
+    assert "Warning" not in err
+    assert os.listdir(reports / ".runs") == []
+    found = _summaries(str(reports))
+    assert len(found) == 1
+    s = _summary(found[0])
+    assert s["ended"] == "clean" and [r["batches"] for r in s["iterations"]] == [1, 1], s["iterations"]
