@@ -211,6 +211,14 @@ def _program_watch(loader: Any) -> Any:
         # registered after multiprocessing's own exit handler (imported with torch), so it runs before
         # it: the monitor stops while the workers of iterators the program still holds are alive
         atexit.register(_close_program)
+        try:  # a multiprocessing child (fork) ends with os._exit: no atexit, but its finalizers run
+            mp = sys.modules.get("multiprocessing")
+            if mp is not None and mp.parent_process() is not None:
+                from multiprocessing import util
+
+                util.Finalize(None, _close_program, exitpriority=100)  # before the child's queues close
+        except Exception:
+            pass
         return w
 
 
