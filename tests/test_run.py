@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import TARGETS, descendants_of, incidents, kill_session, load, run_bounded, wait_for
+from conftest import TARGETS, descendants_of, incidents, kill_session, load, run_bounded, run_to_end, wait_for
 from dlwatch.report.store import RUN_ID
 
 SCRIPT = os.path.join(TARGETS, "plain_train.py")
@@ -209,6 +209,19 @@ def test_torchrun_ranks_are_watched(tmp_path):
     for rank in ("0", "1"):
         mine = [words[2] for words in lines if words[0] == rank]
         assert mine == ["RunIterator"] * 4, lines
+    # one summary per rank, for its whole program: 2 epochs of train (4 batches) and validation (2)
+    found = _summaries(str(tmp_path / "r"))
+    assert len(found) == 2, found
+    for run in found:
+        s = _summary(run)
+        assert s["program"] is True and s["loop"]["batches"] == 12, s["loop"]
+        assert [r["batches"] for r in s["iterations"]] == [4, 2, 4, 2], s["iterations"]
+    # the job view reads each rank's whole program, not its last iteration
+    from dlwatch.report.jobview import job_view
+
+    view = job_view(str(tmp_path / "r"))
+    assert sorted(r["rank"] for r in view["ranks"]) == [0, 1]
+    assert [r["batches"] for r in view["ranks"]] == [12, 12], view["ranks"]
 
 
 def test_user_watch_inside_run_is_left_alone(tmp_path):
@@ -271,3 +284,111 @@ def test_a_sitecustomize_already_on_the_path_still_runs(tmp_path):
     # once in the dlwatch command itself (before it becomes the program), once in the program
     assert err.splitlines() == ["USER SITECUSTOMIZE False", "USER SITECUSTOMIZE True"]
     assert out.split() == ["True", "False"]  # DataLoader hooked; the bootstrap's directory is off sys.path again
+
+
+def _summaries(report_dir):
+    runs = os.path.join(report_dir, "runs")
+    return [os.path.join(runs, d) for d in sorted(os.listdir(runs))] if os.path.isdir(runs) else []
+
+
+def _summary(run):
+    import json
+
+    with open(os.path.join(run, "summary.json")) as f:
+        return json.load(f)
+
+
+def _stall_iterations(report_dir):
+    """The iteration (heartbeat epoch: one per loader iteration of the program) each stall incident names."""
+    return sorted(load(i)["progress"]["epochs"] for i in incidents(report_dir) if load(i)["trigger"] == "stall")
+
+
+@pytest.mark.slow
+def test_lightning_style_loop_gets_a_stall_incident_in_every_planted_epoch(tmp_path):
+    """Iterators kept until the next iter(), len(loader) batches by next() (no StopIteration): a real worker
+    stall planted in epochs 0, 1 and 2 gives an incident in each, and the program one summary."""
+    reports = tmp_path / "reports"
+    script = os.path.join(TARGETS, "lightning_style.py")
+    args = ["--stall-timeout", "2", "--poll-interval", "0.2", script, "4", "0,1,2", "6"]
+    rc, out, err = dlwatch_run(tmp_path, *args, timeout=240)
+    assert rc == 0 and out.splitlines() == ["EPOCH 0", "EPOCH 1", "EPOCH 2", "EPOCH 3", "DONE"], err
+    # train iterations are the 1st, 3rd, 5th of the program (validation's between them)
+    stalled = set(_stall_iterations(str(reports)))
+    assert {1, 3, 5} <= stalled, (stalled, err)
+    assert len(_summaries(str(reports))) == 1
+    summary = _summary(_summaries(str(reports))[0])
+    rows = [(r["loader"], r["epoch"], r["batches"]) for r in summary["iterations"]]
+    train, val = rows[0][0], rows[1][0]
+    assert rows == [(key, epoch, n) for epoch in range(4) for key, n in ((train, 8), (val, 4))], rows
+    assert os.listdir(reports / ".runs") == []
+
+
+@pytest.mark.slow
+def test_lightning_fit_one_summary_with_every_epoch_and_each_planted_stall(tmp_path):
+    pytest.importorskip("lightning", reason="lightning (a test extra) is not installed")
+    reports = tmp_path / "reports"
+    script = os.path.join(TARGETS, "lightning_fit.py")
+    args = ["--stall-timeout", "2", "--poll-interval", "0.2", script, "3", "0,1", "6"]
+    rc, out, err = dlwatch_run(tmp_path, *args, timeout=300)
+    assert rc == 0 and "DONE global_step 24" in out, err[-3000:]
+    found = _summaries(str(reports))
+    assert len(found) == 1, found  # one summary for the whole Trainer.fit
+    summary = _summary(found[0])
+    assert summary["program"] is True and summary["ended"] == "clean"
+    rows = [(r["iteration"], r["batches"]) for r in summary["iterations"]]
+    # Lightning's sanity check (2 validation batches), then each epoch's training (8) and validation (2)
+    assert [n for _, n in rows] == [2, 8, 2, 8, 2, 8, 2], rows
+    by_loader = {e["loader"]: (e["iterations"], e["batches"]) for e in summary["loaders"]}
+    assert sorted(by_loader.values()) == [(3, 24), (4, 8)], by_loader
+    # the stall in epoch 0 (the 2nd iteration) and in epoch 1 (the 4th) each gave an incident
+    assert {2, 4} <= set(_stall_iterations(str(reports))), err[-3000:]
+    assert os.listdir(reports / ".runs") == []
+
+
+KEPT_TO_EXIT = """
+import torch
+from torch.utils.data import DataLoader
+
+KEEP = []
+
+
+def main():
+    for ctx in ("fork", "forkserver"):
+        dl = DataLoader(list(range(16)), batch_size=4, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=ctx)
+        it = iter(dl)
+        print("BATCH", next(it).tolist(), flush=True)
+        KEEP.append(it)  # alive until the interpreter's exit
+    print("END", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_iterators_alive_at_exit_end_as_bare(tmp_path):
+    """Persistent fork and forkserver iterators still alive at interpreter exit: the program ends as the bare
+    one (output, exit code, no warning), its summary is written, nothing is left in .runs, no process left."""
+    script = tmp_path / "kept_to_exit.py"
+    script.write_text(KEPT_TO_EXIT)
+    reports = tmp_path / "reports"
+    env = _env(tmp_path)
+    marker = str(tmp_path)  # the script's path (forked workers share it) and the monitor's run directory
+    prc, pout, perr = run_to_end([sys.executable, str(script)], env=env, marker=marker, timeout=180, what="bare")
+    rc, out, err = run_to_end(
+        [sys.executable, "-m", "dlwatch", "run", "--report-dir", str(reports), str(script)],
+        env=env,
+        marker=marker,
+        timeout=180,
+        what="dlwatch run",
+    )
+    assert rc == prc == 0 and out == pout, err
+    assert [line for line in err.splitlines() if not line.startswith("dlwatch: run summary")] == perr.splitlines()
+    assert "Warning" not in err
+    assert os.listdir(reports / ".runs") == []
+    found = _summaries(str(reports))
+    assert len(found) == 1
+    s = _summary(found[0])
+    assert s["ended"] == "clean" and [r["batches"] for r in s["iterations"]] == [1, 1], s["iterations"]

@@ -7,13 +7,14 @@ The program runs as `python script.py ARGS` (or `python -m module ARGS`) would: 
 interpreter (this dlwatch's), the same sys.argv, __main__, stdout, stderr, tracebacks
 and exit code; dlwatch replaces itself with it.  A bootstrap on PYTHONPATH hooks
 torch.utils.data.DataLoader.__iter__ in every Python process the program starts
-(torchrun's ranks too), so each iteration of each loader runs under dlwatch.watch, in
-its own run directory, all grouped under one program-run id.  Incidents go to the
+(torchrun's ranks too): each process that iterates a loader gets one watch (one monitor)
+for its life, every iteration of every loader a segment of it, and at exit one run summary
+with a row per iteration; every process's run carries one program-run id.  Incidents go to the
 report directory as with dlwatch.watch.  DLWATCH_DISABLE=1 runs the program unwatched.
 
   dlwatch run train.py --epochs 3
   dlwatch run --stall-timeout 120 -m torch.distributed.run --nproc_per_node 2 train.py
-  dlwatch run --keep-runs 50 train.py      # every iteration writes a run summary: keep the newest 50
+  dlwatch run --keep-runs 50 train.py      # each process writes one run summary at exit: keep the newest 50
 """
 
 from __future__ import annotations

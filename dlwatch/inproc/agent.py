@@ -14,6 +14,7 @@ the training loop.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import shutil
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Iterable, Iterator
 
 from dlwatch.wire import config, events
@@ -406,6 +408,23 @@ class Watch:
         # the loader object is left as it is (no class swap, its hooks set only while torch builds it)
         self.iteration_only = False
         self._hooked_own: dict[str, bool] = {}  # whether the loader held worker_init_fn/collate_fn itself
+        # `dlwatch run`: one watch for the whole program (see iterate_segment); each loader iteration is a
+        # segment of it, a copy of this watch that holds that loader's hooks and probes (_parent: this one)
+        self.program = False
+        self._parent: Watch | None = None
+        self._program_ended = "clean"  # what the stop event says ended the program
+        self._segments: list[Watch] = []  # the segments whose iterators are alive, oldest first
+        self._segment_lock = threading.RLock()  # an iterator's __del__ may end a segment inside another's start
+        self._iterations = 0
+        self._loader_ids: Any = weakref.WeakKeyDictionary()  # loader -> its key, while the loader lives
+        self._loaders_seen = 0
+        # loader key -> (worker generations started, its batch-shape probe, its batch size sent): what a
+        # loader's iterations carry over, as one watch's epochs do
+        self._generations_of: dict[str, tuple[int, Any, bool]] = {}
+        self._mark: tuple[int, float, float, float] | None = None  # heartbeat figures when last credited
+        self._iteration = 0  # a segment's number in the program (1, 2, ...)
+        self._loader_key = ""
+        self._row: dict[str, Any] | None = None  # a segment's figures, sent when it ends
 
     @property
     def monitor_pid(self) -> int | None:
@@ -537,11 +556,14 @@ class Watch:
                 "rank": rank_info(),  # here, not in the monitor: the job id may come from this process's parent
                 "prometheus": self._prometheus,
                 "program_run": os.environ.get("DLWATCH_PROGRAM_RUN") or None,  # set by `dlwatch run`
+                "program": self.program,  # one watch for every loader iteration of the process
             },
         )
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
-        if self.iteration_only:
+        if self.program:
+            pass  # each iteration's segment prepares its own loader's (iterate_segment)
+        elif self.iteration_only:
             self._prepare_probes(loader)  # set on the loader by iterate_with, while torch builds the iterator
         elif is_dl:
             self._instrument_loader(loader)
@@ -659,6 +681,164 @@ class Watch:
         except Exception:
             return it
 
+    # ------------------------------------------------------------------ `dlwatch run`: the whole program
+
+    def iterate_segment(self, loader: Any, original: Any) -> tuple[Iterator[Any], "Watch"]:
+        """The program watch (``dlwatch run``): one iteration of any loader of this process, as a segment.
+
+        The segment is a shallow copy of this watch for that iteration: it shares the monitor, the
+        heartbeat, the events file and what is said once per run (preflight, advice), and holds the
+        loader's own hooks and probes.  The monitor hears of it (``loader_iter``: its number and its
+        loader) before torch starts the workers; :meth:`end_segment` sends its figures.
+        """
+        with self._segment_lock:
+            seg = copy.copy(self)
+            seg._parent = self
+            seg._loader = loader
+            seg._loader_error = None
+            seg._pending_exception = None
+            seg._hook = seg._collate_hook = seg._shape_probe = None
+            seg._shape_reported = seg._batch_bytes_sent = False
+            seg._worker_pids = ()  # each iteration registers its workers
+            seg._hooked_own = {}
+            self._iterations += 1
+            seg._iteration = self._iterations
+            seg._loader_key, name = self._key_of(loader)
+            # RNG fingerprints: the first FINGERPRINT_GENERATIONS worker generations of each loader, as
+            # for a watch over its epochs (later ones would cost each worker start ~3 ms and tell nothing new)
+            seg._generations, probe, seg._batch_bytes_sent = self._generations_of.get(seg._loader_key, (0, None, False))
+            if _is_dataloader(loader):
+                seg._prepare_probes(loader)
+                if probe is not None:  # the loader's probe goes on through its epochs, as under a watch
+                    seg._shape_probe = probe
+                if seg._generations >= FINGERPRINT_GENERATIONS and seg._hook is not None:
+                    seg._hook.fingerprint = False
+                    seg._collate_hook = None
+            if self._events_path:
+                events.emit(
+                    self._events_path,
+                    "loader_iter",
+                    iteration=seg._iteration,
+                    loader=seg._loader_key,
+                    name=name,
+                    config=loader_config(loader),
+                )
+            self._credit()
+            for older in self._segments:
+                older._hb = (
+                    None  # an older iterator ending no longer marks the loop as outside (see _TimedIterator._end)
+                )
+            seg._row = {
+                "started_at": time.time(),
+                "batches": 0,
+                "data_wait_s": 0.0,
+                "first_batch_s": 0.0,
+                "active_s": 0.0,
+            }
+            self._segments.append(seg)
+        try:
+            it = seg.iterate_with(original)
+        except BaseException as exc:  # the loader's own __iter__ raised (a worker that could not start)
+            self.end_segment(seg, exc)
+            raise
+        if len(self._generations_of) >= 1024:  # a program that makes a loader per step: bounded
+            self._generations_of.clear()
+        self._generations_of[seg._loader_key] = (seg._generations, seg._shape_probe, True)
+        return it, seg
+
+    def _key_of(self, loader: Any) -> tuple[str, str]:
+        """A short key for the loader (``loader1``, ``loader2``... in order of first iteration) and a name."""
+        try:
+            key = self._loader_ids.get(loader)
+        except TypeError:  # unhashable or not weakly referable: a key per iteration
+            key = None
+        dataset = getattr(loader, "dataset", None)
+        name = type(dataset).__name__ if dataset is not None else type(loader).__name__
+        if key is None:
+            self._loaders_seen += 1
+            key = f"loader{self._loaders_seen}"
+            try:
+                self._loader_ids[loader] = key
+            except TypeError:
+                pass
+        return key, name
+
+    def _credit(self) -> None:
+        """The heartbeat's progress since the last call goes to the newest live segment.
+
+        One loop advances one iterator at a time, nearly always the newest: a validation loop inside
+        a training epoch, or a training iterator kept alive (Lightning) while the next one starts.
+        """
+        hb = self._hb
+        if hb is None:
+            return
+        hb._sync_hot()
+        now = (hb.batches, hb.total_wait_s, hb.total_first_wait_s, time.monotonic())
+        last, self._mark = self._mark, now
+        if last is None or not self._segments:
+            return
+        row = self._segments[-1]._row
+        if row is not None:
+            row["batches"] += now[0] - last[0]
+            row["data_wait_s"] += now[1] - last[1]
+            row["first_batch_s"] += now[2] - last[2]
+            row["active_s"] += now[3] - last[3]
+
+    def end_segment(self, seg: "Watch", exc: BaseException | None) -> None:
+        """A segment's iterator ended (exhausted, raised, or dropped): its row goes to the monitor."""
+        with self._segment_lock:
+            if not any(s is seg for s in self._segments):
+                return
+            if exc is not None:
+                clean = isinstance(exc, (GeneratorExit, KeyboardInterrupt)) or (
+                    isinstance(exc, SystemExit) and exc.code in (0, None)
+                )
+                if not clean and id(exc) not in _REPORTED:
+                    seg._record_exception(exc)
+                    self._pending_exception = seg._pending_exception  # for a summary written here (monitor gone)
+            self._credit()
+            self._segments = [s for s in self._segments if s is not seg]
+            row, seg._row = seg._row or {}, None
+            if self._events_path and self._active:
+                events.emit(
+                    self._events_path,
+                    "loader_iter_end",
+                    iteration=seg._iteration,
+                    loader=seg._loader_key,
+                    batches=row.get("batches", 0),
+                    data_wait_s=round(row.get("data_wait_s", 0.0), 6),
+                    first_batch_s=round(row.get("first_batch_s", 0.0), 6),
+                    active_s=round(row.get("active_s", 0.0), 6),
+                    wall_s=round(time.time() - row.get("started_at", time.time()), 6),
+                    worker_pids=list(seg._worker_pids),
+                )
+            if self._segments and self._segments[-1]._hb is None:
+                self._segments[-1]._hb = self._hb  # the newest live iterator marks the loop's state again
+            seg._loader = seg._shape_probe = seg._hook = seg._collate_hook = seg._loader_error = None
+
+    def close_program(self, ended: str) -> None:
+        """The program ends (atexit): the live segments' rows, then the monitor's stop and the summary."""
+        with self._segment_lock:
+            for seg in list(reversed(self._segments)):
+                self.end_segment(seg, None)
+        self._program_ended = ended
+        self.stop_in_background = False
+        held = _hold_sigchld()
+        try:
+            self._interrupted = ended == "interrupted"
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+            if self._active:
+                try:
+                    self._teardown(clean=True)
+                except Exception as err:
+                    _warn(f"error while stopping the monitor: {type(err).__name__}: {err}")
+        finally:
+            try:
+                _release_sigchld(held)
+            except BaseException:
+                pass
+
     @staticmethod
     def _can_swap(obj: Any) -> bool:
         return hasattr(obj, "__dict__") and type(obj).__flags__ & (1 << 9) != 0  # Py_TPFLAGS_HEAPTYPE
@@ -759,7 +939,8 @@ class Watch:
         monitor, self._monitor = self._monitor, None
         pending = self._pending_exception
         if self._events_path:
-            events.emit(self._events_path, "stop", clean=clean, interrupted=self._interrupted)
+            ended = {"ended": self._program_ended} if self.program else {}
+            events.emit(self._events_path, "stop", clean=clean, interrupted=self._interrupted, **ended)
         if monitor is not None and self.stop_in_background and not sys.is_finalizing():
             # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
             # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
@@ -831,6 +1012,9 @@ class Watch:
             _warn(f"could not write the exception report: {why}")
 
     def _check_monitor(self) -> None:
+        if self._parent is not None:  # a segment: the program watch's monitor (none once it closed)
+            self._parent._check_monitor()
+            return
         m = self._monitor
         if m is not None and not self._monitor_warned and m.poll() is not None:
             self._monitor_warned = True
@@ -1032,7 +1216,8 @@ class Watch:
         if pids and pids != self._worker_pids and self._events_path:
             self._worker_pids = pids
             self._generations += 1
-            events.emit(self._events_path, "loader_workers", pids=list(pids))
+            seg = {"iteration": self._iteration, "loader": self._loader_key} if self._parent is not None else {}
+            events.emit(self._events_path, "loader_workers", pids=list(pids), **seg)
             if any(forks):  # the other threads at each worker's fork, in fork order (worker i: the i-th)
                 events.emit(self._events_path, "fork_threads", pids=list(pids), forks=forks)
 

@@ -1,16 +1,19 @@
-"""``dlwatch run``'s hook in the program's processes: every DataLoader iteration gets its own watch.
+"""``dlwatch run``'s hook in the program's processes: one watch per process, every DataLoader iteration in it.
 
 Installed by the bootstrap that ``dlwatch run`` puts on PYTHONPATH (dlwatch/inproc/_boot).
 It adds one import hook; when ``torch.utils.data.dataloader`` is imported it wraps
-``DataLoader.__iter__`` so that each iteration (each epoch of each loader, train and
-validation alike) runs under ``dlwatch.watch`` with the options that ``dlwatch run``
-put in the environment.  The watch starts when the iteration starts and stops when
-the iterator is exhausted, raises, or is dropped (``break``).  An exception raised by
-the loader is recorded as the watch's exception incident and re-raised unchanged.
+``DataLoader.__iter__``.  The first iteration in a process starts that process's one
+watch (one monitor for the program's life: a program that never iterates a loader pays
+nothing); each iteration (each epoch of each loader, train and validation alike,
+overlapping or kept alive until the next ``iter()`` as Lightning does) is a segment of it
+(``Watch.iterate_segment``) that ends when its iterator is exhausted, raises, or is
+dropped.  The watch closes at interpreter exit (atexit), where the monitor writes the one
+run summary of the program.  An exception raised by the loader is recorded for its
+incident and re-raised unchanged.
 
 What it leaves alone: a loader already under the user's own ``dlwatch.watch`` (that
 watch keeps watching), iterations inside DataLoader workers, and everything when
-DLWATCH_DISABLE=1.  Whatever fails in here becomes one warning; the iteration goes on
+DLWATCH_DISABLE=1.  Whatever fails in here becomes one warning; the program goes on
 unwatched.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
+import threading
 from typing import Any, Iterator
 
 from dlwatch.inproc.frames import _hidden_files, strip_own_frames
@@ -140,74 +144,102 @@ def _in_worker() -> bool:
 
 
 def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
+    w = _program_watch(loader)
+    if w is None:
+        return original(loader)
+    # torch's SIGCHLD handler waits while the segment starts (see agent._HeldSigchld): a worker of another
+    # live iterator dying now raises torch's own exception after, never "could not watch" here
     try:
         from dlwatch.inproc import agent
-    except Exception as exc:
-        _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
+
+        held = agent._hold_sigchld()
+    except Exception:
         return original(loader)
-    # torch's SIGCHLD handler waits while the watch starts (see agent._HeldSigchld): a worker of another
-    # live iterator dying now raises torch's own exception after, never "could not watch" here
-    held = agent._hold_sigchld()
-    w = None
     try:
-        w = agent.Watch(loader)  # options from the environment that `dlwatch run` set
-        w.stop_in_background = True  # the next iteration need not wait for this one's monitor to exit
-        w.iteration_only = True  # the loader's class is left alone: its own __iter__ is not re-entered
-        w.__enter__()
-    except Exception as exc:
-        _warn(f"could not watch this iteration ({type(exc).__name__}: {exc}); it runs unwatched")
-        w = None
+        it, seg = w.iterate_segment(loader, original)  # the loader's own __iter__, once, instrumented
     finally:
+        agent._release_sigchld(held)
+    return RunIterator(it, seg)
+
+
+# The one watch of this process (``dlwatch run``): made at the first loader iteration, closed at exit.
+# Keyed by pid: a child forked from a watched process (not a DataLoader worker) makes its own.
+_PROGRAM: Any = None
+_PROGRAM_PID = 0
+_PROGRAM_FAILED = 0  # the pid where starting it failed: one warning, then the program runs unwatched
+_PROGRAM_LOCK = threading.Lock()
+
+
+def _program_watch(loader: Any) -> Any:
+    global _PROGRAM, _PROGRAM_PID, _PROGRAM_FAILED
+    pid = os.getpid()
+    w = _PROGRAM
+    if w is not None and _PROGRAM_PID == pid:
+        return w if w._active else None
+    if _PROGRAM_FAILED == pid:
+        return None
+    with _PROGRAM_LOCK:
+        if _PROGRAM is not None and _PROGRAM_PID == pid:
+            return _PROGRAM if _PROGRAM._active else None
         try:
+            from dlwatch.inproc import agent
+        except Exception as exc:
+            _PROGRAM_FAILED = pid
+            _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")
+            return None
+        held = agent._hold_sigchld()
+        w = None
+        try:
+            w = agent.Watch(loader)  # options from the environment that `dlwatch run` set
+            w.program = True
+            w.iteration_only = True  # loaders are left alone: their own __iter__ is never re-entered
+            w.__enter__()
+            if w in agent._ACTIVE:  # the program is no `with` block: a user's own watch is not nested in it
+                agent._ACTIVE.remove(w)
+            w._loader = None  # dlwatch keeps no loader alive
+        except Exception as exc:
+            _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")
+            w = None
+        finally:
             agent._release_sigchld(held)
-        except BaseException as exc:
-            if w is not None:
-                w.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-    if w is None or not w._active:
-        return original(loader)
-    try:
-        it = w.iterate_with(original)  # the loader's own __iter__, once, instrumented
-    except BaseException as exc:
-        w.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    _open_watch(w)
-    return RunIterator(it, w)
-
-
-# The watches of iterations still open.  An iterator the program keeps to its end (an infinite loader's,
-# a persistent one held by a global) would otherwise be closed during interpreter finalization, when
-# threads cannot start and file objects are being torn down: these are closed at exit instead, first.
-_OPEN: dict[int, Any] = {}
-_atexit_registered = False
-
-
-def _open_watch(w: Any) -> None:
-    global _atexit_registered
-    _OPEN[id(w)] = w
-    if not _atexit_registered:
+        if w is None or not w._active:
+            _PROGRAM_FAILED = pid
+            return None
+        _PROGRAM, _PROGRAM_PID = w, pid
         import atexit
 
-        atexit.register(_close_open_watches)
-        _atexit_registered = True
+        # registered after multiprocessing's own exit handler (imported with torch), so it runs before
+        # it: the monitor stops while the workers of iterators the program still holds are alive
+        atexit.register(_close_program)
+        try:  # a multiprocessing child (fork) ends with os._exit: no atexit, but its finalizers run
+            mp = sys.modules.get("multiprocessing")
+            if mp is not None and mp.parent_process() is not None:
+                from multiprocessing import util
 
-
-def _close_watch(w: Any, exc: BaseException | None) -> None:
-    _OPEN.pop(id(w), None)
-    w.__exit__(type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None)
-
-
-def _close_open_watches() -> None:
-    # A Ctrl-C that ended the program (uncaught, so sys.last_value) ended these iterations too: their
-    # summaries say "interrupted".  Any other uncaught exception came from the program's own code.
-    last = getattr(sys, "last_value", None)
-    stopped_by = last if isinstance(last, KeyboardInterrupt) else None
-    for w in list(_OPEN.values()):
-        try:
-            w.stop_in_background = False  # nothing would wait for a thread started now
-            _close_watch(w, stopped_by)
+                util.Finalize(None, _close_program, exitpriority=100)  # before the child's queues close
         except Exception:
             pass
+        return w
+
+
+def _close_program() -> None:
+    """At interpreter exit: every live iteration's row, the monitor's summary of the whole program."""
+    global _PROGRAM
+    w = _PROGRAM
+    if w is None or _PROGRAM_PID != os.getpid():
+        return
+    _PROGRAM = None
+    last = getattr(sys, "last_value", None)
+    if isinstance(last, KeyboardInterrupt):
+        ended = "interrupted"  # a Ctrl-C ended the program
+    elif last is not None and not (isinstance(last, SystemExit) and last.code in (0, None)):
+        ended = "exception"
+    else:
+        ended = "clean"
+    try:
+        w.close_program(ended)
+    except Exception:
+        pass
 
 
 class RunIterator(IteratorProxy):
@@ -239,11 +271,12 @@ class RunIterator(IteratorProxy):
             raise
 
     def _close(self, exc: BaseException | None) -> None:
-        w, self._watch = self._watch, None
-        if w is None:
+        seg, self._watch = self._watch, None
+        if seg is None:
             return
         try:
-            _close_watch(w, exc)
+            if seg._parent is not None:
+                seg._parent.end_segment(seg, exc)
         except Exception:
             pass
 

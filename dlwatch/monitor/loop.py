@@ -40,7 +40,7 @@ from dlwatch.wire.events import EventReader
 from dlwatch.model import ProcSample, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
-from dlwatch.report.schema import Finding, Incident, ProcessEntry
+from dlwatch.report.schema import Finding, Incident, ProcessEntry, RunSummary
 from dlwatch.monitor import timeline as timeline_record
 
 log = get_logger("dlwatch.monitor")
@@ -62,6 +62,8 @@ MAX_GONE = 64  # exited workers remembered for reports; older ones are forgotten
 # rest of its soft RLIMIT_NOFILE, up to KEPT_FDS_MAX, may hold processes' /proc files open
 FDS_SPARE = 256
 KEPT_FDS_MAX = 1024
+MAX_ITERATION_ROWS = 5000  # `dlwatch run`: rows of the summary's iterations table; later ones are counted only
+MAX_LOADERS = 256  # `dlwatch run`: loaders named in the summary (a program that makes one per step: the first)
 
 
 @dataclass
@@ -208,6 +210,13 @@ class Monitor:
         self.runstats = RunStats(started_at=self.started_at)
         self.advice: dict[str, dict[str, Any]] = {}
         self.preflight: dict[str, dict[str, Any]] = {}
+        # `dlwatch run`: one monitor for the whole program; each loader iteration is a segment of the run
+        self.program = self.cfg.get("program") is True
+        self.segments: dict[int, dict[str, Any]] = {}  # live iterations: number -> loader key, name, config
+        self.iteration_rows: list[dict[str, Any]] = []
+        self.rows_dropped = 0
+        self.loaders: dict[str, dict[str, Any]] = {}
+        self.ended: str | None = None  # what the stop event says ended the program
 
     # ------------------------------------------------------------------ loop
 
@@ -256,8 +265,15 @@ class Monitor:
             if name == "stop":
                 self.stop_seen = True
                 self.interrupted = ev.get("interrupted") is True
+                if ev.get("ended") in ("clean", "exception", "interrupted"):
+                    self.ended = ev["ended"]
             elif name == "exception":
                 self.exception = ev.get("exception")
+            elif name == "loader_iter" and self.program:
+                self._flush_exception()  # the program went on after it: the incident now, not at the end
+                self._segment_begins(ev)
+            elif name == "loader_iter_end" and self.program:
+                self._segment_ends(ev)
             elif name == "worker_registered":
                 pid = int(ev.get("pid", 0))
                 t = self.procs.get(pid) or Tracked(pid, "worker")
@@ -285,6 +301,92 @@ class Monitor:
             elif name == "advice":
                 self._keep_advice(ev)
             self._run_detectors("on_event", ev)
+
+    # ------------------------------------------------------------------ `dlwatch run`: segments
+
+    @property
+    def iteration(self) -> int | None:
+        """The live iteration (segment) started last: the one the loop advances (see Watch._credit)."""
+        return max(self.segments) if self.segments else None
+
+    def _segment_begins(self, ev: dict[str, Any]) -> None:
+        n, key = ev.get("iteration"), ev.get("loader")
+        if not isinstance(n, int) or isinstance(n, bool) or not isinstance(key, str) or len(self.segments) >= 1024:
+            return
+        config = ev.get("config") if isinstance(ev.get("config"), dict) else None
+        name = ev.get("name") if isinstance(ev.get("name"), str) else None
+        self.segments[n] = {"loader": key[:64], "name": (name or "")[:128], "config": config}
+        if config is not None:
+            self.loader = config  # forensics judge the workers the loop waits for now
+        entry = self.loaders.get(key[:64])
+        if entry is None and len(self.loaders) < MAX_LOADERS:
+            entry = self.loaders[key[:64]] = {
+                "loader": key[:64],
+                "name": (name or "")[:128],
+                "class": (config or {}).get("class"),
+                "num_workers": (config or {}).get("num_workers"),
+                "persistent_workers": (config or {}).get("persistent_workers"),
+                "iterations": 0,
+                "batches": 0,
+            }
+        if entry is not None:
+            entry["iterations"] += 1
+        self._note({k: v for k, v in ev.items() if k != "config"})
+
+    def _segment_ends(self, ev: dict[str, Any]) -> None:
+        n = ev.get("iteration")
+        seg = self.segments.pop(n, None) if isinstance(n, int) and not isinstance(n, bool) else None
+        if seg is None:
+            return
+
+        def num(key: str) -> float:
+            v = ev.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v >= 0 else 0.0
+
+        batches = int(num("batches"))
+        active, wait = num("active_s"), num("data_wait_s")
+        pids = [p for p in ev.get("worker_pids") or () if isinstance(p, int) and not isinstance(p, bool)][:256]
+        stats = [self.runstats.procs[p] for p in pids if p in self.runstats.procs]
+        utils = [u for u in (st.cpu_util() for st in stats) if u is not None]
+        rss = [st.rss_peak for st in stats if st.rss_peak is not None]
+        row = {
+            "iteration": n,
+            "loader": seg["loader"],
+            "name": seg["name"],
+            "epoch": 0,  # this loader's iterations before this one
+            "started_at": ev.get("ts"),
+            "batches": batches,
+            "active_s": round(active, 4),
+            "wall_s": round(num("wall_s"), 4),
+            "data_wait_s": round(wait, 4),
+            "data_wait_share": round(min(1.0, wait / active), 4) if active > 0 else None,
+            "first_batch_s": round(num("first_batch_s"), 4) if batches else None,
+            "workers": {
+                "num_workers": len(pids),
+                "cpu_util_mean": round(sum(utils) / len(utils), 3) if utils else None,
+                "rss_peak": max(rss) if rss else None,
+            },
+        }
+        entry = self.loaders.get(seg["loader"])
+        if entry is not None:
+            row["epoch"] = entry.get("rows", 0)
+            entry["rows"] = entry.get("rows", 0) + 1
+            entry["batches"] += batches
+        if len(self.iteration_rows) < MAX_ITERATION_ROWS:
+            self.iteration_rows.append(row)
+        else:
+            self.rows_dropped += 1
+
+    def _flush_exception(self) -> None:
+        """An exception the program caught and lived on after: its incident now (one per exception)."""
+        if self.exception is None:
+            return
+        try:
+            self.poll()  # the state right after the exception
+        except Exception:
+            pass
+        self._write(self._report("exception"))
+        self.exception = None
 
     def _note(self, ev: dict[str, Any]) -> None:
         self.notable.append(ev)
@@ -579,6 +681,8 @@ class Monitor:
             report = report.with_notes(f"stack forensics failed: {type(exc).__name__}: {exc}")
         report = self._add_findings(report.replace(events=list(self.notable)))
         site = stall_site(report.to_dict())
+        if self.program:  # `dlwatch run`: one incident per stall site and iteration (each was a run of its own)
+            site = (self.iteration, *site)
         stall_note["classification"] = report.classification
         if site in self.stall_sites:
             # the same hang again (same verdict, same waiting frames): the timeline has it, one report is enough
@@ -705,15 +809,18 @@ class Monitor:
         return path
 
     def _finish_clean(self) -> None:
+        pending = self.exception is not None
         if self.exception is not None:
             try:
                 self.poll()  # the state right after the exception
             except Exception:
                 pass
             self._write(self._report("exception"))
-        self._write_summary(
-            "exception" if self.exception is not None else "interrupted" if self.interrupted else "clean"
-        )
+        if self.ended is not None:  # `dlwatch run`: how the program ended, from its atexit
+            ended = self.ended
+        else:
+            ended = "exception" if pending else "interrupted" if self.interrupted else "clean"
+        self._write_summary(ended)
         self._close(clean=True)
 
     def _finish_vanished(self) -> None:
@@ -780,6 +887,8 @@ class Monitor:
                 notes=list(self.notes)
                 + ([f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else []),
             )
+            if self.program:  # `dlwatch run`: the whole program, a row per loader iteration
+                s = self._program_summary(s)
         except Exception as exc:
             self._warn_once("summary_failed", f"{type(exc).__name__}: {exc}")
             return None
@@ -798,6 +907,24 @@ class Monitor:
         if line and os.environ.get("DLWATCH_QUIET", "").strip().lower() not in ("1", "true", "yes", "on"):
             print(outbound(line), file=sys.stderr, flush=True)
         return path
+
+    def _program_summary(self, s: RunSummary) -> RunSummary:
+        """The program's keys of the summary: its loaders and a row per iteration (new keys only)."""
+        for n in sorted(self.segments):  # iterations whose end never came (the process was killed)
+            self._segment_ends({"iteration": n})
+        notes = list(s.notes or ())
+        if self.rows_dropped:
+            notes.append(f"{self.rows_dropped} later iterations are counted, not listed")
+        loop = dict(s.loop or {})
+        loop["iterations"] = sum(e["iterations"] for e in self.loaders.values())
+        return s.replace(
+            program=True,
+            program_run=self.cfg.get("program_run") if isinstance(self.cfg.get("program_run"), str) else None,
+            loaders=[{k: v for k, v in e.items() if k != "rows"} for e in self.loaders.values()],
+            iterations=list(self.iteration_rows),
+            notes=notes,
+            loop=loop,
+        )
 
     def _close(self, *, clean: bool = True) -> None:
         if self.sinks:  # the batches since the last poll count too

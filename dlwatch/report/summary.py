@@ -165,6 +165,7 @@ def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
             f"- training process (pid {main.get('pid')}): cpu {_num(main.get('cpu_util'))} cores, "
             f"rss peak {human_bytes(main.get('rss_peak'))}"
         )
+    yield from _iteration_md(s)
     peaks = list(_peak_lines(s))
     if peaks:
         yield ""
@@ -175,6 +176,57 @@ def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
     from dlwatch.report.render import loader_and_notes_md  # one renderer, escaped, for both documents
 
     yield from loader_and_notes_md(s)
+
+
+def _loader_line(e: Mapping[str, Any]) -> str:
+    return (
+        f"{e.get('loader')} ({e.get('name') or '-'}, {_num(e.get('num_workers'))} workers"
+        f"{', persistent' if e.get('persistent_workers') else ''}): "
+        f"{_num(e.get('iterations'))} iterations, {_num(e.get('batches'))} batches"
+    )
+
+
+def md_cell(value: Any) -> str:
+    """Text for a Markdown table cell or list item: one line, no markup, no cell separator."""
+    from dlwatch.report.render import _md_text  # the one escaping of display text in Markdown
+
+    return _md_text(str(value).replace("|", "/"))
+
+
+def _program_key(s: RunSummary | Mapping[str, Any], key: str) -> Any:
+    """A ``dlwatch run`` key of the summary (``loaders``, ``iterations``): the typed summary keeps it
+    among the keys it does not name."""
+    if isinstance(s, RunSummary):
+        return s.extra.get(key)
+    return s.get(key)
+
+
+def _iteration_md(s: RunSummary | Mapping[str, Any]) -> Iterator[str]:
+    """``dlwatch run``: the program's loaders, and a row per loader iteration (epoch)."""
+    loaders = _program_key(s, "loaders") or []
+    rows = _program_key(s, "iterations") or []
+    if not loaders and not rows:
+        return
+    yield ""
+    yield "## Loaders and iterations"
+    yield ""
+    for e in loaders:
+        if isinstance(e, Mapping):
+            yield f"- {md_cell(_loader_line(e))}"
+    if not rows:
+        return
+    yield ""
+    yield "| # | loader | epoch | batches | data wait | first batch s | workers | worker cpu (cores) | worker rss peak |"
+    yield "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    for r in rows:
+        if not isinstance(r, Mapping):
+            continue
+        w = r.get("workers") if isinstance(r.get("workers"), Mapping) else {}
+        yield (
+            f"| {_num(r.get('iteration'))} | {md_cell(str(r.get('loader')))} | {_num(r.get('epoch'))} "
+            f"| {_num(r.get('batches'))} | {_pct(r.get('data_wait_share'))} | {_num(r.get('first_batch_s'))} "
+            f"| {_num(w.get('num_workers'))} | {_num(w.get('cpu_util_mean'))} | {human_bytes(w.get('rss_peak'))} |"
+        )
 
 
 def render_markdown(summary: RunSummary | Mapping[str, Any]) -> str:
@@ -196,6 +248,9 @@ def terminal_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
                 yield f"    -> {rem[0]}"
     if not s.advice:
         yield "  no advice"
+    for e in _program_key(s, "loaders") or ():
+        if isinstance(e, Mapping):
+            yield f"  {_loader_line(e)}"
     for w in s.workers or ():
         yield f"  {_worker_line(w)}"
     for line in _peak_lines(s):

@@ -41,6 +41,18 @@ def is_handler_installed(pid: int) -> bool:
     return mask is not None and bool(mask & (1 << (DUMP_SIGNAL - 1)))
 
 
+def _dump_dir(dump_dir: str) -> None:
+    """The run's dump directory, made only as a child of a run directory that exists.
+
+    Never its parents: a worker that starts (or a forkserver worker that installs) after the
+    watch removed its run directory must not bring a ``.runs/<id>`` back, with the umask's mode.
+    """
+    try:
+        os.mkdir(dump_dir, 0o700)
+    except FileExistsError:
+        pass
+
+
 def install(dump_dir: str) -> str | None:
     """Register faulthandler on DUMP_SIGNAL, writing to ``<dump_dir>/<pid>.txt``.
 
@@ -63,7 +75,7 @@ def install(dump_dir: str) -> str | None:
             # Not ours (we have no record of installing it): replacing a handler the
             # program relies on would break it, so fall back to nothing instead.
             return None
-        os.makedirs(dump_dir, mode=0o700, exist_ok=True)
+        _dump_dir(dump_dir)
         # O_APPEND: the monitor truncates this file before each request; every
         # write then lands at the new end, not at a stale offset past it (which
         # would leave a hole of NUL bytes in front of the dump).
@@ -130,7 +142,7 @@ def install_crash(dump_dir: str) -> str | None:
             return _crash[2]
         if faulthandler.is_enabled() and _crash is None:
             return None  # the program's own setting: not ours to change
-        os.makedirs(dump_dir, mode=0o700, exist_ok=True)
+        _dump_dir(dump_dir)
         path = crash_path(dump_dir, pid)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
