@@ -393,3 +393,39 @@ def test_iterators_alive_at_exit_end_as_bare(tmp_path):
     assert len(found) == 1
     s = _summary(found[0])
     assert s["ended"] == "clean" and [r["batches"] for r in s["iterations"]] == [1, 1], s["iterations"]
+
+
+FORKED_CHILD = """
+import multiprocessing as mp
+from torch.utils.data import DataLoader
+
+
+def child():
+    for _ in range(2):
+        for b in DataLoader(list(range(8)), batch_size=4):
+            pass
+    print("child done", flush=True)
+
+
+if __name__ == "__main__":
+    p = mp.get_context("fork").Process(target=child)
+    p.start()
+    p.join()
+    print("exit", p.exitcode)
+"""
+
+
+@pytest.mark.slow
+def test_forked_child_that_iterates_writes_its_summary_not_a_vanished_incident(tmp_path):
+    """A multiprocessing child (fork) ends with os._exit, where atexit never runs: its watch closes from a
+    multiprocessing finalizer, so its summary is written and no 'vanished' incident is."""
+    script = tmp_path / "forked_child.py"
+    script.write_text(FORKED_CHILD)
+    reports = tmp_path / "reports"
+    rc, out, err = dlwatch_run(tmp_path, str(script))
+    assert rc == 0 and out.splitlines() == ["child done", "exit 0"], err
+    assert incidents(str(reports)) == [], err
+    found = _summaries(str(reports))
+    assert len(found) == 1 and _summary(found[0])["ended"] == "clean"
+    assert [r["batches"] for r in _summary(found[0])["iterations"]] == [2, 2]
+    assert os.listdir(reports / ".runs") == []

@@ -724,10 +724,9 @@ class Watch:
                     config=loader_config(loader),
                 )
             self._credit()
+            # an older iterator ending no longer marks the loop as outside (see _TimedIterator._end)
             for older in self._segments:
-                older._hb = (
-                    None  # an older iterator ending no longer marks the loop as outside (see _TimedIterator._end)
-                )
+                older._hb = None
             seg._row = {
                 "started_at": time.time(),
                 "batches": 0,
