@@ -921,7 +921,8 @@ class Monitor:
             program=True,
             program_run=self.cfg.get("program_run") if isinstance(self.cfg.get("program_run"), str) else None,
             loaders=[{k: v for k, v in e.items() if k != "rows"} for e in self.loaders.values()],
-            iterations=list(self.iteration_rows),
+            # in the order the iterations began (a kept iterator ends only at the next iter() or at exit)
+            iterations=sorted(self.iteration_rows, key=lambda r: r.get("iteration") or 0),
             notes=notes,
             loop=loop,
         )
