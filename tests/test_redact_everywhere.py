@@ -460,8 +460,12 @@ def test_bootstrap_warning_line_is_redacted(tmp_path):
     fake = tmp_path / "shadow" / "dlwatch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(BOOT_FAILS.replace("sys.argv[1]", repr(REPO)))
-    (fake / "runhook.py").write_text(f"def install():\n    raise OSError('cannot open /data/{THREAD_TOKEN}/x')\n")
-    boot = os.path.join(REPO, "dlwatch", "_boot")
+    (fake / "inproc").mkdir()
+    (fake / "inproc" / "__init__.py").write_text("")
+    (fake / "inproc" / "runhook.py").write_text(
+        f"def install():\n    raise OSError('cannot open /data/{THREAD_TOKEN}/x')\n"
+    )
+    boot = os.path.join(REPO, "dlwatch", "inproc", "_boot")
     # the bootstrap acts only where it belongs (issue 18, item 11): here, the package `dlwatch run` recorded
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([boot, str(tmp_path / "shadow")]), DLWATCH_RUN_PACKAGE=str(fake))
     rc, out, err = run_bounded([sys.executable, "-c", "print('ran')"], env=env, cwd=str(tmp_path), timeout=60)
