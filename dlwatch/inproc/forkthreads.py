@@ -4,14 +4,15 @@ A worker forked while another thread of the training process held a lock inherit
 lock held, by a thread that does not exist in the worker: the worker blocks on it forever
 (the seed's deadlock).  Once the fork has passed, nobody can say which thread held it:
 py-spy and pystack see the worker waiting and the parent moved on.  dlwatch is in the
-training process at that moment, so it records, at each fork of the iterator being built
-(``os.register_at_fork(before=...)``, armed only while dlwatch builds a DataLoader iterator
-with fork workers), every other thread's name and innermost Python frames, and whether it
-was merely idle (waiting on an Event, a Condition, a queue, a selector).  The monitor's
+training process at that moment, so it records, as the iterator that forks the workers is
+about to be built (armed only then, for fork workers), every other thread's name and
+innermost Python frames, and whether it was merely idle (waiting on an Event, a Condition, a
+queue, a selector); ``os.register_at_fork(before=...)`` then notes each worker fork with that
+record (nothing is read inside the fork itself).  The monitor's
 ``worker-deadlock`` judgement later names the likely holder from this record.
 
-Cost: one ``sys._current_frames()`` and a walk of a few frames per thread, per worker fork
-(bench/forkthreads_cost.py).  Never raises into the fork; never runs in the child.
+Cost: one ``sys._current_frames()`` and a walk of a few frames per thread, per iterator that
+forks workers (bench/forkthreads_cost.py: the per-fork figure is now the per-iterator one).  Never raises into the fork; never runs in the child.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ _IDLE = (
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dlwatch package
 
 _armed = False
+_current: list[dict[str, Any]] | None = None
 _pid = 0
 _forks: list[list[dict[str, Any]]] = []
 _registered = False
@@ -65,16 +67,27 @@ def _idle(frames: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _machinery(t: threading.Thread) -> bool:
+    """torch's and multiprocessing's own threads (pin memory, queue feeders, resource sharer), known
+    by their target before any of their frames is touched: they hold no lock of the program's
+    across a fork, and walking their frames is not ours to do."""
+    target = getattr(t, "_target", None)
+    module = str(getattr(target, "__module__", "") or "")
+    return module.startswith(("torch.", "multiprocessing.")) or t.name.startswith("QueueFeederThread")
+
+
 def snapshot(skip_ident: int | None = None) -> list[dict[str, Any]]:
     """Every thread but ``skip_ident`` (default: the calling one): name, innermost frames, idle or not.
 
     dlwatch's own threads and those of torch's DataLoader (pin memory, queue feeders) are left
     out: they hold no lock of the program's across a fork (multiprocessing resets its own)."""
     me = threading.get_ident() if skip_ident is None else skip_ident
-    names = {t.ident: t.name for t in threading.enumerate()}
+    threads = {t.ident: t for t in threading.enumerate()}
+    skip = {ident for ident, t in threads.items() if _machinery(t)}
+    names = {ident: t.name for ident, t in threads.items()}
     out = []
     for ident, frame in sys._current_frames().items():
-        if ident == me or len(out) >= MAX_THREADS:
+        if ident == me or ident in skip or len(out) >= MAX_THREADS:
             continue
         frames = _frames(frame)
         files = [f["filename"] for f in frames]
@@ -89,35 +102,42 @@ def snapshot(skip_ident: int | None = None) -> list[dict[str, Any]]:
 
 
 def _before_fork() -> None:
-    if not _armed or os.getpid() != _pid or len(_forks) >= MAX_FORKS:
+    # nothing is read inside fork: walking other threads' frames there (materialising their frame
+    # objects as the child is copied) made torch's iterators die in forked workers ("can only test a
+    # child process", the differential suite's fork group); the record taken at arm() stands for
+    # every fork of the iterator being built
+    if not _armed or os.getpid() != _pid or len(_forks) >= MAX_FORKS or _current is None:
         return
-    try:
-        _forks.append(snapshot())
-    except Exception:  # never into the fork
-        pass
+    _forks.append(_current)
 
 
 def arm() -> None:
     """Record the threads at each fork from now until :func:`take` (an iterator is being built)."""
-    global _armed, _pid, _registered
+    global _armed, _pid, _registered, _current
     if not _registered:
         os.register_at_fork(before=_before_fork)
         _registered = True
     _forks.clear()
+    try:
+        _current = snapshot()
+    except Exception:
+        _current = None
     _pid = os.getpid()
     _armed = True
 
 
 def disarm() -> None:
-    global _armed
+    global _armed, _current
     _armed = False
+    _current = None
     _forks.clear()
 
 
 def take() -> list[list[dict[str, Any]]]:
     """The records since :func:`arm`, one per fork in fork order (worker i is the i-th), and disarm."""
-    global _armed
+    global _armed, _current
     _armed = False
+    _current = None
     got = list(_forks)
     _forks.clear()
     return got
