@@ -250,3 +250,42 @@ def _kill_job(root_pid: int) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=5)
+
+
+HUNG_CHILD = "DLWATCH_EXAMPLE_TRAINING_CHILD"
+
+
+def run_hung_training(description: str, train, give_up_s: float = 45.0) -> None:
+    """A hang example's entry point: ``train(report_dir)`` in a child process that hangs for real,
+    and this process as the job scheduler: once the report is written (or after ``give_up_s``), it
+    kills the child's whole process group (training process, workers, dlwatch's monitor) with
+    SIGKILL, then prints the reports."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = parse_args(description)
+    if os.environ.get(HUNG_CHILD) == "1":
+        train(args.report_dir)
+        return
+    report_dir = args.report_dir
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below still kills the child
+    before = incidents(report_dir)
+    child = subprocess.Popen(
+        [sys.executable, *sys.argv], env=dict(os.environ, **{HUNG_CHILD: "1"}), start_new_session=True
+    )  # its own process group: one kill takes all of it
+    deadline = time.monotonic() + give_up_s
+    try:
+        while child.poll() is None and time.monotonic() < deadline and not (incidents(report_dir) - before):
+            time.sleep(0.2)
+        time.sleep(0.3)  # let the monitor finish its one-line notice on stderr
+        if child.poll() is None:
+            print("training is hung and the report is written: killing it (as a scheduler's time limit would)")
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.wait()
+    print_reports(report_dir, before)

@@ -18,21 +18,13 @@ a child process and kills the child's whole process group once the report is wri
     python examples/lock_owner.py [--report-dir DIR]
 """
 
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import dlwatch
-from _common import incidents, parse_args, print_reports
-
-CHILD = "DLWATCH_EXAMPLE_TRAINING_CHILD"
-GIVE_UP_S = 45.0
+from _common import run_hung_training
 
 
 class Stats:
@@ -93,35 +85,5 @@ def train(report_dir):
             pass
 
 
-def supervise(report_dir):
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below still kills the child
-    before = incidents(report_dir)
-    child = subprocess.Popen(
-        [sys.executable, *sys.argv], env=dict(os.environ, **{CHILD: "1"}), start_new_session=True
-    )  # its own process group: one kill takes all of it
-    deadline = time.monotonic() + GIVE_UP_S
-    try:
-        while child.poll() is None and time.monotonic() < deadline and not (incidents(report_dir) - before):
-            time.sleep(0.2)
-        time.sleep(0.3)  # let the monitor finish its one-line notice on stderr
-        if child.poll() is None:
-            print("training is hung and the report is written: killing it (as a scheduler's time limit would)")
-    finally:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.wait()
-    print_reports(report_dir, before)
-
-
-def main():
-    args = parse_args(__doc__.splitlines()[0])
-    if os.environ.get(CHILD) == "1":
-        train(args.report_dir)
-    else:
-        supervise(args.report_dir)
-
-
 if __name__ == "__main__":
-    main()
+    run_hung_training(__doc__.splitlines()[0], train)
