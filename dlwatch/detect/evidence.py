@@ -130,6 +130,19 @@ def strip_event(e: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in e.items() if k not in ("event", "kind")}
 
 
+def last_signal_evidence(name: str) -> Any:
+    """An enricher that adds the evidence of the last ``name`` signal (what its detector measured)
+    to a finding, keeping what the finding already holds."""
+
+    def enrich(pb: Any, ctx: "Context", ev: dict[str, Any]) -> str | None:
+        events = ctx.signal_events(name)
+        if events:
+            ev.update({k: v for k, v in strip_event(events[-1]).items() if k not in ev})
+        return None
+
+    return enrich
+
+
 def signal_events(events: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     """The events of a signal, by their ``signal`` key or by ``event`` for the same name."""
     return [e for e in events if e.get("signal") == name or e.get("event") == name]

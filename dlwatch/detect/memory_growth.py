@@ -18,9 +18,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from dlwatch.detect.base import Detector, View
-from dlwatch.detect.evidence import Context, strip_event
+from dlwatch.detect.evidence import last_signal_evidence
 from dlwatch.detect.registry import Failure
-from dlwatch.wire.playbooks import Playbook
 from dlwatch.collect.growth import slope, steady_growth, time_to_limit
 from dlwatch.model import SystemSample
 
@@ -196,18 +195,10 @@ class WorkerMemoryGrowth(Detector):
         ]
 
 
-def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
-    """The last worker_memory_growth signal's evidence (the growth fit, the limit and when it is reached)."""
-    events = ctx.signal_events("worker_memory_growth")
-    if events:
-        ev.update({k: v for k, v in strip_event(events[-1]).items() if k not in ev})
-    return None
-
-
 FAILURE = Failure(
     playbook=WorkerMemoryGrowth.playbook,
     detectors=(WorkerMemoryGrowth,),
-    enrich=_enrich,
+    enrich=last_signal_evidence("worker_memory_growth"),  # the growth fit, the limit and when it is reached
     evidence_forms={
         "workers_growing": "count",
         "copy_on_read": "text",

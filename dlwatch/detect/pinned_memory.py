@@ -17,9 +17,8 @@ import collections
 from typing import Any, Iterable
 
 from dlwatch.detect.base import Detector, View
-from dlwatch.detect.evidence import Context, strip_event
+from dlwatch.detect.evidence import last_signal_evidence
 from dlwatch.detect.registry import Failure
-from dlwatch.wire.playbooks import Playbook
 from dlwatch.collect.growth import steady_growth, time_to_limit
 
 
@@ -144,18 +143,10 @@ class PinnedMemoryGrowth(Detector):
         ]
 
 
-def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
-    """The last pinned_memory_growth signal's evidence (the growth fit, the limit and when it is reached)."""
-    events = ctx.signal_events("pinned_memory_growth")
-    if events:
-        ev.update({k: v for k, v in strip_event(events[-1]).items() if k not in ev})
-    return None
-
-
 FAILURE = Failure(
     playbook=PinnedMemoryGrowth.playbook,
     detectors=(PinnedMemoryGrowth,),
-    enrich=_enrich,
+    enrich=last_signal_evidence("pinned_memory_growth"),  # the growth fit, the limit and when it is reached
     evidence_forms={
         "mlocked": "bytes",
         "growth": "growth",
