@@ -30,7 +30,9 @@ SCRIPT = os.path.join(TARGETS, "interrupt.py")
 PACKAGE = os.path.dirname(os.path.abspath(dlwatch.__file__)) + os.sep  # dlwatch's own frames live here
 
 
-def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+def _run(
+    argv: list[str], env: dict[str, str], wait_s: float = 0.0, within_s: float | None = None
+) -> tuple[int, str, str]:
     # as a terminal starts a program: SIGINT at its default.  A shell's background job (a CI runner's
     # `cmd &`) ignores SIGINT and its children inherit that, and Python then never raises on Ctrl-C.
     proc = subprocess.Popen(
@@ -53,9 +55,13 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         # precondition: the main thread is blocked in the sleep or the wait for a batch (not still
         # between READY and the call), seen twice in a row, so a loaded machine cannot move the landing spot
         assert wait_for(lambda: _blocked(proc.pid) and (time.sleep(0.1) or _blocked(proc.pid)), timeout=30)
+        ready = time.monotonic()
+        time.sleep(wait_s)  # how long the loop waits before the user gives up
+        if within_s is not None and time.monotonic() - ready > within_s:
+            pytest.skip(f"precondition: Ctrl-C {time.monotonic() - ready:.1f} s after READY, past {within_s} s")
         # the pgid is the target's pid (a session of its own): the whole group, as a terminal does
         os.killpg(proc.pid, signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
+        rest, err = proc.communicate(timeout=90)
         left = wait_for(lambda: not processes_with(SCRIPT), timeout=10) or processes_with(SCRIPT)
         assert left is True, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     finally:
@@ -123,3 +129,152 @@ def test_ctrl_c_ends_the_program_as_bare(tmp_path, where):
             with open(reports / "runs" / run / "summary.json") as f:
                 ended.append(json.load(f)["ended"])
         assert ended == ["interrupted"], (mode, ended)
+
+
+# ---------------------------------------------------------------------------- a Ctrl-C that stops a hang
+
+# explicit allowances of 12 s: a wait of SHARE x 12 = 3 s is long enough for an interrupt incident,
+# and the test presses Ctrl-C at 5 s, well before a stall incident (12 s) could be written
+ALLOWANCE_S = 12.0
+PRESS_AT_S = 5.0
+
+
+@pytest.mark.parametrize("mode,where", [("plain", "deadlock"), ("run", "next"), ("as", "body"), ("run", "body")])
+def test_ctrl_c_after_a_long_wait_leaves_every_stack(tmp_path, mode, where):
+    """The user stops a hang with Ctrl-C: an ``interrupt`` incident with every process's stacks.
+
+    A terminal's Ctrl-C reaches the workers too, and torch's workers end on it: their stacks are
+    the ones they wrote as SIGINT arrived, their verdict the monitor's reads before it.  The main
+    thread's stack is where the KeyboardInterrupt landed.  The program still ends as Python ends it.
+    """
+    argv = (
+        [sys.executable, "-m", "dlwatch", "run", "--poll-interval", "0.2", SCRIPT, "bare", where]
+        if mode == "run"
+        else [sys.executable, SCRIPT, mode, where]
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([REPO, TARGETS]),
+        DLWATCH_DIR=str(tmp_path),
+        DLWATCH_STALL_TIMEOUT=str(ALLOWANCE_S),
+        DLWATCH_BODY_TIMEOUT=str(ALLOWANCE_S),
+    )
+    rc, out, err = _run(argv, env, wait_s=PRESS_AT_S, within_s=ALLOWANCE_S - 2)
+    assert rc == -signal.SIGINT, (rc, err)
+    own = [line for line in err.splitlines() if line.startswith("dlwatch: ")]
+    assert len(own) == 1 and own[0].startswith("dlwatch: interrupt incident"), err
+    plain = "\n".join(line for line in err.splitlines() if not line.startswith("dlwatch: "))
+    assert plain.rstrip().endswith("KeyboardInterrupt") and plain.count("Traceback") == 1, err
+    assert PACKAGE not in plain, err
+    incidents = [d for d in os.listdir(tmp_path) if d not in ("runs", ".runs", ".jobs")]
+    assert len(incidents) == 1 and "-interrupt-" in incidents[0], incidents
+    with open(tmp_path / incidents[0] / "report.json") as f:
+        report = json.load(f)
+    assert report["trigger"] == "interrupt"
+    assert report["progress"]["interrupted_after_s"] >= 0.25 * ALLOWANCE_S
+    assert report["progress"]["interrupted_in"] == ("in_loop_body" if where == "body" else "waiting_for_data")
+
+    def thread_frames(p, name="MainThread"):
+        threads = (p.get("stack") or {}).get("threads") or []
+        return [
+            (f["function"], os.path.basename(f.get("filename") or ""))
+            for t in threads
+            if t.get("name") == name
+            for f in t["frames"]
+        ]
+
+    main = [p for p in report["processes"] if p["role"] == "main"]
+    workers = [p for p in report["processes"] if p["role"] == "worker"]
+    assert len(main) == 1 and len(workers) == 2, report["processes"]
+    frames = thread_frames(main[0])
+    assert frames and frames[-1] == ("<module>", "interrupt.py"), frames  # the traceback, outermost last
+    if where != "body":
+        assert ("_next_data", "dataloader.py") in frames, frames  # it landed inside next(loader)
+    for w in workers:  # each worker's stack as SIGINT reached it: inside the sample it was loading
+        assert ("__getitem__", "interrupt.py") in thread_frames(w), w.get("stack")
+        assert w["stack"]["source"] == "faulthandler-sigint", w["stack"]["source"]
+    top = report["findings"][0]["playbook"] if report["findings"] else None
+    if where == "deadlock":
+        assert report["classification"] == "deadlock", report["classification_reason"]
+        assert top == "lock-held-at-fork", report["findings"]
+        assert "cache-refresher" in json.dumps(report["findings"][0]["evidence"])
+    elif where == "next":
+        assert report["classification"] == "slow", report["classification_reason"]  # workers asleep in time.sleep
+    else:
+        assert report["classification"] == "main-blocked", report["classification_reason"]
+        assert "interrupt.py:" in report["classification_reason"], report["classification_reason"]
+    assert report["classification"] != "dead-worker" and top != "worker-killed"  # Ctrl-C ended them, not a kill
+    runs = os.listdir(tmp_path / "runs")
+    assert len(runs) == 1
+    with open(tmp_path / "runs" / runs[0] / "summary.json") as f:
+        assert json.load(f)["ended"] == "interrupted"
+
+
+def test_interrupt_constants_agree_with_the_stall_allowances():
+    from dlwatch.detect import stall
+    from dlwatch.wire import interrupt
+
+    assert interrupt.MIN_ALLOWANCE_S == {
+        "data": stall.ADAPTIVE_FLOOR_S,
+        "first": stall.FIRST_BATCH_S,
+        "body": min(stall.BODY_BLOCKED_S, stall.BODY_FLOOR_S),
+    }
+    det = stall.StallDetector(None, None)
+    assert det.allowance("data", 0.0) >= interrupt.MIN_ALLOWANCE_S["data"]
+    assert det.allowance("first", 0.0) == interrupt.MIN_ALLOWANCE_S["first"]
+    assert det.allowance("body", 0.0) >= interrupt.MIN_ALLOWANCE_S["body"]
+    # below SHARE of the smallest allowance the monitor is not even asked; an explicit timeout rules
+    assert not interrupt.worth_telling(interrupt.WAITING, False, 14.9, None)
+    assert interrupt.worth_telling(interrupt.WAITING, False, 15.0, None)
+    assert not interrupt.worth_telling(interrupt.WAITING, True, 74.0, None)
+    assert interrupt.worth_telling(interrupt.BODY, False, 3.0, 12.0)
+
+
+def test_interrupt_event_is_checked_like_every_event():
+    from dlwatch.wire.events import normalize
+
+    good = {"event": "interrupt", "seq": 1, "where": "waiting_for_data", "waited_s": 20.5, "frames": []}
+    assert normalize(dict(good))["first_batch"] is False
+    for bad in ({"seq": "1"}, {"seq": True}, {"where": "elsewhere"}, {"waited_s": -1}, {"waited_s": "x"}):
+        assert normalize({**good, **bad}) is None, bad
+    ev = normalize(
+        {**good, "frames": [{"function": "f", "filename": 3, "line": True}, "junk", {"line": 1}] * 100, "thread": 7}
+    )
+    assert ev["frames"][0] == {"function": "f", "filename": None, "line": None}
+    assert len(ev["frames"]) <= 200 and ev["thread"] is None
+
+
+def test_interrupt_answer_never_follows_a_link(tmp_path):
+    from dlwatch.wire import interrupt
+
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    link = tmp_path / "interrupt-ack-1"
+    link.symlink_to(target)
+    interrupt.answer(str(link))
+    assert target.read_text() == ""
+    fresh = tmp_path / "interrupt-ack-2"  # no FIFO made (mkfifo refused): the answer is a private file
+    interrupt.answer(str(fresh))
+    assert fresh.exists() and (fresh.stat().st_mode & 0o777) == 0o600
+    fifo = tmp_path / "interrupt-ack-3"
+    os.mkfifo(fifo, 0o600)
+    r = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        interrupt.answer(str(fifo))
+        assert os.read(r, 8) == b"1"
+    finally:
+        os.close(r)
+    interrupt.answer(str(fifo))  # nobody reads any more: no error, no block
+
+
+def test_interrupt_site_names_the_programs_line():
+    from dlwatch.monitor.loop import interrupt_site
+
+    frames = [
+        {"function": "select", "filename": "/usr/lib/python3.11/selectors.py", "line": 415},
+        {"function": "_next_data", "filename": "/x/site-packages/torch/utils/data/dataloader.py", "line": 1505},
+        {"function": "train", "filename": "/home/u/train.py", "line": 41},
+    ]
+    assert interrupt_site(frames) == ", at train.py:41 in train() (inside selectors.py:415 in select())"
+    assert interrupt_site(frames[2:]) == ", at train.py:41 in train()"
+    assert interrupt_site([]) == ""

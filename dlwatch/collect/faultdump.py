@@ -24,6 +24,8 @@ after them, while the dump file is read, is never signalled.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 import time
@@ -349,6 +351,37 @@ def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
         cut_at_bytes=len(data) if len(data) >= limit else None,
     )
     return {"signal": CRASH_SIGNALS.get(what or ""), "fatal_error": what, "stack": dump.to_dict()}
+
+
+def read_interrupt(path: str, pid: int, *, limit: int = 1 << 20) -> StackDump | None:
+    """The stacks a worker wrote when SIGINT reached it (dlwatch.wire.dumps.install_interrupt), or None.
+
+    Regular files only (no symlink followed), at most ``limit`` bytes.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat as _stat
+
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace")
+    threads = parse_faulthandler(text)
+    if not threads:
+        return None
+    # faulthandler lists the threads newest first: the main thread (the oldest) is the last
+    threads = (*threads[:-1], dataclasses.replace(threads[-1], name=threads[-1].name or "MainThread"))
+    return bounds.trim_dump(
+        StackDump(pid=pid, source="faulthandler-sigint", threads=threads),
+        cut_at_bytes=len(data) if len(data) >= limit else None,
+    )
 
 
 def _pid_of(path: str) -> int:

@@ -99,6 +99,21 @@ class StallDetector:
         busy = max(BODY_FLOOR_S, BODY_MULTIPLE * self.longest_body_s)
         return min(busy, BODY_BLOCKED_S) if blocked else busy
 
+    def allowance(self, kind: str, now: float) -> float:
+        """The allowance that applies now to a wait of ``kind`` (``data``, ``first`` or ``body``)."""
+        if kind == "body":
+            return self.body_timeout(self.body_explicit is None and self._blocked(now))
+        return self.timeout(kind == "first")
+
+    @property
+    def stalled(self) -> bool:
+        """A stall was reported and no progress came since."""
+        return self._stalled
+
+    def hold(self) -> None:
+        """The current wait is reported (a Ctrl-C's incident): no stall for it until progress resumes."""
+        self._stalled = True
+
     def _blocked(self, now: float) -> bool:
         """No sign of life in the job for the last BODY_BLOCKED_S: not busy, CPU under the share."""
         if now - self._active_at < BODY_BLOCKED_S or not self._cpu:

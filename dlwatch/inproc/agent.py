@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,7 @@ import traceback
 import weakref
 from typing import Any, Iterable, Iterator
 
-from dlwatch.wire import config, events
+from dlwatch.wire import config, events, interrupt
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.wire.job import rank_info
 from dlwatch.inproc.proxy import IteratorProxy
@@ -40,13 +41,14 @@ from dlwatch.wire.heartbeat import (
     HeartbeatWriter,
 )
 from dlwatch.redact import redact_argv, warn
-from dlwatch.inproc.frames import strip_own_frames
+from dlwatch.inproc.frames import interrupted_frames, strip_own_frames
 from dlwatch.wire import reportdir
 from dlwatch.wire.reportdir import read_summary
 from dlwatch.inproc.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
 
 
 MONITOR_STOP_TIMEOUT_S = 10.0
+DROP_RECENT_S = 15.0  # an iterator dropped this recently before a Ctrl-C reached the block's end was dropped by it
 FINISH_TIMEOUT_S = 30.0  # the finishing child (monitor gone): a summary and at most one incident
 FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared
 
@@ -398,6 +400,9 @@ class Watch:
         self._pending_exception: dict[str, Any] | None = None
         self._iterated = False  # the watch object itself was iterated (the `as` form)
         self._interrupted = False  # a KeyboardInterrupt (Ctrl-C) left the block
+        self._interrupt_seq = 0  # interrupt events sent (see note_interrupt)
+        self._interrupt_told = 0  # id() of the KeyboardInterrupt last told: one incident per Ctrl-C
+        self._dropped: tuple[float, float] | None = None  # an iterator dropped in the loop body: (when, body began)
         self.summary: dict[str, Any] | None = None  # the run summary, after the block (see dlwatch.report.summary)
         self._preflight_sent: set[str] = set()
         self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
@@ -896,6 +901,8 @@ class Watch:
         try:
             clean_exit = isinstance(exc, GeneratorExit) or (isinstance(exc, SystemExit) and exc.code in (0, None))
             self._interrupted = isinstance(exc, KeyboardInterrupt)  # the user stopped the job: no failure
+            if self._interrupted:
+                self.note_interrupt_in_body(exc)  # type: ignore[arg-type]
             if exc is not None and not clean_exit and not self._interrupted and id(exc) not in _REPORTED:
                 self._record_exception(exc)
                 if _ACTIVE:
@@ -1009,6 +1016,84 @@ class Watch:
             why = "the finishing process failed (see above)"
         if not written and pending is not None:  # nothing is lost silently
             _warn(f"could not write the exception report: {why}")
+
+    # ------------------------------------------------------------------ Ctrl-C after a long wait
+
+    def note_interrupt(self, exc: BaseException, where: str, waited_s: float, first_batch: bool = False) -> None:
+        """A KeyboardInterrupt after the loop waited ``waited_s``: maybe an ``interrupt`` incident.
+
+        When the wait could be long enough (see dlwatch.wire.interrupt), the monitor hears of it and
+        this thread waits, ``ACK_TIMEOUT_S`` at most, until it has judged the wait and taken every
+        process's stacks; the DataLoader's workers are still there (torch makes them ignore SIGINT).
+        A second Ctrl-C ends the wait.  Never raises: the KeyboardInterrupt goes on unchanged.
+        """
+        root = self._parent or self
+        held = None
+        try:
+            if id(exc) == root._interrupt_told or not root._active or not root._events_path or not root.run_dir:
+                return
+            root._interrupt_told = id(exc)
+            explicit = self.options.body_timeout if where == interrupt.BODY else self.options.stall_timeout
+            monitor = root._monitor
+            if not interrupt.worth_telling(where, first_batch, waited_s, explicit) or monitor is None:
+                return
+            if monitor.poll() is not None:
+                return
+            held = _hold_sigchld()  # a worker's death meanwhile is torch's to report, after this
+            root._interrupt_seq += 1
+            seq = root._interrupt_seq
+            frames, omitted = interrupted_frames(exc)
+            ack = interrupt.ack_path(root.run_dir, seq)
+            fifo = _open_ack(ack)
+            try:
+                events.emit(
+                    root._events_path,
+                    "interrupt",
+                    seq=seq,
+                    where=where,
+                    first_batch=first_batch,
+                    waited_s=round(waited_s, 3),
+                    thread=threading.current_thread().name,
+                    frames=frames,
+                    frames_omitted=omitted,
+                )
+                monitor.stdin.write(b"interrupt\n")  # type: ignore[union-attr]
+                monitor.stdin.flush()  # type: ignore[union-attr]
+                deadline = time.monotonic() + interrupt.ACK_TIMEOUT_S
+                while monitor.poll() is None and (left := deadline - time.monotonic()) > 0:
+                    # a blocking wait on the FIFO: no wake-ups the monitor would read as this process's life
+                    if fifo is not None:
+                        if select.select([fifo], [], [], min(left, 5.0))[0]:
+                            break
+                    elif os.path.lexists(ack):
+                        break
+                    else:
+                        time.sleep(0.05)
+            finally:
+                if fifo is not None:
+                    os.close(fifo)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: the user does not wait for the evidence; the first goes on
+        except Exception:
+            pass
+        finally:
+            if held is not None:
+                try:
+                    _release_sigchld(held)
+                except BaseException:
+                    pass
+
+    def note_interrupt_in_body(self, exc: BaseException) -> None:
+        """A KeyboardInterrupt leaving the block or the program: if it dropped an iterator whose loop
+        body had run long (see _TimedIterator.__del__), the body's wait is judged as in note_interrupt."""
+        root = self._parent or self
+        dropped, root._dropped = root._dropped, None
+        if dropped is None or id(exc) == root._interrupt_told:
+            return
+        when, began = dropped
+        # dropped by this interrupt: torch's shutdown of stuck workers takes up to 5 s a worker, then this
+        if time.monotonic() - when <= DROP_RECENT_S:
+            self.note_interrupt(exc, interrupt.BODY, when - began)
 
     def _check_monitor(self) -> None:
         if self._parent is not None:  # a segment: the program watch's monitor (none once it closed)
@@ -1319,6 +1404,8 @@ class _TimedIterator(IteratorProxy):
             raise
         except BaseException as exc:
             s.watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
+            if isinstance(exc, KeyboardInterrupt):  # before _end: the loop still waits, the workers are there
+                s.watch.note_interrupt(exc, interrupt.WAITING, _monotonic() - t0, not prev)
             self._end()
             _drop_own_entry(exc)
             raise
@@ -1359,8 +1446,13 @@ class _TimedIterator(IteratorProxy):
                 s.watch._check_monitor()
 
     def __del__(self) -> None:
-        # A loop left with `break` drops its iterator: the loop is no longer running
+        # A loop left with `break` drops its iterator: the loop is no longer running.  A Ctrl-C in
+        # the body drops it too, before the interrupt reaches the block's end: when the body began
         try:
+            s = self._s
+            if not s.done and s.prev:
+                w = s.watch._parent or s.watch
+                w._dropped = (_monotonic(), s.prev)
             self._end()
         except Exception:
             pass
@@ -1368,6 +1460,15 @@ class _TimedIterator(IteratorProxy):
 
 _monotonic = time.monotonic
 _NEXT_CODE = _TimedIterator.__next__.__code__
+
+
+def _open_ack(path: str) -> int | None:
+    """The read end of a new FIFO for the monitor's answer (see dlwatch.wire.interrupt), or None."""
+    try:
+        os.mkfifo(path, 0o600)  # in the private run directory
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _drop_own_entry(exc: BaseException) -> None:

@@ -34,3 +34,30 @@ def strip_own_frames(tb: Any, hidden: set[str] | None = None) -> Any:
             cur.tb_next = nxt
         cur = nxt
     return tb
+
+
+def interrupted_frames(exc: BaseException, limit: int = 200) -> tuple[list[dict[str, Any]], int]:
+    """The main thread's Python stack where ``exc`` landed, innermost first (as py-spy gives it).
+
+    The traceback's entries (from the frame that caught it down to where it was raised) below the
+    frames that enclose the catching one, without dlwatch's own wrappers.  Past ``limit`` frames the
+    innermost ``limit * 3 // 4`` and the outermost rest are kept; returns them and how many were left out.
+    """
+    hidden = _hidden_files()
+    entries: list[tuple[str, str, int | None]] = []
+    tb = exc.__traceback__
+    outer = tb.tb_frame.f_back if tb is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        entries.append((code.co_name, code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    entries.reverse()  # innermost first
+    while outer is not None:
+        code = outer.f_code
+        entries.append((code.co_name, code.co_filename, outer.f_lineno))
+        outer = outer.f_back
+    frames = [{"function": f, "filename": name, "line": line} for f, name, line in entries if name not in hidden]
+    if len(frames) <= limit:
+        return frames, 0
+    inner = limit * 3 // 4
+    return frames[:inner] + frames[len(frames) - (limit - inner) :], len(frames) - limit

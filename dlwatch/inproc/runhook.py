@@ -237,6 +237,8 @@ def _close_program() -> None:
     else:
         ended = "clean"
     try:
+        if isinstance(last, KeyboardInterrupt):
+            w.note_interrupt_in_body(last)  # a Ctrl-C in a long loop body: its stacks first
         w.close_program(ended)
     except Exception:
         pass

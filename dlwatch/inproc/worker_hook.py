@@ -95,6 +95,7 @@ class WorkerHook:
                 from dlwatch.wire import dumps
 
                 dump_path = dumps.install(os.path.join(self.run_dir, "dumps"))
+                dumps.install_interrupt(os.path.join(self.run_dir, "dumps"))  # its stacks at a Ctrl-C
             except Exception:
                 pass
             crash_output = self._crash_dump()

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from dlwatch.collect import bounds, faultdump, procfs, stacks
 from dlwatch.detect.classify import ProcessObservation, classify_stall
-from dlwatch.model import ProcSample, TrackedProcess
+from dlwatch.model import Frame, ProcSample, StackDump, ThreadStack, TrackedProcess
 from dlwatch.report.schema import Incident, ProcessEntry, Stack
 
 # The window over which a process must show a sign of life (state R in any read, run
@@ -40,6 +40,27 @@ def _raw_copy(text: bytes) -> bytes:
     )
 
 
+def with_main_frames(
+    dump: StackDump | None, pid: int, frames: Sequence[Mapping[str, Any]], omitted: int = 0
+) -> StackDump:
+    """``dump`` with its main thread's frames replaced by ``frames`` (added when the dump has none)."""
+    stack = tuple(
+        Frame(function=str(f.get("function")), filename=f.get("filename"), line=f.get("line")) for f in frames
+    )
+    cut = {"frames_omitted": omitted, "frames_omitted_after": len(stack) * 3 // 4 if omitted else None}
+    threads = tuple(dump.threads) if dump is not None else ()
+    main = next((i for i, t in enumerate(threads) if t.native_tid == pid), None)
+    if main is None:
+        main = next((i for i, t in enumerate(threads) if t.native_tid is None and t.name == "MainThread"), None)
+    if main is None:
+        threads = (ThreadStack(thread_id=None, name="MainThread", native_tid=pid, frames=stack, **cut), *threads)
+    else:
+        threads = (*threads[:main], dataclasses.replace(threads[main], frames=stack, **cut), *threads[main + 1 :])
+    if dump is None or not dump.threads:
+        return StackDump(pid=pid, source="traceback", threads=threads, error=dump.error if dump is not None else None)
+    return dataclasses.replace(dump, threads=threads)
+
+
 def investigate(
     report: Incident,
     procs: Mapping[int, TrackedProcess],
@@ -51,6 +72,8 @@ def investigate(
     read_dump: Callable[[str], bytes | None] | None = None,
     allow: Callable[[int], bool] | None = None,
     uid: int | None = None,
+    main_thread: tuple[int, Sequence[Mapping[str, Any]], int] | None = None,
+    exited: Mapping[int, tuple[ProcSample, ProcSample, StackDump | None]] | None = None,
 ) -> tuple[Incident, dict[str, bytes]]:
     """``report`` with ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
@@ -60,9 +83,16 @@ def investigate(
     and ``allow`` are for attach (see faultdump.request_dumps): dump files are then read
     through ``read_dump`` only, never emptied, and a pid is dumped only if ``allow(pid)``;
     ``uid`` is the target's: no process of another uid is signalled (default: our own).
+    ``main_thread`` (pid, frames innermost first, frames left out): the main thread's stack as the
+    process itself gave it (a Ctrl-C's traceback, see dlwatch.wire.interrupt), in place of the one
+    the dumper sees now.  ``exited`` (pid -> two reads before, the stacks at the signal): for a process
+    that is gone when the window opens (a worker that a Ctrl-C ended), the monitor's last reads
+    of it before then and the stacks it wrote as the signal arrived; it is judged on those.
     """
     notes: list[str] = []  # added to the report's, in the order found
-    live = {pid: t for pid, t in procs.items() if not t.gone and (allow is None or allow(pid))}
+    live = {
+        pid: t for pid, t in procs.items() if (not t.gone or pid in (exited or {})) and (allow is None or allow(pid))
+    }
     started = time.monotonic()
     before = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
     # threads' syscalls and schedstat at both ends: a thread waiting on a socket that woke
@@ -91,8 +121,25 @@ def investigate(
             notes.append(
                 f"pid {pid} exited during the {interval_s:g} s observation window; judged on the reads before it exited"
             )
-    io = {pid: procfs.read_io(pid) for pid, s in after.items() if not s.gone}
-    dumps = stacks.dump_stacks([pid for pid, s in after.items() if not s.gone], native=native, timeout_s=DUMP_TIMEOUT_S)
+    judged_before: dict[int, StackDump | None] = {}  # exited: judged on the monitor's reads before it
+    for pid, (last_before, last, at_signal) in (exited or {}).items():
+        now = before.get(pid)
+        if now is not None and (now.gone or now.state in ("Z", "X", "x")) and not last.gone:
+            before[pid], after[pid], between[pid] = last_before, last, []
+            io_before.pop(pid, None)
+            judged_before[pid] = at_signal
+            notes.append(
+                f"pid {pid} had exited when the window opened; judged on the monitor's last reads before the "
+                f"interrupt ({last.ts - last_before.ts:.1f} s apart)"
+                + ("" if at_signal is None else " and the stacks it wrote as SIGINT arrived")
+            )
+    io = {pid: procfs.read_io(pid) for pid, s in after.items() if not s.gone and pid not in judged_before}
+    dumps = stacks.dump_stacks(
+        [pid for pid, s in after.items() if not s.gone and pid not in judged_before],
+        native=native,
+        timeout_s=DUMP_TIMEOUT_S,
+    )
+    dumps.update({pid: d for pid, d in judged_before.items() if d is not None})
     extra: dict[str, bytes] = {}
     failed = {pid: d for pid, d in dumps.items() if d.source == "none" or not d.threads}
     if failed:
@@ -114,6 +161,13 @@ def investigate(
             notes.append(f"py-spy stacks missing for {len(failed)} process(es): {reason}")
         if any(dumps[p].source == "faulthandler" for p in failed):
             notes.append("Python stacks of those processes come from faulthandler (no native frames, no thread names)")
+    if main_thread is not None:
+        pid, frames, omitted = main_thread
+        dumps[pid] = with_main_frames(dumps.get(pid), pid, frames, omitted)
+        notes.append(
+            f"the main thread's stack of pid {pid} is where the KeyboardInterrupt landed (its traceback); "
+            "the other threads' are the stack dumper's"
+        )
     observations = [
         ProcessObservation(
             pid=pid,

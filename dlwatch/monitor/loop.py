@@ -36,6 +36,7 @@ from dlwatch.detect.base import NOTE_EVENTS, Detector, View
 from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.collect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
+from dlwatch.wire import interrupt
 from dlwatch.wire.events import EventReader
 from dlwatch.model import ProcSample, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
@@ -300,6 +301,8 @@ class Monitor:
                     self.loader["batch_bytes"] = ev["batch_bytes"]
             elif name == "advice":
                 self._keep_advice(ev)
+            elif name == "interrupt":
+                self._on_interrupt(ev)
             self._run_detectors("on_event", ev)
 
     # ------------------------------------------------------------------ `dlwatch run`: segments
@@ -698,6 +701,111 @@ class Monitor:
         self.stall_sites.add(site)
         self._write(report, extra)
 
+    def _on_interrupt(self, ev: dict[str, Any]) -> None:
+        """A Ctrl-C after a long wait (dlwatch.wire.interrupt): an incident when the wait reached
+        ``SHARE`` of its stall allowance and no stall incident covers it; then the training process's
+        wait ends (the ack), whatever happened here."""
+        try:
+            self._interrupt_incident(ev)
+        except Exception as exc:
+            self._warn_once("interrupt_failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            interrupt.answer(interrupt.ack_path(self.run_dir, int(ev["seq"])))
+
+    def _interrupt_incident(self, ev: dict[str, Any]) -> None:
+        where, waited = str(ev["where"]), float(ev["waited_s"])
+        kind = interrupt.kind(where, ev.get("first_batch") is True)
+        allowance = self.stall.allowance(kind, time.monotonic())
+        note = {
+            "ts": time.time(),
+            "event": "interrupted",
+            "state": where,
+            "waited_s": round(waited, 3),
+            "allowance_s": allowance,
+        }
+        if self.stall.stalled:  # one hang, one incident: the stall's is written
+            self._note({**note, "incident": "the stall's"})
+            return
+        if waited < interrupt.SHARE * allowance:
+            self._note({**note, "incident": None})
+            return
+        self._note({**note, "incident": "interrupt"})
+        self.stall.hold()  # the incident covers this wait: no stall incident for it afterwards
+        self._discover()
+        report = self._report("interrupt", findings=False)
+        report = report.replace(
+            progress={
+                **(report.progress or {}),
+                "interrupted_after_s": round(waited, 3),
+                "interrupted_in": where,
+                "stall_timeout_s": allowance,
+                "stall_allowance": "body" if kind == "body" else "data",
+            }
+        )
+        extra: dict[str, bytes] = {}
+        frames = ev.get("frames") or []
+        try:
+            from dlwatch.monitor import forensics
+
+            report, extra = forensics.investigate(
+                report,
+                self.procs,
+                main_waiting_for_data=where == interrupt.WAITING,
+                expected_workers=self._expected_workers(),
+                main_thread=(self.main_pid, frames, int(ev.get("frames_omitted") or 0)) if frames else None,
+                exited=self._before_interrupt(ev),
+            )
+        except ImportError:
+            report = report.with_notes("stack forensics unavailable in this build")
+        except Exception as exc:
+            report = report.with_notes(f"stack forensics failed: {type(exc).__name__}: {exc}")
+        report = self._interrupt_verdict(report, where, waited, frames)
+        self._write(self._add_findings(report.replace(events=list(self.notable))), extra)
+
+    def _before_interrupt(self, ev: dict[str, Any]) -> dict[int, tuple[ProcSample, ProcSample, Any]]:
+        """Each process but the main: its last two reads before the Ctrl-C (at least a second apart
+        where the history allows) and the stacks it wrote as SIGINT reached it, for the ones that
+        the interrupt ended (a terminal signals the whole process group; torch's workers exit)."""
+        from dlwatch.collect.faultdump import read_interrupt
+        from dlwatch.monitor.forensics import SECOND_READ_AFTER_S
+        from dlwatch.wire.dumps import interrupt_path
+
+        cut = float(ev.get("ts") or time.time()) - 0.02  # reads after the signal may show the exit itself
+        out: dict[int, tuple[ProcSample, ProcSample, Any]] = {}
+        for pid, t in self.procs.items():
+            if pid == self.main_pid:
+                continue
+            seen = [s for s in t.history if not s.gone and s.ts <= cut]
+            if len(seen) < 2:
+                continue
+            last = seen[-1]
+            first = next((s for s in reversed(seen[:-1]) if last.ts - s.ts >= SECOND_READ_AFTER_S), seen[0])
+            out[pid] = (first, last, read_interrupt(interrupt_path(os.path.join(self.run_dir, "dumps"), pid), pid))
+        return out
+
+    def _interrupt_verdict(self, report: Incident, where: str, waited: float, frames: list[dict[str, Any]]) -> Incident:
+        """What the main process did is in its traceback, not in /proc: it waits for this report now."""
+        at = interrupt_site(frames)
+        workers = [p for p in report.processes or () if p.role == "worker" and p.status not in (None, "gone")]
+        if where == interrupt.BODY:
+            states = ", ".join(sorted({str(p.status) for p in workers}))
+            return report.replace(
+                classification="main-blocked",
+                classification_reason=(
+                    f"the loop body ran {waited:.0f} s without asking for a batch when Ctrl-C stopped it{at}"
+                    + (f"; workers: {states}" if workers else "; no live workers")
+                ),
+            )
+        if not workers and not self._expected_workers():
+            return report.replace(
+                classification=None,
+                classification_reason=(
+                    f"no workers: the main process had loaded data itself for {waited:.0f} s when Ctrl-C "
+                    f"stopped it{at}; that wait ended with the interrupt, its state cannot be observed"
+                ),
+            )
+        return report
+
     def _add_findings(self, report: Incident) -> Incident:
         return build.add_findings(report, self.playbook_dirs, playbooks=self.playbooks, ignore=self.ignore)
 
@@ -942,6 +1050,29 @@ class Monitor:
             self._drop_files(t)
         if self.gpu is not None:
             self.gpu.close()
+
+
+def _library(filename: str) -> bool:
+    return (
+        filename.startswith("<")
+        or any(part in filename for part in ("/site-packages/", "/dist-packages/"))
+        or ("/lib/python3" in filename and "/site-packages/" not in filename)
+    )
+
+
+def interrupt_site(frames: list[dict[str, Any]]) -> str:
+    """Where a Ctrl-C landed, for a reason line: the program's innermost frame and, when the
+    interrupt landed deeper (in torch or the standard library), that frame too."""
+    if not frames:
+        return ""
+
+    def at(f: dict[str, Any]) -> str:
+        return f"{os.path.basename(str(f.get('filename') or '?'))}:{f.get('line') or '?'} in {f.get('function')}()"
+
+    own = next((f for f in frames if not _library(str(f.get("filename") or ""))), None)
+    if own is None or own is frames[0]:
+        return f", at {at(own or frames[0])}"
+    return f", at {at(own)} (inside {at(frames[0])})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,13 @@ def _summary_line(r: Incident) -> str:
     if trig == "stall":
         prog = r.progress or {}
         return f"no batch progress for {prog.get('stall_s', 0):.0f} s ({r.classification or 'unclassified'}){top}"
+    if trig == "interrupt":
+        prog = r.progress or {}
+        where = "in the loop body" if prog.get("interrupted_in") == "in_loop_body" else "waiting for a batch"
+        return (
+            f"stopped with Ctrl-C after {prog.get('interrupted_after_s', 0):.0f} s {where} "
+            f"({r.classification or 'unclassified'}){top}"
+        )
     if trig == "attach":
         return f"attached to pid {r.pid}: {r.classification or 'unclassified'}{top}"
     if trig == "exit":
@@ -167,7 +174,7 @@ def write_report(
 ) -> tuple[dict[str, Any], str]:
     """Write ``incident`` (see :func:`write`); return the JSON object as written (before redaction,
     which the store applies) and the incident's path."""
-    if not incident.summary or incident.trigger in ("exception", "stall", "attach"):
+    if not incident.summary or incident.trigger in ("exception", "stall", "attach", "interrupt"):
         incident = incident.replace(summary=summary_line(incident))
     report = incident.to_dict()
     from dlwatch.report.trim import bound_report

@@ -235,7 +235,7 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
     missing = [r for r in range(world) if r not in seen_ranks] if isinstance(world, int) and world < 100_000 else []
     timeline: list[dict[str, Any]] = []
     for e in incidents:
-        if e["stalled_at"] is not None and e["trigger"] in ("stall", "attach"):
+        if e["stalled_at"] is not None and e["trigger"] in ("stall", "attach", "interrupt"):
             timeline.append(
                 {
                     "ts": e["stalled_at"],

@@ -58,7 +58,7 @@ from dlwatch.wire.reportdir import (  # noqa: F401  (part of the store's interfa
 )
 
 SCHEMA_VERSION = 1
-TRIGGERS = ("exception", "stall", "threshold", "exit", "attach")
+TRIGGERS = ("exception", "stall", "threshold", "exit", "attach", "interrupt")
 SUMMARIES_DIR = "runs"  # <report_dir>/runs/<run-id>/summary.json: run summaries, never listed as incidents
 TMP_PREFIX = ".tmp-"
 REQUIRED_KEYS = ("schema_version", "id", "created_at", "trigger", "pid")

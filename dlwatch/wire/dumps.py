@@ -159,3 +159,49 @@ def install_crash(dump_dir: str) -> str | None:
         return path
     except Exception:
         return None
+
+
+INTERRUPT_SUFFIX = ".int.txt"
+
+# (pid, fd) of the interrupt file this process registered
+_interrupt: tuple[int, int] | None = None
+
+
+def interrupt_path(dump_dir: str, pid: int) -> str:
+    return os.path.join(dump_dir, f"{int(pid)}{INTERRUPT_SUFFIX}")
+
+
+def install_interrupt(dump_dir: str) -> str | None:
+    """In a DataLoader worker: every thread's Python stack into a private file when SIGINT arrives.
+
+    A terminal's Ctrl-C reaches the whole process group: torch's workers end on the
+    KeyboardInterrupt at once, and the monitor, told of the Ctrl-C by the training process
+    (dlwatch.wire.interrupt), finds them gone.  faulthandler's handler writes the stacks from
+    the signal itself and then chains to Python's own (``chain=True``): the KeyboardInterrupt
+    is raised where it was raised before, and ``signal.getsignal(SIGINT)`` still answers
+    ``default_int_handler``.  Only where SIGINT has Python's default handler (a worker that
+    ignores it, or has its own, keeps it as it is).  Never raises.
+    """
+    global _interrupt
+    try:
+        import faulthandler
+
+        pid = os.getpid()
+        if _interrupt is not None and _interrupt[0] == pid:
+            return None
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None
+        _dump_dir(dump_dir)
+        from dlwatch._fs import open_private
+
+        path = interrupt_path(dump_dir, pid)
+        fd = open_private(path)
+        try:
+            faulthandler.register(signal.SIGINT, file=fd, all_threads=True, chain=True)
+        except Exception:
+            os.close(fd)
+            return None
+        _interrupt = (pid, fd)
+        return path
+    except Exception:
+        return None

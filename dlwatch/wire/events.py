@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from dlwatch._fs import json_line, open_private
+from dlwatch.wire import interrupt
 
 
 def emit(path: str, event: str, **fields: Any) -> bool:
@@ -132,6 +133,8 @@ def normalize(record: Any, schemas: Schemas | None = None) -> dict[str, Any] | N
     elif name == "batch_bytes":
         if _int(ev.get("batch_bytes")) is None:
             return None
+    elif name == "interrupt":
+        return interrupt.normalize(ev)
     elif schemas is not None and name in schemas:
         return schemas[name](ev)
     return ev
