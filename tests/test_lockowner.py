@@ -161,3 +161,37 @@ def test_source_is_read_only_as_a_regular_file_of_the_user(tmp_path):
     assert read_source(str(other), uid=12345) == DATASET
     assert read_source(str(other), uid=23456) is None  # not the target's and not root's: not read
     assert read_source("relative.py") is None
+
+
+def test_the_fork_record_keeps_no_frame_of_its_callers_alive():
+    """The snapshot must leave no reference cycle through the frames above it: those frames hold the
+    iterator being built, and a worker forked before the collector ran would inherit that garbage and
+    run torch's ``__del__`` on it ("can only test a child process", seen under `dlwatch run`)."""
+    import gc
+    import threading
+    import weakref
+
+    from dlwatch.inproc import forkthreads
+
+    class Payload:
+        pass
+
+    def caller() -> "weakref.ref[Payload]":
+        payload = Payload()  # stands for the iterator in the frames above the snapshot
+        ref = weakref.ref(payload)
+        forkthreads.snapshot()
+        return ref
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="other", daemon=True)  # a second thread to walk
+    other.start()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert caller()() is None  # freed as caller returned: by its reference count, not the collector
+    finally:
+        if was:
+            gc.enable()
+        stop.set()
+        other.join(5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -156,8 +157,10 @@ def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
         report = load(found[0])
         assert report["trigger"] == "stall"
         assert report["classification"] == "deadlock"
-        # no fork record under dlwatch run yet (see inproc/agent.py _arm_fork_record): the stacks' verdict
-        assert report["findings"][0]["playbook"] == "worker-deadlock"
+        # the fork record works under dlwatch run too: the thread inside the lock at fork is named
+        assert report["findings"][0]["playbook"] == "lock-held-at-fork", [f["playbook"] for f in report["findings"]]
+        assert "hold_lock" in json.dumps(report["findings"][0]["evidence"]), report["findings"][0]["evidence"]
+        assert "worker-deadlock" in [f["playbook"] for f in report["findings"]]
         assert report["pid"] == proc.pid  # dlwatch run became the program: same pid
         assert report["config"]["program_run"]
         assert sum(1 for p in report["processes"] if p["role"] == "worker") == 2

@@ -1158,10 +1158,6 @@ class Watch:
         loader = self._loader
         if loader is None or not _is_dataloader(loader) or not loader.num_workers or not self._events_path:
             return
-        if self._parent is not None:
-            # not under `dlwatch run` yet: there the record made torch's iterators print "can only test
-            # a child process" from forked workers (the differential suite's fork group); cause open
-            return
         if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
             return  # the workers are already running: nothing forks now
         if _start_method(loader) == "fork":

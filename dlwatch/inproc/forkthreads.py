@@ -86,7 +86,15 @@ def snapshot(skip_ident: int | None = None) -> list[dict[str, Any]]:
     skip = {ident for ident, t in threads.items() if _machinery(t)}
     names = {ident: t.name for ident, t in threads.items()}
     out = []
-    for ident, frame in sys._current_frames().items():
+    current = sys._current_frames()
+    # this thread's own frame (this function's, made into an object by the call) must not stay in a
+    # local: the frame would then reference itself when it returns, and keep every frame above it
+    # (with the iterator being built) alive in a cycle until the garbage collector runs; a worker
+    # forked meanwhile inherits that garbage and its collector runs torch's __del__ there
+    # ("can only test a child process")
+    current.pop(threading.get_ident(), None)
+    for ident in list(current):
+        frame = current.pop(ident)
         if ident == me or ident in skip or len(out) >= MAX_THREADS:
             continue
         frames = _frames(frame)
@@ -98,14 +106,13 @@ def snapshot(skip_ident: int | None = None) -> list[dict[str, Any]]:
         out.append(
             {"name": names.get(ident, f"thread-{ident}"), "ident": ident, "frames": frames, "idle": _idle(frames)}
         )
+    frame = None  # no frame object outlives this call through its locals
     return out
 
 
 def _before_fork() -> None:
-    # nothing is read inside fork: walking other threads' frames there (materialising their frame
-    # objects as the child is copied) made torch's iterators die in forked workers ("can only test a
-    # child process", the differential suite's fork group); the record taken at arm() stands for
-    # every fork of the iterator being built
+    # nothing is read inside fork: the record taken at arm() stands for every fork of the iterator
+    # being built (a walk of the threads inside fork would run Python in the middle of it)
     if not _armed or os.getpid() != _pid or len(_forks) >= MAX_FORKS or _current is None:
         return
     _forks.append(_current)
