@@ -25,9 +25,9 @@ after them, while the dump file is read, is never signalled.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import re
+import stat
 import time
 from typing import Callable, Mapping
 
@@ -318,27 +318,31 @@ CRASH_SIGNALS = {
 }
 
 
+def _read_regular(path: str, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of ``path`` if it is a regular file (no symlink followed, no FIFO
+    opened blocking), else None: a worker's crash and interrupt files are the worker's writing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_crash(path: str, *, limit: int = 1 << 20) -> dict[str, object] | None:
     """The stack a crashed process left in its crash file, or None when it wrote nothing.
 
     Reads only a regular file (no symlink followed), at most ``limit`` bytes.  Returns
     ``{"signal": "SIGSEGV", "fatal_error": "Segmentation fault", "stack": StackDump dict}``.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        import stat as _stat
-
-        if not _stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if not data.strip():
+    data = _read_regular(path, limit)
+    if data is None or not data.strip():
         return None
     text = data.decode("utf-8", errors="replace")
     m = _FATAL.search(text)
@@ -358,20 +362,9 @@ def read_interrupt(path: str, pid: int, *, limit: int = 1 << 20) -> StackDump | 
 
     Regular files only (no symlink followed), at most ``limit`` bytes.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+    data = _read_regular(path, limit)
+    if data is None:
         return None
-    try:
-        import stat as _stat
-
-        if not _stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     text = data.decode("utf-8", errors="replace")
     threads = parse_faulthandler(text)
     if not threads:

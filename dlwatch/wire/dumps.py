@@ -163,8 +163,8 @@ def install_crash(dump_dir: str) -> str | None:
 
 INTERRUPT_SUFFIX = ".int.txt"
 
-# (pid, fd) of the interrupt file this process registered
-_interrupt: tuple[int, int] | None = None
+# (pid, fd, path) of the interrupt file this process registered
+_interrupt: tuple[int, int, str] | None = None
 
 
 def interrupt_path(dump_dir: str, pid: int) -> str:
@@ -188,7 +188,7 @@ def install_interrupt(dump_dir: str) -> str | None:
 
         pid = os.getpid()
         if _interrupt is not None and _interrupt[0] == pid:
-            return None
+            return _interrupt[2]
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return None
         _dump_dir(dump_dir)
@@ -201,7 +201,12 @@ def install_interrupt(dump_dir: str) -> str | None:
         except Exception:
             os.close(fd)
             return None
-        _interrupt = (pid, fd)
+        inherited, _interrupt = _interrupt, (pid, fd, path)
+        if inherited is not None:  # a forked child of a process that had its own interrupt file
+            try:
+                os.close(inherited[1])
+            except OSError:
+                pass
         return path
     except Exception:
         return None
