@@ -703,15 +703,35 @@ def test_files_are_created_exclusively_and_never_through_links(shared, tmp_path,
         _fs.create_private(str(link))
     with pytest.raises(OSError):
         _fs.open_private(str(link))  # appenders never follow a link either
+    with pytest.raises(OSError):
+        _fs.append_new_or_private(str(link))  # nor does a worker making its dump file
     os.link(victim_file, d / "hard")  # a hard link to another file: nlink 2
     with pytest.raises(OSError):
         _fs.open_private(str(d / "hard"))
+    with pytest.raises(OSError):
+        _fs.append_new_or_private(str(d / "hard"))
     other = d / "other"
     other.write_text("")
     os.chown(other, NOBODY, NOBODY)
     with pytest.raises(OSError):
         _fs.open_private(str(other))
+    with pytest.raises(OSError):
+        _fs.append_new_or_private(str(other))
+    # an events file checked once is opened plainly after: a link swapped in is still refused
+    from dlwatch.wire import events
+
+    ev = d / "ev.jsonl"
+    assert events.emit(str(ev), "one")
+    os.unlink(ev)
+    ev.symlink_to(victim_file)
+    assert not events.emit(str(ev), "two")
     assert state(os.path.dirname(victim_file)) == before
+    old = os.umask(0o377)  # a new dump file is 0600 whatever the umask: the monitor must read it
+    try:
+        os.close(_fs.append_new_or_private(str(d / "new.txt")))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(d / "new.txt").st_mode) == 0o600
     # a failed fchmod is an error, and the fd is not leaked
     monkeypatch.setattr(os, "fchmod", lambda fd, mode: (_ for _ in ()).throw(PermissionError(1, "denied")))
     old = os.umask(0o277)

@@ -28,6 +28,11 @@ import traceback
 import weakref
 from typing import Any, Iterable, Iterator
 
+try:  # the C half of `signal`: the same handlers without the enum round trip (held around every checked batch)
+    import _signal as _sig
+except ImportError:  # pragma: no cover - CPython always has it
+    _sig = signal  # type: ignore[no-redef]
+
 from dlwatch.wire import config, events, interrupt
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.wire.job import rank_info
@@ -286,6 +291,18 @@ class _HeldSigchld:
         self.seen = True
 
 
+_SIGCHLD = int(getattr(signal, "SIGCHLD", 0))
+# loader_iter_end's fields after its loader (events.LineFormat: a template, the iteration's figures its slots)
+_ITER_END_FIELDS = (
+    ("batches", events.INT),
+    ("data_wait_s", events.FLOAT),
+    ("first_batch_s", events.FLOAT),
+    ("active_s", events.FLOAT),
+    ("wall_s", events.FLOAT),
+    ("worker_pids", events.INTS),
+)
+
+
 def _hold_sigchld() -> _HeldSigchld | None:
     """Set a Python-level SIGCHLD handler (torch's) aside; None where there is none or not in the main thread.
 
@@ -295,11 +312,11 @@ def _hold_sigchld() -> _HeldSigchld | None:
     try:
         if threading.current_thread() is not threading.main_thread():
             return None
-        current = signal.getsignal(signal.SIGCHLD)
+        current = _sig.getsignal(_SIGCHLD)
         if not callable(current):
             return None
         held = _HeldSigchld(current)
-        signal.signal(signal.SIGCHLD, held._note)
+        _sig.signal(_SIGCHLD, held._note)
         return held
     except (AttributeError, OSError, ValueError):
         return None
@@ -310,7 +327,7 @@ def _release_sigchld(held: _HeldSigchld | None) -> None:
     if held is None:
         return
     try:
-        signal.signal(signal.SIGCHLD, held.handler)
+        _sig.signal(_SIGCHLD, held.handler)
     except (OSError, ValueError, TypeError):
         return
     if held.seen:
@@ -804,11 +821,10 @@ class Watch:
             self._segments = [s for s in self._segments if s is not seg]
             row, seg._row = seg._row or {}, None
             if self._events_path and self._active:
-                events.emit(
+                fields = (("iteration", events.INT), ("loader", seg._loader_key), *_ITER_END_FIELDS)
+                events.line_format("loader_iter_end", fields).emit(
                     self._events_path,
-                    "loader_iter_end",
                     iteration=seg._iteration,
-                    loader=seg._loader_key,
                     batches=row.get("batches", 0),
                     data_wait_s=round(row.get("data_wait_s", 0.0), 6),
                     first_batch_s=round(row.get("first_batch_s", 0.0), 6),
@@ -1300,8 +1316,13 @@ class Watch:
         if pids and pids != self._worker_pids and self._events_path:
             self._worker_pids = pids
             self._generations += 1
-            seg = {"iteration": self._iteration, "loader": self._loader_key} if self._parent is not None else {}
-            events.emit(self._events_path, "loader_workers", pids=list(pids), **seg)
+            if self._parent is not None:
+                fields = (("pids", events.INTS), ("iteration", events.INT), ("loader", self._loader_key))
+            else:
+                fields = (("pids", events.INTS),)
+            events.line_format("loader_workers", fields).emit(
+                self._events_path, pids=list(pids), iteration=self._iteration
+            )
             if any(forks):  # the other threads at each worker's fork, in fork order (worker i: the i-th)
                 events.emit(self._events_path, "fork_threads", pids=list(pids), forks=forks)
 

@@ -10,13 +10,18 @@ after a native crash.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C half: no enum round trip, in each worker
+import faulthandler
 import os
 import signal
+
+from dlwatch._fs import append_new_or_private
 
 # SIGUSR1/2 are often taken by users and schedulers (SLURM, torchelastic); glibc
 # reserves the first two real-time signals for itself (SIGRTMIN already skips
 # them).  +6 is an arbitrary fixed slot, the same in every process of a run.
 DUMP_SIGNAL: int = int(signal.SIGRTMIN) + 6
+_SIGINT = int(signal.SIGINT)
 
 # (pid that registered, fd, path).  A forked child inherits this, the
 # registration and the fd; install() notices the pid changed and re-registers.
@@ -41,16 +46,27 @@ def is_handler_installed(pid: int) -> bool:
     return mask is not None and bool(mask & (1 << (DUMP_SIGNAL - 1)))
 
 
+# dump directories this process (or the parent it was forked from) made or found: a worker's three
+# files then cost no mkdir each (a failed mkdir raises, and in a process that has just forked every
+# page the exception touches is a copy-on-write fault)
+_dirs: set[str] = set()
+
+
 def _dump_dir(dump_dir: str) -> None:
     """The run's dump directory, made only as a child of a run directory that exists.
 
     Never its parents: a worker that starts (or a forkserver worker that installs) after the
     watch removed its run directory must not bring a ``.runs/<id>`` back, with the umask's mode.
+    A directory seen before is not made again: should it be gone, the file's open fails as the
+    mkdir would have (its parent gone) and the install answers None.
     """
+    if dump_dir in _dirs:
+        return
     try:
         os.mkdir(dump_dir, 0o700)
     except FileExistsError:
         pass
+    _dirs.add(dump_dir)
 
 
 def install(dump_dir: str) -> str | None:
@@ -64,8 +80,6 @@ def install(dump_dir: str) -> str | None:
     """
     global _installed
     try:
-        import faulthandler
-
         pid = os.getpid()
         path = os.path.join(dump_dir, f"{pid}.txt")
         if _installed is not None and _installed[0] == pid and _installed[2] == path:
@@ -79,9 +93,7 @@ def install(dump_dir: str) -> str | None:
         # O_APPEND: the monitor truncates this file before each request; every
         # write then lands at the new end, not at a stale offset past it (which
         # would leave a hole of NUL bytes in front of the dump).
-        from dlwatch._fs import open_private
-
-        fd = open_private(path)  # O_APPEND, 0600; never through a link, never another user's file
+        fd = append_new_or_private(path)  # O_APPEND, 0600; never through a link, never another user's file
         try:
             faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
         except Exception:
@@ -135,8 +147,6 @@ def install_crash(dump_dir: str) -> str | None:
     """
     global _crash
     try:
-        import faulthandler
-
         pid = os.getpid()
         if _crash is not None and _crash[0] == pid:
             return _crash[2]
@@ -184,18 +194,14 @@ def install_interrupt(dump_dir: str) -> str | None:
     """
     global _interrupt
     try:
-        import faulthandler
-
         pid = os.getpid()
         if _interrupt is not None and _interrupt[0] == pid:
             return _interrupt[2]
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        if _signal.getsignal(_SIGINT) is not signal.default_int_handler:
             return None
         _dump_dir(dump_dir)
-        from dlwatch._fs import open_private
-
         path = interrupt_path(dump_dir, pid)
-        fd = open_private(path)
+        fd = append_new_or_private(path)
         try:
             faulthandler.register(signal.SIGINT, file=fd, all_threads=True, chain=True)
         except Exception:
