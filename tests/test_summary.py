@@ -148,6 +148,30 @@ def test_fork_with_threads_leaves_dlwatchs_own_threads_out(tmp_path, no_leftover
         user.join(5)
 
 
+def test_fork_with_threads_leaves_out_a_thread_whose_run_returned():
+    """A previous iterator's queue feeder can be exiting (its run() returned, the thread not yet gone)
+    as the next iterator forks: its function is unknown by then, and it is not the program's thread.
+    The moment is too short to hit on purpose; the thread's state at that moment is made here."""
+    from dlwatch.inproc.preflight import _other_threads
+
+    stop = threading.Event()
+    feeder = threading.Thread(target=stop.wait, name="QueueFeederThread", daemon=True)
+    user = threading.Thread(target=stop.wait, name="program-thread", daemon=True)
+    feeder.start()
+    user.start()
+    try:
+        assert {"QueueFeederThread", "program-thread"} <= {t["name"] for t in _other_threads()}
+        saved = feeder._target, feeder._args, feeder._kwargs
+        del feeder._target, feeder._args, feeder._kwargs  # what Thread.run does as it returns
+        named = {t["name"] for t in _other_threads()}
+        assert "program-thread" in named and "QueueFeederThread" not in named, named
+        feeder._target, feeder._args, feeder._kwargs = saved  # for its own run() to delete as it returns
+    finally:
+        stop.set()
+        feeder.join(5)
+        user.join(5)
+
+
 def test_fork_with_threads_names_the_thread(tmp_path, no_leftovers):
     stop = threading.Event()
 

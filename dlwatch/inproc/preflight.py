@@ -57,12 +57,21 @@ _FORK_SAFE_TARGETS = (
 )
 
 
+def _run_returned(t: threading.Thread) -> bool:
+    """A thread whose ``run()`` has returned and that is only finishing its exit.
+
+    ``Thread.run`` deletes ``_target`` when it returns; the thread stays in ``enumerate()`` a moment
+    longer.  Its function is then unknown (a previous iterator's queue feeder, exiting as the next
+    iterator forks, was named as a user's thread), and it holds nothing of the program's any more."""
+    return type(t).run is threading.Thread.run and not hasattr(t, "_target")
+
+
 def _other_threads() -> list[dict[str, Any]]:
     me = threading.current_thread()
     main = threading.main_thread()
     out = []
     for t in threading.enumerate():
-        if t is me or t is main or not t.is_alive():
+        if t is me or t is main or not t.is_alive() or _run_returned(t):
             continue
         info = thread_info(t)
         if info["runs"] and info["runs"].startswith(_FORK_SAFE_TARGETS):
