@@ -61,6 +61,9 @@ def with_main_frames(
     return dataclasses.replace(dump, threads=threads)
 
 
+_EXITED = ("Z", "X", "x")  # /proc states of a process that has ended (a zombie waits for its parent)
+
+
 def investigate(
     report: Incident,
     procs: Mapping[int, TrackedProcess],
@@ -111,6 +114,7 @@ def investigate(
     if remaining > 0:
         time.sleep(remaining)
     after = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
+    ended = {pid for pid, sample in after.items() if sample.gone or sample.state in _EXITED}
     for pid, sample in after.items():
         seen = [r for r in between[pid] if not r.gone]
         if sample.gone and not before[pid].gone and seen:
@@ -124,12 +128,18 @@ def investigate(
     judged_before: dict[int, StackDump | None] = {}  # exited: judged on the monitor's reads before it
     for pid, (last_before, last, at_signal) in (exited or {}).items():
         now = before.get(pid)
-        if now is not None and (now.gone or now.state in ("Z", "X", "x")) and not last.gone:
+        if now is None or last.gone:
+            continue
+        # gone when the window opened, or (still on its way out of the KeyboardInterrupt then) by its end:
+        # either way the signal ended it, and what it did before is in the monitor's earlier reads
+        if now.gone or now.state in _EXITED or pid in ended:
+            when = "when the window opened" if now.gone or now.state in _EXITED else "by the end of the window"
             before[pid], after[pid], between[pid] = last_before, last, []
             io_before.pop(pid, None)
             judged_before[pid] = at_signal
+            notes = [n for n in notes if not n.startswith(f"pid {pid} exited during the")]
             notes.append(
-                f"pid {pid} had exited when the window opened; judged on the monitor's last reads before the "
+                f"pid {pid} had exited {when}; judged on the monitor's last reads before the "
                 f"interrupt ({last.ts - last_before.ts:.1f} s apart)"
                 + ("" if at_signal is None else " and the stacks it wrote as SIGINT arrived")
             )
