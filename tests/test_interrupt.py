@@ -278,3 +278,48 @@ def test_interrupt_site_names_the_programs_line():
     assert interrupt_site(frames) == ", at train.py:41 in train() (inside selectors.py:415 in select())"
     assert interrupt_site(frames[2:]) == ", at train.py:41 in train()"
     assert interrupt_site([]) == ""
+
+
+def test_a_worker_that_the_interrupt_ends_during_the_window_is_judged_on_its_sigint_stacks():
+    """A worker still leaving its KeyboardInterrupt when the forensic window opens, a zombie by its
+    end: py-spy can only say "has exited", so the stacks it wrote as SIGINT arrived are its stacks,
+    and the monitor's reads before the interrupt are what it is judged on (a real child, killed
+    0.3 s into the 1 s window and left unreaped, as torch's worker is until the loader joins it)."""
+    import threading
+
+    from dlwatch.collect import procfs
+    from dlwatch.model import Frame, StackDump, ThreadStack, TrackedProcess
+    from dlwatch.monitor import forensics
+    from dlwatch.report.schema import Incident, ProcessEntry
+
+    assert forensics.SECOND_READ_AFTER_S >= 0.8  # the kill below lands inside the window
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    timer = threading.Timer(0.3, child.kill)
+    try:
+        first = procfs.read_proc(child.pid)
+        time.sleep(0.2)
+        last = procfs.read_proc(child.pid)
+        assert not last.gone and last.state not in ("Z", "X")
+        frames = (Frame("__getitem__", "interrupt.py", 12), Frame("fetch", "fetch.py", 52))
+        at_signal = StackDump(
+            pid=child.pid, source="faulthandler-sigint", threads=(ThreadStack(1, "MainThread", frames=frames),)
+        )
+        report = Incident(trigger="interrupt", processes=[ProcessEntry(pid=child.pid, role="worker", worker_id=0)])
+        timer.start()
+        out, _ = forensics.investigate(
+            report,
+            {child.pid: TrackedProcess(child.pid, "worker", 0)},
+            main_waiting_for_data=True,
+            expected_workers=1,
+            native=False,
+            exited={child.pid: (first, last, at_signal)},
+        )
+        assert child.poll() is not None  # precondition: the kill came (reaped just now by poll)
+        (entry,) = out.processes
+        stack = entry.stack if isinstance(entry.stack, dict) else entry.stack.to_dict()
+        assert stack["source"] == "faulthandler-sigint", (stack, out.notes)
+        assert any(f"pid {child.pid} had exited" in n for n in out.notes), out.notes
+    finally:
+        timer.cancel()
+        child.kill()
+        child.wait(10)
