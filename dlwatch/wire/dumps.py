@@ -14,6 +14,7 @@ import _signal  # type: ignore[import-not-found]  # signal's C half: no enum rou
 import faulthandler
 import os
 import signal
+from typing import Callable
 
 from dlwatch._fs import append_new_or_private
 
@@ -69,6 +70,25 @@ def _dump_dir(dump_dir: str) -> None:
     _dirs.add(dump_dir)
 
 
+def _point_at(fd: int, register: Callable[[int], object], inherited: tuple[int, int, str] | None) -> bool:
+    """Point a faulthandler handler at ``fd`` (``register(fd)``): False, with ``fd`` closed, when it fails.
+
+    Once it points there, the file it pointed at before (the copy a forked child inherited from its
+    parent, or a previous run directory's) is no longer referenced and is closed here; the parent
+    keeps its own copy."""
+    try:
+        register(fd)
+    except Exception:
+        os.close(fd)
+        return False
+    if inherited is not None and inherited[1] != fd:
+        try:
+            os.close(inherited[1])
+        except OSError:
+            pass
+    return True
+
+
 def install(dump_dir: str) -> str | None:
     """Register faulthandler on DUMP_SIGNAL, writing to ``<dump_dir>/<pid>.txt``.
 
@@ -94,19 +114,11 @@ def install(dump_dir: str) -> str | None:
         # write then lands at the new end, not at a stale offset past it (which
         # would leave a hole of NUL bytes in front of the dump).
         fd = append_new_or_private(path)  # O_APPEND, 0600; never through a link, never another user's file
-        try:
-            faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
-        except Exception:
-            os.close(fd)
+        if not _point_at(
+            fd, lambda f: faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True, chain=False), inherited
+        ):
             return None
         _installed = (pid, fd, path)
-        if inherited is not None and inherited[1] != fd:
-            try:
-                # The fd inherited from the parent (or a previous directory): no
-                # longer referenced by the handler; the parent keeps its own copy.
-                os.close(inherited[1])
-            except OSError:
-                pass
         return path
     except Exception:
         return None
@@ -155,17 +167,9 @@ def install_crash(dump_dir: str) -> str | None:
         _dump_dir(dump_dir)
         path = crash_path(dump_dir, pid)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            faulthandler.enable(file=fd, all_threads=True)
-        except Exception:
-            os.close(fd)
+        if not _point_at(fd, lambda f: faulthandler.enable(file=f, all_threads=True), _crash):
             return None
-        inherited, _crash = _crash, (pid, fd, path)
-        if inherited is not None:  # a forked child of a process that had its own crash file
-            try:
-                os.close(inherited[1])
-            except OSError:
-                pass
+        _crash = (pid, fd, path)
         return path
     except Exception:
         return None
@@ -202,17 +206,11 @@ def install_interrupt(dump_dir: str) -> str | None:
         _dump_dir(dump_dir)
         path = interrupt_path(dump_dir, pid)
         fd = append_new_or_private(path)
-        try:
-            faulthandler.register(signal.SIGINT, file=fd, all_threads=True, chain=True)
-        except Exception:
-            os.close(fd)
+        if not _point_at(
+            fd, lambda f: faulthandler.register(_SIGINT, file=f, all_threads=True, chain=True), _interrupt
+        ):
             return None
-        inherited, _interrupt = _interrupt, (pid, fd, path)
-        if inherited is not None:  # a forked child of a process that had its own interrupt file
-            try:
-                os.close(inherited[1])
-            except OSError:
-                pass
+        _interrupt = (pid, fd, path)
         return path
     except Exception:
         return None
