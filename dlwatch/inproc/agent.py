@@ -28,10 +28,7 @@ import traceback
 import weakref
 from typing import Any, Iterable, Iterator
 
-try:  # the C half of `signal`: the same handlers without the enum round trip (held around every checked batch)
-    import _signal as _sig
-except ImportError:  # pragma: no cover - CPython always has it
-    _sig = signal  # type: ignore[no-redef]
+import _signal as _sig  # signal's C half: the same handlers without the enum round trip (every checked batch)
 
 from dlwatch.wire import config, events, interrupt
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json

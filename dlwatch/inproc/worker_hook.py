@@ -221,12 +221,9 @@ def _registered_template(start_method: str | None, dump_dir: str) -> _Registered
 
 def _make_template(start_method: str | None, dump_dir: str) -> _RegisteredLine | None:
     try:
-        from dlwatch._fs import dumps as json_text, json_line
-        from dlwatch.redact import outbound
+        from dlwatch._fs import json_line
 
-        def enc(value: Any) -> bytes:
-            return json_text(outbound(value)).encode("utf-8", "surrogateescape")
-
+        enc = events.encoded
         path = enc(os.path.join(dump_dir, "1.txt"))
         if not path.endswith(b'1.txt"'):
             return None

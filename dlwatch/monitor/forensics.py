@@ -114,8 +114,24 @@ def investigate(
     if remaining > 0:
         time.sleep(remaining)
     after = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
-    ended = {pid for pid, sample in after.items() if sample.gone or sample.state in _EXITED}
-    for pid, sample in after.items():
+    judged_before: dict[int, StackDump | None] = {}  # exited: judged on the monitor's reads before it
+    for pid, (last_before, last, at_signal) in (exited or {}).items():
+        now, end = before.get(pid), after.get(pid)
+        if now is None or end is None or last.gone:
+            continue
+        # gone when the window opened, or (still on its way out of the KeyboardInterrupt then) by its end:
+        # either way the signal ended it, and what it did before is in the monitor's earlier reads
+        gone_at_open = now.gone or now.state in _EXITED
+        if gone_at_open or end.gone or end.state in _EXITED:
+            before[pid], after[pid], between[pid] = last_before, last, []
+            io_before.pop(pid, None)
+            judged_before[pid] = at_signal
+            notes.append(
+                f"pid {pid} had exited {'when the window opened' if gone_at_open else 'by the end of the window'}; "
+                f"judged on the monitor's last reads before the interrupt ({last.ts - last_before.ts:.1f} s apart)"
+                + ("" if at_signal is None else " and the stacks it wrote as SIGINT arrived")
+            )
+    for pid, sample in after.items():  # (the ones judged above now end on a read before the signal)
         seen = [r for r in between[pid] if not r.gone]
         if sample.gone and not before[pid].gone and seen:
             # it ran while watched and exited before the window closed (the epoch ended, the
@@ -124,24 +140,6 @@ def investigate(
             between[pid] = seen[:-1]
             notes.append(
                 f"pid {pid} exited during the {interval_s:g} s observation window; judged on the reads before it exited"
-            )
-    judged_before: dict[int, StackDump | None] = {}  # exited: judged on the monitor's reads before it
-    for pid, (last_before, last, at_signal) in (exited or {}).items():
-        now = before.get(pid)
-        if now is None or last.gone:
-            continue
-        # gone when the window opened, or (still on its way out of the KeyboardInterrupt then) by its end:
-        # either way the signal ended it, and what it did before is in the monitor's earlier reads
-        if now.gone or now.state in _EXITED or pid in ended:
-            when = "when the window opened" if now.gone or now.state in _EXITED else "by the end of the window"
-            before[pid], after[pid], between[pid] = last_before, last, []
-            io_before.pop(pid, None)
-            judged_before[pid] = at_signal
-            notes = [n for n in notes if not n.startswith(f"pid {pid} exited during the")]
-            notes.append(
-                f"pid {pid} had exited {when}; judged on the monitor's last reads before the "
-                f"interrupt ({last.ts - last_before.ts:.1f} s apart)"
-                + ("" if at_signal is None else " and the stacks it wrote as SIGINT arrived")
             )
     io = {pid: procfs.read_io(pid) for pid, s in after.items() if not s.gone and pid not in judged_before}
     dumps = stacks.dump_stacks(

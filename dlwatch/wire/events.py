@@ -65,6 +65,7 @@ def append_line(path: str, line: bytes) -> bool:
 
 
 INT, FLOAT, INTS = "%d", "%r", "[%s]"  # LineFormat's slots: an int, a finite float, a list of ints
+_SLOTS = (INT, FLOAT, INTS)
 
 
 class LineFormat:
@@ -81,13 +82,13 @@ class LineFormat:
     def __init__(self, event: str, fields: Iterable[tuple[str, Any]]) -> None:
         self.event = event
         self.fields = tuple(fields)
-        self.slots = tuple((name, slot) for name, slot in self.fields if slot in (INT, FLOAT, INTS))
+        self.slots = tuple((name, slot) for name, slot in self.fields if slot in _SLOTS)
         self.template: bytes | None = None
         try:
-            parts = [b'{"ts": %r, "event": ', _encoded(event).replace(b"%", b"%%"), b', "pid": %d']
+            parts = [b'{"ts": %r, "event": ', encoded(event).replace(b"%", b"%%"), b', "pid": %d']
             for name, slot in self.fields:
-                value = slot.encode() if slot in (INT, FLOAT, INTS) else _encoded(slot).replace(b"%", b"%%")
-                parts += [b", ", _encoded(name).replace(b"%", b"%%"), b": ", value]
+                value = slot.encode() if slot in _SLOTS else encoded(slot).replace(b"%", b"%%")
+                parts += [b", ", encoded(name).replace(b"%", b"%%"), b": ", value]
             template = b"".join(parts) + b"}\n"
             sample = {name: 7 if slot == INT else 0.25 if slot == FLOAT else [3, 4] for name, slot in self.fields}
             ts, pid = 1.5, os.getpid()
@@ -97,7 +98,7 @@ class LineFormat:
             self.template = None
 
     def _record(self, ts: float, pid: int, values: Mapping[str, Any]) -> dict[str, Any]:
-        fields = {name: values[name] if slot in (INT, FLOAT, INTS) else slot for name, slot in self.fields}
+        fields = {name: values[name] if slot in _SLOTS else slot for name, slot in self.fields}
         return {"ts": ts, "event": self.event, "pid": pid, **fields}
 
     def _format(self, template: bytes, ts: float, pid: int, values: Mapping[str, Any]) -> bytes:
@@ -140,7 +141,8 @@ def line_format(event: str, fields: Iterable[tuple[str, Any]]) -> LineFormat:
     return got
 
 
-def _encoded(value: Any) -> bytes:
+def encoded(value: Any) -> bytes:
+    """One value as it stands in an event's line (redacted, JSON): for the templates made before a fork."""
     return json_line(value)[:-1]
 
 
