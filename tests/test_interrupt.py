@@ -280,30 +280,43 @@ def test_interrupt_site_names_the_programs_line():
     assert interrupt_site([]) == ""
 
 
-def test_a_worker_that_the_interrupt_ends_during_the_window_is_judged_on_its_sigint_stacks():
+def test_a_worker_that_the_interrupt_ends_during_the_window_is_judged_on_its_sigint_stacks(tmp_path):
     """A worker still leaving its KeyboardInterrupt when the forensic window opens, a zombie by its
     end: py-spy can only say "has exited", so the stacks it wrote as SIGINT arrived are its stacks,
-    and the monitor's reads before the interrupt are what it is judged on (a real child, killed
-    0.3 s into the 1 s window and left unreaped, as torch's worker is until the loader joins it)."""
+    and the monitor's reads before the interrupt are what it is judged on.  A real child with the
+    worker's SIGINT handler (faulthandler, chained), signalled 0.3 s into the 1 s window and left
+    unreaped, as torch's worker is until the loader joins it: its stacks are not on disk yet when
+    the window opens (a worker the scheduler runs late writes them after the training process has
+    reported the Ctrl-C), so they are read once the window has closed."""
     import threading
 
-    from dlwatch.collect import procfs
-    from dlwatch.model import Frame, StackDump, ThreadStack, TrackedProcess
+    from dlwatch.collect import faultdump, procfs
+    from dlwatch.model import TrackedProcess
     from dlwatch.monitor import forensics
     from dlwatch.report.schema import Incident, ProcessEntry
 
-    assert forensics.SECOND_READ_AFTER_S >= 0.8  # the kill below lands inside the window
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    timer = threading.Timer(0.3, child.kill)
+    assert forensics.SECOND_READ_AFTER_S >= 0.8  # the signal below lands inside the window
+    path = str(tmp_path / "sigint.txt")
+    code = (
+        "import faulthandler, signal, sys, time\n"
+        f"f = open({path!r}, 'w')\n"
+        "faulthandler.register(signal.SIGINT, file=f, all_threads=True, chain=True)\n"
+        "def __getitem__(i):\n"
+        "    time.sleep(60)\n"
+        "print('READY', flush=True)\n"
+        "__getitem__(0)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=_default_sigint
+    )
+    timer = threading.Timer(0.3, child.send_signal, (signal.SIGINT,))
     try:
+        assert child.stdout.readline().startswith(b"READY")
         first = procfs.read_proc(child.pid)
         time.sleep(0.2)
         last = procfs.read_proc(child.pid)
         assert not last.gone and last.state not in ("Z", "X")
-        frames = (Frame("__getitem__", "interrupt.py", 12), Frame("fetch", "fetch.py", 52))
-        at_signal = StackDump(
-            pid=child.pid, source="faulthandler-sigint", threads=(ThreadStack(1, "MainThread", frames=frames),)
-        )
+        assert faultdump.read_interrupt(path, child.pid) is None  # nothing written before the signal
         report = Incident(trigger="interrupt", processes=[ProcessEntry(pid=child.pid, role="worker", worker_id=0)])
         timer.start()
         out, _ = forensics.investigate(
@@ -312,13 +325,16 @@ def test_a_worker_that_the_interrupt_ends_during_the_window_is_judged_on_its_sig
             main_waiting_for_data=True,
             expected_workers=1,
             native=False,
-            exited={child.pid: (first, last, at_signal)},
+            exited={child.pid: (first, last)},
+            at_signal=lambda pid: faultdump.read_interrupt(path, pid),
         )
-        assert child.poll() is not None  # precondition: the kill came (reaped just now by poll)
+        assert child.poll() is not None  # precondition: the signal ended it (reaped just now by poll)
         (entry,) = out.processes
         stack = entry.stack if isinstance(entry.stack, dict) else entry.stack.to_dict()
         assert stack["source"] == "faulthandler-sigint", (stack, out.notes)
-        assert any(f"pid {child.pid} had exited" in n for n in out.notes), out.notes
+        functions = [f["function"] for t in stack["threads"] for f in t["frames"]]
+        assert "__getitem__" in functions, stack
+        assert any(f"pid {child.pid} had exited" in n and "as SIGINT arrived" in n for n in out.notes), out.notes
     finally:
         timer.cancel()
         child.kill()

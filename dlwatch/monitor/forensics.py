@@ -76,7 +76,8 @@ def investigate(
     allow: Callable[[int], bool] | None = None,
     uid: int | None = None,
     main_thread: tuple[int, Sequence[Mapping[str, Any]], int] | None = None,
-    exited: Mapping[int, tuple[ProcSample, ProcSample, StackDump | None]] | None = None,
+    exited: Mapping[int, tuple[ProcSample, ProcSample]] | None = None,
+    at_signal: Callable[[int], StackDump | None] | None = None,
 ) -> tuple[Incident, dict[str, bytes]]:
     """``report`` with ``classification``, ``processes[].status/waiting_in/cpu_progress_s/stack`` and notes.
 
@@ -88,9 +89,11 @@ def investigate(
     ``uid`` is the target's: no process of another uid is signalled (default: our own).
     ``main_thread`` (pid, frames innermost first, frames left out): the main thread's stack as the
     process itself gave it (a Ctrl-C's traceback, see dlwatch.wire.interrupt), in place of the one
-    the dumper sees now.  ``exited`` (pid -> two reads before, the stacks at the signal): for a process
-    that is gone when the window opens (a worker that a Ctrl-C ended), the monitor's last reads
-    of it before then and the stacks it wrote as the signal arrived; it is judged on those.
+    the dumper sees now.  ``exited`` (pid -> two reads before the signal): for a process that is
+    gone when the window opens or by its end (a worker that a Ctrl-C ended), the monitor's last
+    reads of it before then; it is judged on those and on ``at_signal(pid)``, the stacks it wrote
+    as the signal arrived, read once the window has closed (a worker the scheduler runs late may
+    still be writing them when the training process reports the Ctrl-C).
     """
     notes: list[str] = []  # added to the report's, in the order found
     live = {
@@ -115,7 +118,7 @@ def investigate(
         time.sleep(remaining)
     after = {pid: procfs.read_proc(pid, sched_detail=True) for pid in live}
     judged_before: dict[int, StackDump | None] = {}  # exited: judged on the monitor's reads before it
-    for pid, (last_before, last, at_signal) in (exited or {}).items():
+    for pid, (last_before, last) in (exited or {}).items():
         now, end = before.get(pid), after.get(pid)
         if now is None or end is None or last.gone:
             continue
@@ -125,11 +128,12 @@ def investigate(
         if gone_at_open or end.gone or end.state in _EXITED:
             before[pid], after[pid], between[pid] = last_before, last, []
             io_before.pop(pid, None)
-            judged_before[pid] = at_signal
+            written = at_signal(pid) if at_signal is not None else None
+            judged_before[pid] = written
             notes.append(
                 f"pid {pid} had exited {'when the window opened' if gone_at_open else 'by the end of the window'}; "
                 f"judged on the monitor's last reads before the interrupt ({last.ts - last_before.ts:.1f} s apart)"
-                + ("" if at_signal is None else " and the stacks it wrote as SIGINT arrived")
+                + ("" if written is None else " and the stacks it wrote as SIGINT arrived")
             )
     for pid, sample in after.items():  # (the ones judged above now end on a read before the signal)
         seen = [r for r in between[pid] if not r.gone]

@@ -754,6 +754,7 @@ class Monitor:
                 expected_workers=self._expected_workers(),
                 main_thread=(self.main_pid, frames, int(ev.get("frames_omitted") or 0)) if frames else None,
                 exited=self._before_interrupt(ev),
+                at_signal=self._sigint_stacks,
             )
         except ImportError:
             report = report.with_notes("stack forensics unavailable in this build")
@@ -762,16 +763,14 @@ class Monitor:
         report = self._interrupt_verdict(report, where, waited, frames)
         self._write(self._add_findings(report.replace(events=list(self.notable))), extra)
 
-    def _before_interrupt(self, ev: dict[str, Any]) -> dict[int, tuple[ProcSample, ProcSample, Any]]:
+    def _before_interrupt(self, ev: dict[str, Any]) -> dict[int, tuple[ProcSample, ProcSample]]:
         """Each process but the main: its last two reads before the Ctrl-C (at least a second apart
-        where the history allows) and the stacks it wrote as SIGINT reached it, for the ones that
-        the interrupt ended (a terminal signals the whole process group; torch's workers exit)."""
-        from dlwatch.collect.faultdump import read_interrupt
+        where the history allows), for the ones that the interrupt ended (a terminal signals the
+        whole process group; torch's workers exit)."""
         from dlwatch.monitor.forensics import SECOND_READ_AFTER_S
-        from dlwatch.wire.dumps import interrupt_path
 
         cut = float(ev.get("ts") or time.time()) - 0.02  # reads after the signal may show the exit itself
-        out: dict[int, tuple[ProcSample, ProcSample, Any]] = {}
+        out: dict[int, tuple[ProcSample, ProcSample]] = {}
         for pid, t in self.procs.items():
             if pid == self.main_pid:
                 continue
@@ -780,8 +779,15 @@ class Monitor:
                 continue
             last = seen[-1]
             first = next((s for s in reversed(seen[:-1]) if last.ts - s.ts >= SECOND_READ_AFTER_S), seen[0])
-            out[pid] = (first, last, read_interrupt(interrupt_path(os.path.join(self.run_dir, "dumps"), pid), pid))
+            out[pid] = (first, last)
         return out
+
+    def _sigint_stacks(self, pid: int) -> Any:
+        """The stacks worker ``pid`` wrote as SIGINT reached it (dlwatch.wire.dumps.install_interrupt), or None."""
+        from dlwatch.collect.faultdump import read_interrupt
+        from dlwatch.wire.dumps import interrupt_path
+
+        return read_interrupt(interrupt_path(os.path.join(self.run_dir, "dumps"), pid), pid)
 
     def _interrupt_verdict(self, report: Incident, where: str, waited: float, frames: list[dict[str, Any]]) -> Incident:
         """What the main process did is in its traceback, not in /proc: it waits for this report now."""
