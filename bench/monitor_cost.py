@@ -189,6 +189,13 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
             )
             / n
         )
+        if hasattr(timeline_record, "sample_line"):  # the line straight from the samples (absent before it)
+            parts["timeline sample_line (the line, no record)"] = (
+                _cpu_us(
+                    lambda: timeline_record.sample_line(0.0, None, [(s, "worker") for s in samples], None, ()), reps
+                )
+                / n
+            )
     except ImportError:
         pass
     parts["fd_pressure, 20 samples"] = (

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dlwatch._fs import json_line
@@ -61,15 +61,15 @@ def _compare(run_dir: str, polls: int) -> None:
     """In a fresh process: a Monitor over the job named in RUN_DIR/config.json, both paths on every poll."""
     from dlwatch.monitor import loop as monitor
 
-    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    real = timeline_record.sample_record
+    calls: list[tuple[tuple[Any, ...], bytes]] = []
+    real = timeline_record.sample_line
 
-    def spy(*args: Any) -> dict[str, Any]:
-        record = real(*args)
-        calls.append((args, record))
-        return record
+    def spy(*args: Any) -> bytes:
+        line = real(*args)
+        calls.append((args, line))
+        return line
 
-    timeline_record.sample_record = spy  # type: ignore[assignment]
+    timeline_record.sample_line = spy  # type: ignore[assignment]
     m = monitor.Monitor(run_dir)
     for _ in range(polls):
         m.poll()
@@ -77,14 +77,15 @@ def _compare(run_dir: str, polls: int) -> None:
     m.timeline.close()
     with open(os.path.join(run_dir, "timeline.jsonl"), "rb") as f:
         written = [line for line in f if line.startswith(b'{"kind": "sample"')]
-    mismatches, ring_mismatches, raw_text = [], 0, []
-    for (args, record), ring in zip(calls, list(m.ring)[-len(calls) :]):
+    mismatches, record_mismatches, ring_mismatches, raw_text = [], 0, 0, []
+    for (args, new), ring in zip(calls, list(m.ring)[-len(calls) :]):
         old_record, old = general_line(*args)
-        new = timeline_record.encode(record)
         if new != old:
             mismatches.append([old.decode(errors="replace"), new.decode(errors="replace")])
+        if timeline_record.encode(timeline_record.sample_record(*args)) != old:  # the one-walk record too
+            record_mismatches += 1
         # what an incident makes of the ring (the report writer redacts) is what it made before
-        if outbound(ring) != outbound(old_record):
+        if ring != new or outbound(json.loads(ring)) != outbound(old_record):
             ring_mismatches += 1
         raw_text += [s.name for s, _role in args[2] if s.name] + [
             path for s, _role in args[2] if s.fds for path, _n in s.fds.top_files
@@ -96,8 +97,9 @@ def _compare(run_dir: str, polls: int) -> None:
                 "procs_per_record": [len(args[2]) for args, _ in calls],
                 "with_fds": sum(1 for args, _ in calls for s, _r in args[2] if s.fds is not None),
                 "mismatches": mismatches[:3],
+                "record_mismatches": record_mismatches,
                 "ring_mismatches": ring_mismatches,
-                "file_is_new_path": written == [timeline_record.encode(r) for _a, r in calls],
+                "file_is_new_path": written == [line for _a, line in calls],
                 "raw_text": sorted(set(raw_text)),
                 "timeline": b"".join(written).decode(errors="replace"),
             }
@@ -154,6 +156,7 @@ def test_real_job_records_are_byte_identical_and_redacted(tmp_path, target):
     assert any(SECRET_DIR_NAME in p for p in got["raw_text"]), got["raw_text"]
 
     assert got["mismatches"] == []
+    assert got["record_mismatches"] == 0
     assert got["ring_mismatches"] == 0
     assert got["file_is_new_path"]
     for text in (got["timeline"], own):
@@ -180,6 +183,8 @@ text = st.one_of(
     st.none(), st.text(max_size=20), st.builds(lambda shape, s: shape.format(s=s), st.sampled_from(SHAPES), BODY)
 )
 num = st.one_of(st.none(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False))
+# the line writes floats itself: NaN and the infinities as json.dumps writes them
+num_any = st.one_of(st.none(), st.integers(-(2**63), 2**63), st.floats(), st.booleans(), text)
 fds = st.one_of(
     st.none(),
     st.builds(
@@ -249,6 +254,26 @@ def test_hostile_samples_are_byte_identical_and_redacted(ts, hb, procs, system, 
     record = timeline_record.sample_record(ts, hb, procs, system, gpus)
     assert timeline_record.encode(record) == old
     assert outbound(record) == outbound(old_record)  # what an incident makes of the ring
+    line = timeline_record.sample_line(ts, hb, procs, system, gpus)
+    assert line == old
+    assert outbound(json.loads(line)) == outbound(old_record)  # the ring keeps the line; an incident decodes it
+
+
+@settings(max_examples=300)
+@given(
+    values=st.lists(st.tuples(st.sampled_from([f.name for f in dataclasses.fields(ProcSample)]), num_any), max_size=12),
+    role=st.one_of(st.sampled_from(["main", "worker", "other"]), text.filter(lambda t: t is not None)),
+    ts=st.one_of(st.floats(), st.integers(0, 2**40)),
+)
+@example([("rss", float("nan")), ("cpu_s", float("inf")), ("uss_ts", float("-inf")), ("ts", -0.0)], "main", 1.0)
+@example([("rss", True), ("name", None), ("wchan", 'say "hi"\n\u00e9\udcff'), ("gone", 1)], "worker", float("nan"))
+@example([("state", 3.5), ("num_fds", "12"), ("pid", 2**70)], 'pw=hunter2 "x"', 2**40)
+def test_any_value_in_any_field_gives_the_general_line(values, role, ts):
+    """Every type in every field (NaN, infinities, bools and text where numbers go, None), any role:
+    one template per shape, and a shape it does not know takes the general path."""
+    s = ProcSample(**{"pid": 1, "ts": 0.5, **dict(values)})
+    procs = [(s, role), (ProcSample(pid=2, ts=0.25), "worker")]
+    assert timeline_record.sample_line(ts, None, procs, None, []) == general_line(ts, None, procs, None, [])[1]
 
 
 def test_every_process_field_is_written():

@@ -150,7 +150,8 @@ class Monitor:
         # a failure's own events are type-checked by the schema its module declares
         self.events = EventReader(os.path.join(run_dir, "events.jsonl"), registry.event_schemas())
         self.timeline = Timeline(os.path.join(run_dir, "timeline.jsonl"))
-        self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=RING)
+        # the last RING timeline records for an incident: events as dicts, samples as their line (bytes)
+        self.ring: collections.deque[dict[str, Any] | bytes] = collections.deque(maxlen=RING)
         self.notable: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.procs: dict[int, Tracked] = {
             self.main_pid: Tracked(self.main_pid, "main", dump_path=self.cfg.get("main_dump_path"))
@@ -538,16 +539,17 @@ class Monitor:
                 log.debug("gpu_unavailable", reason=self.gpu.unavailable)
         self.last_gpus = self.gpu.sample()
         self.runstats.update(hb, self.procs.values(), samples, self.last_system, self.last_gpus)
-        # one walk per sample, redacted on the way (not to_dict + compact + outbound: 3x the cost of /proc)
-        record = timeline_record.sample_record(
+        # the line straight from the samples, redacted on the way (not to_dict + compact + outbound +
+        # json.dumps: 3x the cost of /proc); the ring keeps it as written, an incident decodes it
+        line = timeline_record.sample_line(
             now,
             hb.to_dict() if hb else None,
             [(s, self.procs[s.pid].role) for s in samples],
             self.last_system,
             self.last_gpus,
         )
-        self.ring.append(record)
-        self.timeline.append_line(timeline_record.encode(record))
+        self.ring.append(line)
+        self.timeline.append_line(line)
         self._detect(hb, self._activity(samples))
         self._feed_sinks()
 
@@ -844,7 +846,7 @@ class Monitor:
             system=self.last_system.to_dict() if self.last_system else None,
             gpus=[g.to_dict() for g in self.last_gpus],
             events=self.notable,
-            timeline=self.ring,
+            timeline=[json.loads(r) if type(r) is bytes else r for r in self.ring],
             notes=notes,
         )
         return self._add_findings(report) if findings else report

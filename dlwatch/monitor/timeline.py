@@ -15,11 +15,22 @@ The record is the one the general path makes, key for key and byte for byte once
 (``tests/test_timeline_record.py`` compares the two on samples of a real watched job and on
 hostile ones).  Its strings are already redacted, so the ring copied into an incident holds no
 more than the file does (the report writer's own redaction leaves redacted text as it is).
+
+``sample_line`` goes one step further for the monitor's every poll: the line's bytes straight
+from the samples, no record in between.  A sample whose fields are all None, numbers, bools or
+text is written through a %-template made once per shape (which fields are None, each one's
+type) and kept; its text fields are JSON-escaped once per distinct string (redacted first,
+cached).  Any other shape (an fd breakdown, an unexpected type, a field name redaction would
+touch) is written the ``sample_record`` way for that one sample.  The line is
+``encode(sample_record(...))`` byte for byte (the same tests compare the two), and
+``json.loads`` of it is the record, which is what the monitor's ring keeps until an incident
+needs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import operator
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -112,3 +123,104 @@ def sample_record(
 def encode(record: Mapping[str, Any]) -> bytes:
     """The timeline line of a record from ``sample_record`` (redacted already): ``_fs.json_line``'s bytes."""
     return (json.dumps(record) + "\n").encode("utf-8", "surrogateescape")
+
+
+# --------------------------------------------------------------------------- the line, written directly
+
+_NONE = type(None)
+_BOOL_TEXT = {True: "true", False: "false"}
+_ESCAPED: dict[str, str] = {}  # raw text -> its redacted JSON string (names, states, wchans: the same every poll)
+_SHAPES: dict[tuple[type, tuple[type, ...]], Any] = {}  # (class, field types) -> _Shape, or False (general path)
+_MAX_SHAPES = 512
+
+
+def _text(v: str) -> str:
+    hit = _ESCAPED.get(v)
+    if hit is None:
+        hit = json.dumps(outbound_text(v))
+        if len(v) <= 256:
+            if len(_ESCAPED) >= 4096:
+                _ESCAPED.clear()
+            _ESCAPED[v] = hit
+    return hit
+
+
+def _float(v: float) -> str:
+    """json's text of a float: repr, and NaN / Infinity / -Infinity as ``json.dumps`` writes them."""
+    if v - v == 0.0:
+        return float.__repr__(v)
+    return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+
+
+def _bool(v: bool) -> str:
+    return _BOOL_TEXT[v]
+
+
+_CONVERT: dict[type, Callable[[Any], str] | None] = {int: None, float: _float, bool: _bool, str: _text}
+
+
+class _Shape:
+    """One dataclass's fields with one pattern of None and types: a template and what each value needs."""
+
+    __slots__ = ("template", "convert", "keep")
+
+    def __init__(self, names: Sequence[str], types: Sequence[type]) -> None:
+        parts = [f"{json.dumps(n)}: %s" for n, t in zip(names, types) if t is not _NONE]
+        self.template = "{" + ", ".join(parts)  # the caller closes it (a role may follow)
+        self.convert = tuple((i, c) for i, t in enumerate(types) if t is not _NONE and (c := _CONVERT[t]) is not None)
+        self.keep = tuple(t is not _NONE for t in types)
+
+
+def _shape(obj: Any) -> tuple[_Shape | None, tuple[Any, ...]]:
+    names, getter, plain_keys = _class(type(obj))
+    values = getter(obj)
+    key = (type(obj), tuple(map(type, values)))
+    shape = _SHAPES.get(key)
+    if shape is None:
+        ok = plain_keys and all(t is _NONE or t in _CONVERT for t in key[1])
+        shape = _Shape(names, key[1]) if ok else False
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        _SHAPES[key] = shape
+    return (shape or None), values
+
+
+def _object_text(obj: Any, role: Any = None) -> str:
+    """The JSON text of ``_dataclass(obj)``, and ``"role"`` after its fields when one is given."""
+    shape, values = _shape(obj)
+    if shape is None or not (role is None or (type(role) is str and _key_is_plain("role"))):
+        entry = _dataclass(obj)
+        if role is not None:
+            if type(role) is str and _key_is_plain("role"):
+                entry["role"] = outbound_text(role)
+            else:
+                entry.update(_careful((("role", role),)))
+        return json.dumps(entry)
+    if shape.convert:
+        values = list(values)  # type: ignore[assignment]
+        for i, c in shape.convert:
+            values[i] = c(values[i])  # type: ignore[index]
+    text = shape.template % tuple(itertools.compress(values, shape.keep))
+    if role is None:
+        return text + "}"
+    return f'{text}{", " if len(text) > 1 else ""}"role": {_text(role)}}}'
+
+
+def sample_line(
+    ts: float,
+    heartbeat: Mapping[str, Any] | None,
+    procs: Sequence[tuple[ProcSample, str]],
+    system: SystemSample | None,
+    gpus: Sequence[GpuSample],
+) -> bytes:
+    """``encode(sample_record(ts, heartbeat, procs, system, gpus))``, written without the record."""
+    out = ['{"kind": "sample", "ts": ', _float(ts) if type(ts) is float else json.dumps(ts)]
+    if heartbeat is not None:
+        out += [', "heartbeat": ', json.dumps(_careful(heartbeat.items()))]
+    out.append(', "procs": [')
+    out.append(", ".join([_object_text(s, role) for s, role in procs]))
+    out.append("]")
+    if system is not None:
+        out += [', "system": ', _object_text(system)]
+    out += [', "gpus": [', ", ".join([_object_text(g) for g in gpus]), "]}\n"]
+    return "".join(out).encode("utf-8", "surrogateescape")
