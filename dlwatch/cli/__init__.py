@@ -27,11 +27,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"dlwatch: error: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI, or with ``only`` one command's parser in it (the others' modules not imported:
+    ``dlwatch run`` starts the user's program sooner without report, forensics and top's imports)."""
     parser = _Parser(prog="dlwatch", description="Diagnose PyTorch DataLoader hangs, leaks and crashes.")
     parser.add_argument("--version", action="version", version=f"dlwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         try:
             module = importlib.import_module(f"dlwatch.cli.{name}_cmd")
         except ModuleNotFoundError as exc:  # a command not built yet must not break the others
@@ -50,8 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dlwatch._log import configure_own_process
 
     configure_own_process()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    # a command named first needs only its own module; anything else (help, --version, a typo
+    # that argparse answers with the list of commands) gets the whole parser
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

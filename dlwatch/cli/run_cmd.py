@@ -121,7 +121,7 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
     env[PACKAGE_ENV] = os.path.dirname(os.path.dirname(BOOT_DIR))  # the dlwatch package directory
     from dlwatch.inproc.runhook import PROGRAM_RUN_ENV
 
-    from dlwatch.report.store import new_run_id
+    from dlwatch.wire.reportdir import new_run_id
 
     env.setdefault(PROGRAM_RUN_ENV, new_run_id())  # the shape (and UTC) of a run id
     return env
