@@ -38,7 +38,7 @@ from dlwatch.collect.runstats import RunStats
 from dlwatch.detect.stall import Activity, StallDetector, StallEvent, stall_site
 from dlwatch.wire import interrupt
 from dlwatch.wire.events import EventReader
-from dlwatch.model import ProcSample, SystemSample, TrackedProcess
+from dlwatch.model import ProcSample, StackDump, SystemSample, TrackedProcess
 from dlwatch.redact import outbound
 from dlwatch.report import build, store
 from dlwatch.report.schema import Finding, Incident, ProcessEntry, RunSummary
@@ -784,7 +784,7 @@ class Monitor:
             out[pid] = (first, last)
         return out
 
-    def _sigint_stacks(self, pid: int) -> Any:
+    def _sigint_stacks(self, pid: int) -> StackDump | None:
         """The stacks worker ``pid`` wrote as SIGINT reached it (dlwatch.wire.dumps.install_interrupt), or None."""
         from dlwatch.collect.faultdump import read_interrupt
         from dlwatch.wire.dumps import interrupt_path

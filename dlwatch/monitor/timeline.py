@@ -91,6 +91,21 @@ def _dataclass(obj: Any) -> dict[str, Any]:
     return _careful(zip(names, getter(obj)))
 
 
+def _plain_role(role: Any) -> bool:
+    """A role written as it is (redacted text), not through the careful path."""
+    return type(role) is str and _key_is_plain("role")
+
+
+def _proc_entry(s: ProcSample, role: Any) -> dict[str, Any]:
+    """One process's entry of a record: its sample's fields, then its role."""
+    entry = _dataclass(s)
+    if _plain_role(role):
+        entry["role"] = outbound_text(role)
+    else:
+        entry.update(_careful((("role", role),)))
+    return entry
+
+
 def sample_record(
     ts: float,
     heartbeat: Mapping[str, Any] | None,
@@ -105,15 +120,7 @@ def sample_record(
     record: dict[str, Any] = {"kind": "sample", "ts": ts}
     if heartbeat is not None:
         record["heartbeat"] = _careful(heartbeat.items())
-    entries = []
-    for s, role in procs:
-        entry = _dataclass(s)
-        if type(role) is str and _key_is_plain("role"):
-            entry["role"] = outbound_text(role)
-        else:
-            entry.update(_careful((("role", role),)))
-        entries.append(entry)
-    record["procs"] = entries
+    record["procs"] = [_proc_entry(s, role) for s, role in procs]
     if system is not None:
         record["system"] = _dataclass(system)
     record["gpus"] = [_dataclass(g) for g in gpus]
@@ -188,14 +195,8 @@ def _shape(obj: Any) -> tuple[_Shape | None, tuple[Any, ...]]:
 def _object_text(obj: Any, role: Any = None) -> str:
     """The JSON text of ``_dataclass(obj)``, and ``"role"`` after its fields when one is given."""
     shape, values = _shape(obj)
-    if shape is None or not (role is None or (type(role) is str and _key_is_plain("role"))):
-        entry = _dataclass(obj)
-        if role is not None:
-            if type(role) is str and _key_is_plain("role"):
-                entry["role"] = outbound_text(role)
-            else:
-                entry.update(_careful((("role", role),)))
-        return json.dumps(entry)
+    if shape is None or not (role is None or _plain_role(role)):  # the record's way, for this one
+        return json.dumps(_dataclass(obj) if role is None else _proc_entry(obj, role))
     if shape.convert:
         values = list(values)  # type: ignore[assignment]
         for i, c in shape.convert:
