@@ -272,7 +272,9 @@ def test_worker_segfault(report_dir):
 
 def test_worker_killed_from_outside(report_dir):
     run = run_example("worker_killed", report_dir)
-    assert "exited unexpectedly" in run.stdout
+    # the loop's read says "exited unexpectedly"; torch's SIGCHLD handler says "is killed by signal" when
+    # it runs first (rare, seen on a loaded machine): both are this kill, and give the same finding
+    assert "exited unexpectedly" in run.stdout or "is killed by signal: Killed" in run.stdout, run.stdout
     _only_playbook(run, "worker-killed")
     r = run.report(-1)
     ev = r["findings"][0]["evidence"]
