@@ -3,8 +3,8 @@
 A scheduler, a watchdog or a person (`kill -9`, `pkill`) ends one DataLoader worker.
 torch raises `DataLoader worker (pid(s) N) exited unexpectedly` (or, when its SIGCHLD
 handler sees the death first, `DataLoader worker (pid N) is killed by signal: Killed.`);
-dlwatch's `exception` incident names playbook worker-killed with cause external-kill: the exit code says
-SIGKILL, memory was far from its limit and no OOM kill was counted.
+dlwatch's `exception` incident names playbook worker-killed with cause external-kill:
+the exit code says SIGKILL, memory was far from its limit and no OOM kill was counted.
 
     python examples/worker_killed.py [--report-dir DIR]
 """
