@@ -195,3 +195,38 @@ def test_the_fork_record_keeps_no_frame_of_its_callers_alive():
             gc.enable()
         stop.set()
         other.join(5)
+
+
+def test_a_thread_of_a_shipped_example_is_recorded_and_dlwatchs_own_is_not():
+    """`pip install .` ships examples/ as dlwatch._examples, inside the package: `dlwatch demo` runs the
+    deadlock example from there, and its refresher thread (the lock's holder) must be recorded like any
+    program's, while a thread in dlwatch's own code stays out of the record."""
+    import os
+    import threading
+
+    from dlwatch.inproc import forkthreads
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(forkthreads.__file__)))
+    stop = threading.Event()
+    started = []
+    for name, filename in (
+        ("example-refresher", os.path.join(package, "_examples", "deadlock.py")),
+        ("dlwatch-own", os.path.join(package, "inproc", "agent.py")),
+    ):
+        code = compile("def run(stop):\n    stop.wait(30)\n", filename, "exec")  # frames that name the file
+        scope: dict = {}
+        exec(code, scope)
+        t = threading.Thread(target=scope["run"], args=(stop,), name=name, daemon=True)
+        t.start()
+        started.append(t)
+    try:
+        assert all(t.is_alive() for t in started)
+        recorded = {t["name"]: t for t in forkthreads.snapshot()}
+        assert "example-refresher" in recorded, sorted(recorded)
+        files = [f["filename"] for f in recorded["example-refresher"]["frames"]]
+        assert os.path.join(package, "_examples", "deadlock.py") in files, files
+        assert "dlwatch-own" not in recorded, sorted(recorded)
+    finally:
+        stop.set()
+        for t in started:
+            t.join(5)

@@ -39,7 +39,15 @@ _IDLE = (
     ("multiprocessing/connection.py", "_poll"),
     ("multiprocessing/connection.py", "wait"),
 )
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dlwatch package
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the dlwatch package
+# examples/ is installed inside it as dlwatch._examples (pyproject.toml package-dir): programs, whose
+# threads are the program's (`dlwatch demo` runs them from there), not dlwatch's own
+_EXAMPLES = os.path.join(_OWN, "_examples") + os.sep
+
+
+def _own(filename: str) -> bool:
+    return filename.startswith(_OWN) and not filename.startswith(_EXAMPLES)
+
 
 _armed = False
 _current: list[dict[str, Any]] | None = None
@@ -99,7 +107,7 @@ def snapshot(skip_ident: int | None = None) -> list[dict[str, Any]]:
             continue
         frames = _frames(frame)
         files = [f["filename"] for f in frames]
-        if any(f.startswith(_OWN + os.sep) for f in files):
+        if any(_own(f) for f in files):
             continue
         if any("torch/utils/data/_utils/pin_memory.py" in f or f.endswith("multiprocessing/queues.py") for f in files):
             continue
