@@ -43,7 +43,7 @@ from dlwatch.wire.heartbeat import (
     HeartbeatWriter,
 )
 from dlwatch.redact import redact_argv, warn
-from dlwatch.inproc.frames import interrupted_frames, strip_own_frames
+from dlwatch.inproc.frames import interrupted_frames, strip_own_frames, user_stacklevel as _user_stacklevel
 from dlwatch.wire import reportdir
 from dlwatch.wire.reportdir import read_summary
 from dlwatch.inproc.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
@@ -76,16 +76,6 @@ class DlwatchWarning(RuntimeWarning):
 
 def _warn(message: str) -> None:
     warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=_user_stacklevel())  # at the program's line
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel that points a warning at the first frame outside dlwatch (the user's loop)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the dlwatch package
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def _qualname(obj: Any) -> str | None:

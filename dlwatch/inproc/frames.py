@@ -4,7 +4,32 @@ the program's ``for`` loop and torch's iterator only because the iteration is wa
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the dlwatch package
+# examples/ is installed inside the package as dlwatch._examples (pyproject.toml package-dir): they are
+# programs (``dlwatch demo`` runs them from there), whose frames are the program's, not dlwatch's own
+_EXAMPLES = os.path.join(_PACKAGE, "_examples") + os.sep
+
+
+def is_own_file(filename: str) -> bool:
+    """``filename`` is dlwatch's own code (not a program, not an example shipped inside the package)."""
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE) and not path.startswith(_EXAMPLES)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning, warned by the caller of this function, at the first
+    frame outside dlwatch's own code: the program's line (its ``for`` loop).  Where every frame is
+    dlwatch's (an exit handler), the outermost one, never ``sys:1`` (a stack walked past its end)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and is_own_file(frame.f_code.co_filename):
+        if frame.f_back is None:
+            return level
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _hidden_files() -> set[str]:

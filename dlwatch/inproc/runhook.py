@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Any, Iterator
 
-from dlwatch.inproc.frames import _hidden_files, strip_own_frames
+from dlwatch.inproc.frames import _hidden_files, strip_own_frames, user_stacklevel
 from dlwatch.inproc.proxy import IteratorProxy
 
 PROGRAM_RUN_ENV = "DLWATCH_PROGRAM_RUN"  # one id for every process and iteration of one `dlwatch run`
@@ -107,7 +107,7 @@ def _warn(message: str) -> None:
     from dlwatch.inproc.agent import DlwatchWarning
     from dlwatch.redact import warn
 
-    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=3)
+    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=user_stacklevel())  # at the program's line
 
 
 def patch(cls: type) -> None:
