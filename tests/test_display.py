@@ -155,7 +155,7 @@ def test_markdown_is_tables_and_units_not_reprs():
 def test_terminal_headline_first_then_detail():
     lines = list(render.terminal_view(deadlock_report(), color=False))
     head = lines[: render.HEADLINE_LINES]
-    assert head[0].startswith("STALL (deadlock): ")
+    assert head[0].startswith("STALL (deadlock):")
     assert any(line.startswith("  finding: worker-deadlock (90%) DataLoader workers deadlocked") for line in head)
     assert any(line.startswith("  -> The workers wait on a lock.") for line in head)
     assert any("no progress for 5.0 min" in line for line in head)

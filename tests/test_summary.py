@@ -76,8 +76,9 @@ def test_summary_after_the_block_on_disk_and_never_an_incident(tmp_path, no_left
     assert out.startswith(f"run {s['id']}") and "20 batches, 2 epochs" in out and "no advice" in out
     assert main(["report", "--dir", str(tmp_path), "--json", s["id"]]) == 0
     assert json.loads(capfd.readouterr().out) == s
-    assert main(["report", str(tmp_path)]) == 0
-    assert capfd.readouterr().out.strip() == "no incidents"
+    assert main(["report", str(tmp_path)]) == 0  # the incidents (none), then the run summaries
+    listed = capfd.readouterr().out.splitlines()
+    assert listed[0] == "no incidents" and listed[2].startswith("RUN") and listed[3].startswith(s["id"])
 
 
 def test_exception_run_has_its_incident_in_the_summary(tmp_path, no_leftovers):

@@ -330,7 +330,7 @@ def write_attach_incident(
     hb = watched.get("heartbeat")
     progress = None
     if hb is not None:
-        progress = hb.to_dict()
+        progress = hb.progress(time.monotonic())  # the wait (or loop body) going on counted
         if hb.ts_last_batch:
             progress["stall_s"] = round(time.monotonic() - hb.ts_last_batch, 3)
     entries = []

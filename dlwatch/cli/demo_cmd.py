@@ -103,6 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=TIMEOUT_S,
         help=f"seconds an example may run before it is killed (default: {TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show the report's quiet notes too (e.g. no NVML without a GPU)"
+    )
 
 
 # --------------------------------------------------------------------------- finding the scripts
@@ -408,10 +411,10 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         print(f"\nreports: {report_dir} (list them with `dlwatch report {report_dir}`)")
         return 0 if all(o.matched is not False for o in outcomes) else 1
-    return _show_one(args.name, directory, report_dir, args.timeout)
+    return _show_one(args.name, directory, report_dir, args.timeout, verbose=args.verbose)
 
 
-def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int:
+def _show_one(name: str, directory: str, report_dir: str, timeout: float, *, verbose: bool = False) -> int:
     script = os.path.join(directory, f"{name}.py")
     print(f"dlwatch demo: {name}: {describe(script)}")
     print(f"  $ {os.path.basename(sys.executable)} {script} --report-dir {report_dir}")
@@ -428,7 +431,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         except DlwatchError as exc:
             print(f"cannot show {o.summary}: {exc}")
             return 1
-        for line in summary_render.terminal_lines(outbound(data)):
+        for line in summary_render.terminal_lines(outbound(data), verbose=verbose):
             print(render.terminal_safe(line))
         return _trailer(
             o.summary,
@@ -457,7 +460,9 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float) -> int
         print(f"earlier incident: {path}")
     last = o.reports[-1]  # the failure itself: the most complete report
     try:
-        render.render_terminal(outbound(store.load_report(last)), sys.stdout, color=render.use_color(sys.stdout))
+        render.render_terminal(
+            outbound(store.load_report(last)), sys.stdout, color=render.use_color(sys.stdout), verbose=verbose
+        )
     except DlwatchError as exc:
         print(f"cannot show {last}: {exc}")
         return 1

@@ -1,7 +1,7 @@
 """List incident reports, or show one.
 
-  dlwatch report              list the incidents in the default directory, newest first
-  dlwatch report DIR          list the incidents in DIR
+  dlwatch report              list the incidents in the default directory, newest first, then the run summaries
+  dlwatch report DIR          list the incidents and run summaries in DIR
   dlwatch report ID|PATH      show one (an id in the default directory, or a directory holding report.json)
   dlwatch report --runs [DIR] list the run summaries (one per watched block), newest first
   dlwatch report RUN-ID       show a run summary (its advice and preflight findings, the measured figures)
@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the incident's or run summary's report.html if it is missing (or --force) and print its path",
     )
     parser.add_argument("--force", action="store_true", help="with --html: write report.html again")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the quiet notes too (e.g. no NVML on a machine without a GPU)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             print()
         else:
             try:  # load_summary checked the types the renderer uses; this is the last line
-                lines = list(summary.terminal_lines(data))
+                lines = list(summary.terminal_lines(data, verbose=args.verbose))
             except Exception as exc:
                 raise ReportError(
                     f"{path} cannot be shown: {type(exc).__name__}: {exc}",
@@ -118,7 +124,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             try:  # load_report checked the types the renderer uses; this is the last line
                 width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 100
-                lines = list(render.terminal_view(report, color=render.use_color(sys.stdout), width=max(60, width)))
+                lines = list(
+                    render.terminal_view(
+                        report, color=render.use_color(sys.stdout), width=max(60, width), verbose=args.verbose
+                    )
+                )
             except Exception as exc:
                 raise ReportError(
                     f"{path} cannot be shown: {type(exc).__name__}: {exc}",
@@ -137,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in render.list_lines(summaries):
             print(outbound(line))
+        runs, run_warnings = store.list_runs(path)  # the run summaries too (--runs: those alone)
+        for w in run_warnings:
+            print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
+        if runs:
+            print()
+            for line in summary.list_lines(runs):
+                print(render.terminal_safe(line))
     return 0
 
 

@@ -1,19 +1,55 @@
 """GPU utilisation and memory through NVML.  No NVML or no GPU is a quiet "unavailable".
 
 NVML is initialised once per process; after a failure dlwatch does not retry on
-every poll (a host without a driver would log the same error forever).
+every poll (a host without a driver would log the same error forever).  Whether a GPU
+is expected at all is read from the NVIDIA device nodes (``/dev/nvidia0``...,
+``/dev/nvidiactl``): on a machine without them, NVML missing explains nothing, and the
+report keeps the fact as a quiet note (``quiet_notes``, shown with ``-v``).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from typing import Any
 
 from dlwatch.model import GpuSample
 
 
+_DEVICE_NODE = re.compile(r"nvidia([0-9]+|ctl)")
+
+
+def nvidia_device_nodes(dev: str = "/dev") -> tuple[str, ...]:
+    """The NVIDIA character devices in ``dev`` (``nvidia0``..., ``nvidiactl``): where the driver put
+    them, a GPU is expected (a container given a GPU has them too).  Never raises."""
+    try:
+        names = sorted(n for n in os.listdir(dev) if _DEVICE_NODE.fullmatch(n))
+    except OSError:
+        return ()
+    found = []
+    for name in names:
+        try:
+            if stat.S_ISCHR(os.stat(os.path.join(dev, name)).st_mode):
+                found.append(os.path.join(dev, name))
+        except OSError:
+            continue
+    return tuple(found)
+
+
+def gpu_notes(probe: "GpuProbe | None") -> tuple[list[str], list[str]]:
+    """The report's notes on the GPUs and those of them that are quiet (shown with ``-v`` only):
+    why no GPU is sampled, quiet where no NVIDIA device node says that one is expected."""
+    if probe is None or not probe.unavailable:
+        return [], []
+    note = f"GPU: {probe.unavailable}"
+    return [note], ([] if probe.expected else [note])
+
+
 class GpuProbe:
     def __init__(self) -> None:
         self.unavailable: str | None = None  # why, once; None while it works
+        self.expected = bool(nvidia_device_nodes())  # an NVIDIA device node exists on this machine
         self._nvml: Any = None
         self._handles: list[Any] = []
         try:

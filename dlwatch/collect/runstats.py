@@ -38,6 +38,7 @@ __all__ = ["RunStats", "Steady", "WORKER_STATES", "steady"]
 
 WORKER_STATES = ("running", "waiting_for_work", "blocked_put", "io")
 MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay exact beyond)
+MAX_ITERATION_WORKERS = 2000  # workers listed one by one in `dlwatch run`'s iteration rows (the rest counted)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class _Proc:
     last_cpu: float | None = None
     rss_peak: int | None = None
     uss_peak: int | None = None
+    polls: int = 0  # polls that sampled it (its CPU use needs two)
     states_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WORKER_STATES, 0.0))
 
     def cpu_util(self) -> float | None:
@@ -145,6 +147,8 @@ class RunStats:
         self.cgroup_usage_peak: int | None = None
         self.cgroup_limit: int | None = None
         self.gpus: dict[int, dict[str, Any]] = {}
+        self.workers_listed = 0  # workers named in `dlwatch run`'s iteration rows
+        self.workers_unlisted = 0  # and those past MAX_ITERATION_WORKERS, counted only
 
     # ------------------------------------------------------------------ feeding
 
@@ -180,7 +184,10 @@ class RunStats:
             p = self.procs.get(s.pid)
             if p is None:
                 p = self.procs[s.pid] = _Proc(s.pid, t.role)
-            p.role, p.worker_id = t.role, getattr(t, "worker_id", None)
+            p.role = t.role
+            if getattr(t, "worker_id", None) is not None:  # its registration may come after a first sample
+                p.worker_id = t.worker_id
+            p.polls += 1
             if s.cpu_s is not None:
                 if p.first_ts is None:
                     p.first_ts, p.first_cpu = s.ts, s.cpu_s
@@ -267,23 +274,68 @@ class RunStats:
     def workers(self) -> list[dict[str, Any]]:
         out = []
         for p in sorted(self.procs.values(), key=lambda p: (p.worker_id is None, p.worker_id or 0, p.pid)):
-            if p.role != "worker":
-                continue
-            total = sum(p.states_s.values())
-            util = p.cpu_util()
-            out.append(
-                {
-                    "pid": p.pid,
-                    "worker_id": p.worker_id,
-                    "cpu_util": round(util, 3) if util is not None else None,
-                    "observed_s": round(total, 3),
-                    "state_s": {k: round(v, 3) for k, v in p.states_s.items()},
-                    "state_share": {k: round(v / total, 3) for k, v in p.states_s.items()} if total > 0 else None,
-                    "rss_peak": p.rss_peak,
-                    "uss_peak": p.uss_peak,
-                }
-            )
+            if p.role == "worker":
+                out.append(self._worker_entry(p))
         return out
+
+    def name_worker(self, pid: int, worker_id: int) -> None:
+        """``pid`` is worker ``worker_id`` (its place in its iterator's workers), where no sample said so."""
+        p = self.procs.get(pid)
+        if p is not None and p.worker_id is None:
+            p.worker_id = worker_id
+
+    def worker(self, pid: int, worker_id: int | None = None) -> dict[str, Any]:
+        """One worker's figures (:meth:`workers`' shape), named even if no poll ever sampled it: then
+        ``polls`` is 0 and every figure null (it started and ended between two polls)."""
+        p = self.procs.get(pid)
+        if p is None:
+            p = _Proc(pid, "worker", worker_id)
+        entry = self._worker_entry(p)
+        if entry["worker_id"] is None:
+            entry["worker_id"] = worker_id
+        return entry
+
+    def iteration_workers(self, pids: list[int]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """The workers one loader iteration started (``pids`` in its iterator's order, which is their
+        worker ids): their figures together (``num_workers``, ``cpu_util_mean``, ``rss_peak``) and each
+        worker's (:meth:`worker`, without the seconds by state), or None for the second once
+        ``MAX_ITERATION_WORKERS`` are listed in the run (``workers_unlisted`` counts the rest)."""
+        for i, pid in enumerate(pids):
+            self.name_worker(pid, i)
+        stats = [self.procs[p] for p in pids if p in self.procs]
+        utils = [u for u in (st.cpu_util() for st in stats) if u is not None]
+        rss = [st.rss_peak for st in stats if st.rss_peak is not None]
+        together = {
+            "num_workers": len(pids),
+            "cpu_util_mean": round(sum(utils) / len(utils), 3) if utils else None,
+            "rss_peak": max(rss) if rss else None,
+        }
+        if self.workers_listed + len(pids) > MAX_ITERATION_WORKERS:
+            self.workers_unlisted += len(pids)
+            return together, None
+        self.workers_listed += len(pids)
+        each = []
+        for i, pid in enumerate(pids):
+            entry = self.worker(pid, i)
+            del entry["state_s"]
+            each.append(entry)
+        return together, each
+
+    @staticmethod
+    def _worker_entry(p: _Proc) -> dict[str, Any]:
+        total = sum(p.states_s.values())
+        util = p.cpu_util()
+        return {
+            "pid": p.pid,
+            "worker_id": p.worker_id,
+            "cpu_util": round(util, 3) if util is not None else None,
+            "observed_s": round(total, 3),
+            "state_s": {k: round(v, 3) for k, v in p.states_s.items()},
+            "state_share": {k: round(v / total, 3) for k, v in p.states_s.items()} if total > 0 else None,
+            "rss_peak": p.rss_peak,
+            "uss_peak": p.uss_peak,
+            "polls": p.polls,
+        }
 
     def main(self) -> dict[str, Any] | None:
         p = next((p for p in self.procs.values() if p.role == "main"), None)

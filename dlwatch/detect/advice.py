@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from dlwatch.detect.base import Detector, View
 from dlwatch.collect.runstats import worker_totals
 
-__all__ = ["ADVISORS", "advice_signal", "to_finding"]
+__all__ = ["ADVISORS", "advice_signal", "not_judged", "to_finding"]
 
 MIB = 1 << 20
 _PLUMBING = ("event", "playbook", "confidence", "ts", "kind")
@@ -56,6 +56,33 @@ class _Advisor(Detector):
 
     def judge(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> dict[str, Any] | None:
         raise NotImplementedError
+
+    def unmet(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The minimums of the run this advisor needs to judge at all that it did not reach (a run too
+        short to say anything), each ``{"figure", "needs", "value"}``; none where it applies and could
+        judge, or does not apply to this loader."""
+        return []
+
+
+def _short_of(figure: str, needs: float, value: Any) -> list[dict[str, Any]]:
+    v = _num(value)
+    return [{"figure": figure, "needs": needs, "value": value}] if v is None or v < needs else []
+
+
+def not_judged(detectors: Iterable[Any], run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The advisors among ``detectors`` that could not judge this run, and which minimum each missed
+    (the run summary's ``advice_not_judged``: a summary without advice says why, where that is why)."""
+    out = []
+    for det in detectors:
+        if not isinstance(det, _Advisor):
+            continue
+        try:
+            unmet = det.unmet(run, loader)
+        except (TypeError, ValueError, ZeroDivisionError, KeyError):
+            continue
+        if unmet:
+            out.append({"playbook": det.playbook, "unmet": unmet})
+    return out
 
 
 # --------------------------------------------------------------------------- input-bound
@@ -125,6 +152,14 @@ class InputBound(_Advisor):
         ev = {"cause": cause, **ev}  # first: the terminal view shows the first few keys
         return advice_signal(self.playbook, t["confidence"] if cause != "unknown" else 0.6, **ev)
 
+    def unmet(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:
+        t = self.thresholds
+        loop = run.get("loop") or {}
+        steady_loop = (_num(loop.get("steady_data_wait_s")) or 0.0) + (_num(loop.get("body_s")) or 0.0)
+        return _short_of("steady_batches", t["min_steady_batches"], loop.get("steady_batches") or 0) + _short_of(
+            "steady_loop_s", t["min_loop_s"], round(steady_loop, 3)
+        )
+
 
 # --------------------------------------------------------------------------- slow-epoch-start
 
@@ -163,6 +198,11 @@ class SlowEpochStart(_Advisor):
             num_workers=loader.get("num_workers"),
             persistent_workers=False,
         )
+
+    def unmet(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:
+        if not loader.get("num_workers") or loader.get("persistent_workers"):
+            return []  # workers started once: no epoch start to judge
+        return _short_of("epochs", self.thresholds["min_epochs"], (run.get("loop") or {}).get("epochs") or 0)
 
 
 # --------------------------------------------------------------------------- prefetch-too-deep
@@ -249,6 +289,15 @@ class TooManyWorkers(_Advisor):
             suggested_num_workers=max(1, int(usable)),
         )
 
+    def unmet(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:
+        nw, usable = loader.get("num_workers"), _usable(run)
+        if not isinstance(nw, int) or usable is None or nw <= usable:
+            return []  # not more workers than CPUs: nothing to judge
+        tot = worker_totals(run.get("workers") or [])
+        return _short_of(
+            "worker_observed_s", self.thresholds["min_observed_s"] * max(1, tot["workers"]), tot["observed_s"]
+        )
+
 
 # --------------------------------------------------------------------------- sampler-epoch-not-set
 
@@ -291,6 +340,12 @@ class SamplerEpochNotSet(_Advisor):
             seed=first.get("seed"),
             num_replicas=first.get("num_replicas"),
         )
+
+    def unmet(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:
+        seen = [e for e in self.seen if e.get("shuffle") is not False]
+        if not seen or len(seen) != len(self.seen):
+            return []  # no shuffling sampler with set_epoch: nothing to judge
+        return _short_of("epochs", self.thresholds["min_epochs"], len(seen))
 
 
 # --------------------------------------------------------------------------- dataset-memory-per-worker

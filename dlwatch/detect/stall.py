@@ -106,6 +106,11 @@ class StallDetector:
         return self.timeout(kind == "first")
 
     @property
+    def body_until(self) -> float:
+        """Monotonic time of the last poll that saw the loop body of the current batch (0.0: none)."""
+        return self._body_until
+
+    @property
     def stalled(self) -> bool:
         """A stall was reported and no progress came since."""
         return self._stalled
@@ -153,14 +158,11 @@ class StallDetector:
         if hb.state != STATE_WAITING:
             return None  # outside the loop (between epochs, before the first batch, ended): not a stall
         first = hb.epoch_batches == 0
-        since = hb.ts_wait_start if first else hb.ts_last_batch
+        # the body pause before this wait is the body's, not the data's: the wait began after the
+        # last poll that still saw the loop body (see Heartbeat.wait_started)
+        since = hb.wait_started(self.body_until)
         if since <= 0:
             return None
-        if not first and self._body_until > since:
-            # the body pause before this wait is the body's, not the data's.  The wait's start is
-            # not in the heartbeat (one byte marks it, to keep the hot path short): it began after
-            # the last poll that still saw the loop body.
-            since = self._body_until
         stall_s = now - since
         timeout = self.timeout(first)
         if stall_s >= timeout and not self._stalled:

@@ -29,7 +29,7 @@ from dlwatch._fs import create_private, json_line, open_private
 from dlwatch._log import configure_own_process, get_logger
 from dlwatch.wire.config import DEFAULT_KEEP_RUNS
 from dlwatch.collect import faultdump, procfs
-from dlwatch.collect.gpu import GpuProbe
+from dlwatch.collect.gpu import GpuProbe, gpu_notes
 from dlwatch.collect.system import SystemProbe, read_system
 from dlwatch.detect import registry
 from dlwatch.detect.base import NOTE_EVENTS, Detector, View
@@ -332,6 +332,7 @@ class Monitor:
                 "persistent_workers": (config or {}).get("persistent_workers"),
                 "iterations": 0,
                 "batches": 0,
+                "config": config,  # its settings, as at its first iteration (the summary's `loader` is the last's)
             }
         if entry is not None:
             entry["iterations"] += 1
@@ -350,9 +351,7 @@ class Monitor:
         batches = int(num("batches"))
         active, wait = num("active_s"), num("data_wait_s")
         pids = [p for p in ev.get("worker_pids") or () if isinstance(p, int) and not isinstance(p, bool)][:256]
-        stats = [self.runstats.procs[p] for p in pids if p in self.runstats.procs]
-        utils = [u for u in (st.cpu_util() for st in stats) if u is not None]
-        rss = [st.rss_peak for st in stats if st.rss_peak is not None]
+        workers, each = self.runstats.iteration_workers(pids)
         row = {
             "iteration": n,
             "loader": seg["loader"],
@@ -365,12 +364,10 @@ class Monitor:
             "data_wait_s": round(wait, 4),
             "data_wait_share": round(min(1.0, wait / active), 4) if active > 0 else None,
             "first_batch_s": round(num("first_batch_s"), 4) if batches else None,
-            "workers": {
-                "num_workers": len(pids),
-                "cpu_util_mean": round(sum(utils) / len(utils), 3) if utils else None,
-                "rss_peak": max(rss) if rss else None,
-            },
+            "workers": workers,
         }
+        if each is not None:
+            row["worker_processes"] = each  # every worker it started, named, with its figures
         entry = self.loaders.get(seg["loader"])
         if entry is not None:
             row["epoch"] = entry.get("rows", 0)
@@ -829,8 +826,8 @@ class Monitor:
         if self.cfg.get("program_run"):  # every iteration of one `dlwatch run` shares it
             config["program_run"] = self.cfg["program_run"]
         notes = list(self.notes)
-        if self.gpu is not None and self.gpu.unavailable:
-            notes.append(f"GPU: {self.gpu.unavailable}")
+        gpu_said, quiet = gpu_notes(self.gpu)
+        notes.extend(gpu_said)
         if self.timeline.failed:
             notes.append(self.timeline.failed)
         report = build.incident(
@@ -848,13 +845,14 @@ class Monitor:
             events=self.notable,
             timeline=[json.loads(r) if type(r) is bytes else r for r in self.ring],
             notes=notes,
+            quiet_notes=quiet,
         )
         return self._add_findings(report) if findings else report
 
     def _progress(self, hb: hbmod.Heartbeat | None) -> dict[str, Any]:
         if hb is None:
             return {"batches": 0, "epochs": 0}
-        out: dict[str, Any] = hb.to_dict()
+        out: dict[str, Any] = hb.progress(time.monotonic(), self.stall.body_until)  # the wait going on counted
         if hb.ts_last_batch:
             out["last_batch_age_s"] = round(time.monotonic() - hb.ts_last_batch, 3)
             out["last_batch_ts"] = round(time.time() - (time.monotonic() - hb.ts_last_batch), 3)
@@ -974,7 +972,7 @@ class Monitor:
     def _write_summary(self, ended: str) -> str | None:
         """The run summary (figures, advice, preflight) next to the incidents; never an incident."""
         try:
-            from dlwatch.detect.advice import to_finding
+            from dlwatch.detect.advice import not_judged, to_finding
             from dlwatch.report import summary as sm
 
             now = time.time()
@@ -996,12 +994,20 @@ class Monitor:
             self._run_detectors("on_finish", run=s.to_dict())
             pbs = self.playbooks or ()
             advice = sorted((to_finding(a, pbs) for a in self.advice.values()), key=lambda f: -f["confidence"])
+            gpu_said, quiet = gpu_notes(self.gpu)
+            unjudged = [
+                u
+                for u in not_judged(self.detectors, s.to_dict(), self.loader or {})
+                if u["playbook"] not in self.ignore
+            ]
             s = s.replace(
                 advice=tuple(Finding.from_dict(f) for f in advice),
                 preflight=tuple(Finding.from_dict(to_finding(a, pbs)) for a in self.preflight.values()),
                 incidents=[os.path.basename(p) for p in self.incidents],
-                notes=list(self.notes)
-                + ([f"GPU: {self.gpu.unavailable}"] if self.gpu and self.gpu.unavailable else []),
+                notes=list(self.notes) + gpu_said,
+                **({"quiet_notes": quiet} if quiet else {}),  # shown to people with -v only
+                # the advisors a run too short could not feed, and the minimum each missed
+                **({"advice_not_judged": unjudged} if unjudged else {}),
             )
             if self.program:  # `dlwatch run`: the whole program, a row per loader iteration
                 s = self._program_summary(s)
@@ -1031,6 +1037,8 @@ class Monitor:
         notes = list(s.notes or ())
         if self.rows_dropped:
             notes.append(f"{self.rows_dropped} later iterations are counted, not listed")
+        if self.runstats.workers_unlisted:
+            notes.append(f"{self.runstats.workers_unlisted} workers of later iterations are counted, not listed")
         loop = dict(s.loop or {})
         loop["iterations"] = sum(e["iterations"] for e in self.loaders.values())
         return s.replace(

@@ -81,6 +81,7 @@ def incident(
     events: Sequence[Any] = (),
     timeline: Sequence[Any] = (),
     notes: Iterable[str] = (),
+    quiet_notes: Iterable[str] = (),
 ) -> Incident:
     """A new incident from its parts, every key of schema 1 in documented order (the builder of
     the monitor, attach and the finisher).  ``rank`` (default: read from the environment) and the
@@ -98,6 +99,9 @@ def incident(
         timeline=list(timeline),
         notes=tuple(notes),
         config=dict(config) if config is not None else {},
+        # notes people see with -v only (a fact for machines, noise for people: no NVML on a machine
+        # without an NVIDIA device); the key exists only where there is one
+        **({"quiet_notes": list(quiet_notes)} if quiet_notes else {}),
     )
 
 

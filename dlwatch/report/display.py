@@ -72,6 +72,29 @@ def one_line(v: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def cut_words(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters, cut between two words and marked ``...`` where it is
+    longer (a single word longer than the limit is cut inside: nothing else is)."""
+    if len(text) <= limit:
+        return text
+    room = max(1, limit - 3)
+    head = text[: room + 1]
+    cut = head.rfind(" ")
+    head = head[:cut] if cut > room // 2 else text[:room]
+    return head.rstrip(" ,;:-") + "..."
+
+
+def count(n: Any, noun: str, plural: str | None = None) -> str:
+    """``1 epoch``, ``2 epochs``, ``1 batch``, ``3 batches``: a number and its noun, the plural right."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return f"{human_number(n)} {plural or _plural(noun)}"
+    return f"{human_number(n)} {noun if n == 1 else plural or _plural(noun)}"
+
+
+def _plural(noun: str) -> str:
+    return noun + "es" if noun.endswith(("s", "sh", "tch", "x")) else noun + "s"  # batches; epochs
+
+
 def percent(v: Any) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return "-"

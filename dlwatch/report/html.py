@@ -39,7 +39,8 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from dlwatch.report import display, schema
+from dlwatch.report import display, runview, schema
+from dlwatch.report.render import shown_notes
 from dlwatch.report.schema import Finding, Incident, RunSummary
 
 HTML_NAME = "report.html"
@@ -321,9 +322,11 @@ def summary_chart_data(
         return f"worker {s[1]}" if s[0] == "worker" else f"{p.get('role') or 'process'} ({s[1]})"
 
     charts = _charts(samples, slot, label)
-    markers: list[dict[str, Any]] = []
+    # `dlwatch run`: each loader iteration where it began (`loader1 epoch 1`), from its row; a watch's
+    # epochs where a sample first saw them (the heartbeat counts them; one shorter than a poll is missed)
+    markers: list[dict[str, Any]] = runview.markers(summary, t0, MAX_EPOCH_MARKERS) or []
     last_epochs = None
-    for x, r in zip(xs, samples):
+    for x, r in zip(xs, samples) if not runview.iterations(summary) else ():
         hb = r.get("heartbeat") if isinstance(r.get("heartbeat"), Mapping) else {}
         epochs = _num(hb.get("epochs"))
         if epochs is not None and last_epochs is not None and epochs > last_epochs:
@@ -434,10 +437,46 @@ _SCRIPT = r"""
       });
     }] } };
   }
+  // Axes that fit the data: ticks at round steps of the data's own unit (bytes in powers of 1024, counts
+  // in whole numbers), labelled with as many decimals as the step needs (so no two ticks read alike),
+  // and a range from the data (all zero: up to one unit, not uPlot's 0-100).
+  var UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+  function steps(base, least) {
+    var out = [];
+    for (var e = -6; e <= 9; e++) [1, 2, 5].forEach(function (m) { var v = m * Math.pow(10, e) * base; if (v >= least) out.push(v); });
+    return out;
+  }
+  function decimals(step) { return Math.max(0, Math.min(6, Math.ceil(-Math.log10(step) - 1e-9))); }
+  function axisOf(c) {
+    var top = 0;
+    c.series.forEach(function (s) { if (s.scale !== "pct") s.y.forEach(function (v) { if (v != null && Math.abs(v) > top) top = Math.abs(v); }); });
+    if (c.unit === "bytes") {
+      var i = 0; while (i < UNITS.length - 1 && top >= Math.pow(1024, i + 1)) i++;
+      var base = Math.pow(1024, i);
+      return { incrs: steps(base, 1), empty: 1024, label: function (v, step) { return (v / base).toFixed(decimals(step / base)) + " " + UNITS[i]; } };
+    }
+    if (c.unit === "seconds" && top >= 120) {
+      return { incrs: steps(60, 0.6), empty: 60, label: function (v, step) { return (v / 60).toFixed(decimals(step / 60)) + " min"; } };
+    }
+    if (c.unit === "seconds") return { incrs: steps(1, 1e-6), empty: 1, label: function (v, step) { return v.toFixed(decimals(step)) + " s"; } };
+    if (c.unit === "percent") return { incrs: steps(1, 1), empty: 100, fixed: [0, 100], label: function (v, step) { return v.toFixed(decimals(step)) + "%"; } };
+    if (c.unit === "cores") return { incrs: steps(1, 0.001), empty: 1, label: function (v, step) { return v.toFixed(decimals(step)); } };
+    return { incrs: steps(1, 1), empty: 1, label: function (v) { return String(Math.round(v)); } };
+  }
+  function rangeOf(ax) {
+    return function (u, lo, hi) {
+      if (ax.fixed) return ax.fixed;
+      if (lo == null || hi == null) return [0, ax.empty];
+      if (lo === hi) return lo === 0 ? [0, ax.empty] : [lo - Math.abs(lo) * 0.05, hi + Math.abs(hi) * 0.05];
+      var r = uPlot.rangeNum(lo, hi, 0.1, true);
+      return [lo >= 0 ? Math.max(0, r[0]) : r[0], r[1]];
+    };
+  }
   var drawn = 0;
   D.charts.forEach(function (c) {
     var el = document.getElementById("chart-" + c.id);
     var fmt = FMT[c.unit] || FMT.count;
+    var ax = axisOf(c);
     var xs = D.x.slice(); if (D.pin != null) xs.push(D.pin);  // the incident moment is on every axis
     var data = [xs];
     var series = [{ label: D.xname }];
@@ -447,8 +486,12 @@ _SCRIPT = r"""
                     value: function (u, v) { return (s.scale === "pct" ? FMT.percent : fmt)(v); }, spanGaps: false,
                     points: { show: D.x.length < 3 } });
     });
-    var axes = [{ label: D.xlabel }, { values: function (u, vs) { return vs.map(fmt); }, size: 80 }];
-    var scales = { x: { time: false } };
+    var axes = [{ label: D.xlabel }, { incrs: ax.incrs, size: 90, values: function (u, vs, i, space, step) {
+      var labels = vs.map(function (v) { return v == null ? "" : ax.label(v, step); });
+      el.setAttribute("data-y-ticks", JSON.stringify(labels));  // what the axis reads, for people's tools and tests
+      return labels;
+    } }];
+    var scales = { x: { time: false }, y: { range: rangeOf(ax) } };
     if (c.unit2) { axes.push({ side: 1, scale: "pct", values: function (u, vs) { return vs.map(FMT.percent); }, grid: { show: false } });
                    scales.pct = { range: [0, 100] }; }
     new uPlot({ width: Math.min(1000, document.body.clientWidth - 40), height: 260, title: c.title, plugins: [markers()],
@@ -557,7 +600,7 @@ def render_html(report: Incident | Mapping[str, Any], timeline: Sequence[Any] | 
             parts.append("<h2>Stacks</h2>")
             for who, frames in excerpts:
                 parts.append(f"<p><b>{_e(who)}</b> (innermost first)</p><pre>{_e(chr(10).join(frames))}</pre>")
-    return _page_end(parts, list(r.notes) if r.notes is not None else None, data)
+    return _page_end(parts, shown_notes(r) if r.notes is not None else None, data)
 
 
 def _headline_rows(s: RunSummary) -> list[tuple[str, str]]:
@@ -569,7 +612,17 @@ def _headline_rows(s: RunSummary) -> list[tuple[str, str]]:
         shown += f", ... ({len(per_epoch) - 40} more epochs; mean {display.human_seconds(first.get('mean_s'))})"
     rows = [
         ("batches", display.human_number(loop.get("batches"))),
-        ("epochs", display.human_number(loop.get("epochs"))),
+        *(  # `dlwatch run` with several loaders: its epochs are each loader's (see Loaders and iterations)
+            [("epochs", display.human_number(loop.get("epochs")))]
+            if len(runview.loaders(s)) < 2
+            else [
+                ("loader iterations", display.human_number(loop.get("iterations"))),
+                *(
+                    (f"epochs of {e.get('loader')}", display.human_number(e.get("iterations")))
+                    for e in runview.loaders(s)
+                ),
+            ]
+        ),
         ("wall time of the block", display.human_seconds(loop.get("wall_s"))),
         ("data-wait share (whole loop)", display.percent(loop.get("data_wait_share"))),
         (
@@ -597,6 +650,12 @@ def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
     return (
         "<table><tbody>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</tbody></table>"
     )
+
+
+def _main_table(s: RunSummary) -> display.Table:
+    """The training process alone (a program's workers are listed by iteration)."""
+    table = _workers_table(s)
+    return display.Table(table.headers, tuple(r for r in table.rows if r[0] == "training process"))
 
 
 def _workers_table(s: RunSummary) -> display.Table:
@@ -685,7 +744,7 @@ def render_summary_html(
             + "</div>"
         )
     else:
-        parts.append("<div><b>No advice</b>: nothing in this run's figures called for a change.</div>")
+        parts.append(f"<div><b>No advice</b>: {_e(runview.no_advice_line(s).removeprefix('No advice: '))}</div>")
     try:
         loop_line = sm.loop_line(s)
     except Exception as exc:  # a summary edited or damaged: the page says so, the rest is drawn
@@ -714,9 +773,22 @@ def render_summary_html(
         )
     parts.append("<h2>Figures</h2>")
     parts.append(_kv_table(_headline_rows(s)))
+    loaders = runview.loaders(s)
+    if loaders:  # `dlwatch run`: the program's loaders, its iterations, every worker of each
+        parts.append("<h2>Loaders and iterations</h2>")
+        parts.append(_table(runview.loaders_table(s)))
+        iterations = runview.iterations_table(s)
+        if iterations.rows:
+            parts.append(_table(iterations))
     parts.append("<h2>Workers</h2>")
-    table = _workers_table(s)
-    parts.append(_table(table) if table.rows else "<p>No worker processes were observed.</p>")
+    each = runview.worker_table(s)
+    table = _workers_table(s) if each is None else _main_table(s)
+    if each is not None:
+        parts.append(_table(each) if each.rows else "<p>No worker processes were started.</p>")
+    if table.rows:
+        parts.append(_table(table))
+    elif each is None:
+        parts.append("<p>No worker processes were observed.</p>")
     try:
         peaks = list(sm._peak_lines(s))
     except Exception as exc:
@@ -724,14 +796,21 @@ def render_summary_html(
     parts.append("<h2>Peaks</h2>")
     parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in peaks) + "</ul>" if peaks else "<p>none</p>")
     parts.append("<h2>Advice</h2>")
-    parts += _findings_html(advice, "No advice: nothing in this run's figures called for a change.")
+    parts += _findings_html(advice, runview.no_advice_line(s))
+    unjudged = runview.not_judged_words(s)
+    if advice and unjudged:
+        parts.append(f"<p>Too short to judge {_e(unjudged)}.</p>")
     parts.append("<h2>Preflight</h2>")
     parts += _findings_html(preflight, "No preflight finding.")
     loader = s.loader
-    if isinstance(loader, Mapping) and loader:  # unchecked in a summary as it is loaded
+    settings = runview.settings_table(s)
+    if settings is not None:  # `dlwatch run` with several loaders: each one's settings
+        parts.append("<h2>Loaders' settings</h2>")
+        parts.append(_table(settings))
+    elif isinstance(loader, Mapping) and loader:  # unchecked in a summary as it is loaded
         parts.append("<h2>Loader</h2>")
         parts.append(_kv_table([(str(k), display.scalar(str(k), v)) for k, v in loader.items()]))
-    return _page_end(parts, s.notes, data)
+    return _page_end(parts, shown_notes(s) if isinstance(s.notes, list) else s.notes, data)
 
 
 def _open_dir(path: str) -> int:

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TextIO
 
-from dlwatch.report import display, schema
+from dlwatch.report import display, runview, schema
 from dlwatch.report.schema import Finding, Frame, Incident, RunSummary, Stack
 
 # C0 controls (ESC among them), DEL, C1 controls, and the bidirectional overrides that
@@ -123,7 +123,7 @@ def _md_value(label: str, value: Any) -> Iterator[str]:
 
 def _progress_line(prog: Mapping[str, Any]) -> str:
     text = (
-        f"{display.human_number(prog.get('batches', 0))} batches, {display.human_number(prog.get('epochs', 0))} epochs; "
+        f"{progress_words(prog)}; "
         f"waiting for data {display.human_seconds(prog.get('data_wait_s'))}, "
         f"in the loop body {display.human_seconds(prog.get('step_s'))}"
     )
@@ -147,7 +147,7 @@ def _first_remediation(f: Finding, limit: int = 160) -> str:
     if len(text) <= limit:
         return text
     cut = text.rfind(". ", 0, limit)
-    return text[: cut + 1] if cut > 40 else text[: limit - 3].rstrip() + "..."
+    return text[: cut + 1] if cut > 40 else display.cut_words(text, limit)
 
 
 def finding_md(i: int, f: Finding) -> Iterator[str]:
@@ -182,9 +182,8 @@ def evidence_terminal(evidence: Any, *, width: int, indent: str = "  ", max_rows
             for line in value[:max_rows]:
                 yield f"{indent}  {line}"
         else:
-            text = str(value)
             room = max(20, width - len(indent) - len(str(label)) - 2)
-            yield f"{indent}{label}: {text[: room - 3] + '...' if len(text) > room else text}"
+            yield f"{indent}{label}: {display.cut_words(str(value), room)}"
 
 
 def markdown_lines(report: Incident | Mapping[str, Any]) -> Iterator[str]:
@@ -318,38 +317,88 @@ def render_markdown(report: Incident | Mapping[str, Any]) -> str:
 HEADLINE_LINES = 6  # what happened, verdict, top finding, what to do: the first lines, before any detail
 
 
-def terminal_lines(report: Incident | Mapping[str, Any], width: int = 100) -> Iterator[str]:
+def wrap(text: str, width: int, indent: str = "", hang: str | None = None) -> list[str]:
+    """``text`` (made terminal-safe) as lines of at most ``width`` characters, broken between words:
+    the first line starts with ``indent``, the others with ``hang`` (default: ``indent`` and two spaces).
+    A word longer than a line (a path) is the only thing ever broken inside."""
+    import textwrap
+
+    hang = indent + "  " if hang is None else hang
+    lines = textwrap.wrap(
+        _NUMBER_UNIT.sub("\\1\u00a0\\2", terminal_safe(text)),  # "0.00 s" stays on one line
+        width=max(20, width),
+        initial_indent=indent,
+        subsequent_indent=hang,
+        break_on_hyphens=False,
+    )
+    return [line.replace("\u00a0", " ") for line in lines] or [indent.rstrip()]
+
+
+_NUMBER_UNIT = re.compile(r"(\d) (s|ms|min|h|B|KiB|MiB|GiB|TiB|cores?|%)(?=\W|$)")
+
+
+def headline(r: Incident) -> str:
+    """``TRIGGER (verdict): summary``, the verdict said once: the summary of a stall or an interrupt
+    ends its first part with ``(verdict)``, which moves to the front; one that names it otherwise
+    (``attached to pid N: deadlock``) keeps it there."""
+    summary = _one_line(r.summary or "")
+    trigger = str(r.trigger or "?").upper()
+    verdict = str(r.classification) if r.classification else ""
+    if not verdict:
+        return f"{trigger}: {summary}"
+    if f" ({verdict})" in summary:
+        return f"{trigger} ({verdict}): {summary.replace(f' ({verdict})', '', 1)}"
+    if re.search(rf"(^|\W){re.escape(verdict)}(\W|$)", summary):
+        return f"{trigger}: {summary}"
+    return f"{trigger} ({verdict}): {summary}"
+
+
+def progress_words(prog: Mapping[str, Any]) -> str:
+    """``N batches, N epochs`` with the plurals right."""
+    return f"{display.count(prog.get('batches', 0), 'batch')}, {display.count(prog.get('epochs', 0), 'epoch')}"
+
+
+def terminal_lines(report: Incident | Mapping[str, Any], width: int = 100, *, verbose: bool = False) -> Iterator[str]:
     """The terminal view: the headline first (what happened, the verdict, the top finding, what to
-    do), then the evidence of the top finding, the processes as a table, and short stacks."""
+    do), then the evidence of the top finding, the processes as a table, and short stacks.
+
+    Sentences (the headline, findings, what to do, the exception, notes) are wrapped between words
+    to ``width``; tables and evidence values are cut to it (report.md has every word).  Notes the
+    report marks as quiet (``quiet_notes``: facts that explain nothing on that machine, such as no
+    NVML where no NVIDIA device exists) are shown with ``verbose`` only."""
     r = schema.incident(report)
     findings = r.findings or ()
-    verdict = f" ({r.classification})" if r.classification else ""
-    yield f"{str(r.trigger or '?').upper()}{verdict}: {_one_line(r.summary or '')}"
-    yield f"  incident {r.id}, {r.created_at}, pid {r.pid}"
+    yield from wrap(headline(r), width, "", "    ")
+    yield from wrap(f"incident {r.id}, {r.created_at}, pid {r.pid}", width, "  ", "    ")
     job = r.job
     if job is not None and job.role == "waiting":
-        yield f"  job: this rank waits in {job.waiting_in}; the whole job: {job.view}"
+        yield from wrap(f"job: this rank waits in {job.waiting_in}; the whole job: {job.view}", width, "  ")
     elif job is not None and job.job_id:
-        yield f"  job: {job.job_id}; the whole job: {job.view}"
+        yield from wrap(f"job: {job.job_id}; the whole job: {job.view}", width, "  ")
     exc = r.exception
     if exc:
         first = (str(exc.message or "").splitlines() or [""])[-1]
-        yield f"  exception: {exc.type}: {first[:200]}"
+        yield from wrap(f"exception: {exc.type}: {display.cut_words(first, 200)}", width, "  ", "    ")
     if findings:
         top = findings[0]
-        yield f"  finding: {top.playbook} ({display.percent(top.confidence)}) {_one_line(top.title)}"
+        yield from wrap(
+            f"finding: {top.playbook} ({display.percent(top.confidence)}) {_one_line(top.title)}", width, "  ", "    "
+        )
         todo = _first_remediation(top)
-        if todo:
-            yield f"  -> {todo}"
+        if todo:  # a paragraph that introduces a list ends with ":": the list is in report.md
+            yield from wrap(f"-> {todo} see report.md" if todo.endswith(":") else f"-> {todo}", width, "  ", "     ")
     else:
         yield "  no playbook matched"
     prog = r.progress or {}
     if prog:
         stalled = f"no progress for {display.human_seconds(prog.get('stall_s'))}; " if prog.get("stall_s") else ""
-        yield (
-            f"  {stalled}{display.human_number(prog.get('batches', 0))} batches, "
+        yield from wrap(
+            f"{stalled}{display.count(prog.get('batches', 0), 'batch')}, "
             f"data wait {display.human_seconds(prog.get('data_wait_s'))}, "
-            f"loop body {display.human_seconds(prog.get('step_s'))}"
+            f"loop body {display.human_seconds(prog.get('step_s'))}",
+            width,
+            "  ",
+            "    ",
         )
     if findings:
         lines = list(evidence_terminal(findings[0].evidence, width=width))
@@ -358,7 +407,9 @@ def terminal_lines(report: Incident | Mapping[str, Any], width: int = 100) -> It
             yield "evidence:"
         yield from lines
         for f in findings[1:]:
-            yield f"  also: {f.playbook} ({display.percent(f.confidence)}) {_one_line(f.title)}"
+            yield from wrap(
+                f"also: {f.playbook} ({display.percent(f.confidence)}) {_one_line(f.title)}", width, "  ", "    "
+            )
     procs = r.processes or ()
     if procs:
         yield ""
@@ -373,8 +424,18 @@ def terminal_lines(report: Incident | Mapping[str, Any], width: int = 100) -> It
                 yield f"  {who}: {frames[0]}"
                 for fr in frames[1:]:
                     yield f"      <- {fr}"
-    for n in r.notes or ():
-        yield f"  note: {n}"
+    for n in shown_notes(r, verbose=verbose):
+        yield from wrap(f"note: {_one_line(n)}", width, "  ", "    ")
+
+
+def shown_notes(r: Incident | RunSummary, *, verbose: bool = False) -> list[str]:
+    """The notes to show people: all of them with ``verbose``, else those not marked quiet."""
+    notes = [str(n) for n in r.notes or ()]
+    if verbose:
+        return notes
+    quiet = r.extra.get("quiet_notes")
+    hidden = {str(n) for n in quiet} if isinstance(quiet, list) else set()
+    return [n for n in notes if n not in hidden]
 
 
 _STYLES = {"bold_red": "\x1b[1;31m", "yellow": "\x1b[33m", "green": "\x1b[32m", "bold": "\x1b[1m", "dim": "\x1b[2m"}
@@ -392,26 +453,33 @@ def use_color(stream: Any, environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def terminal_view(r: Incident | Mapping[str, Any], *, color: bool = False, width: int = 100) -> Iterator[str]:
-    """``terminal_lines`` made safe to print (controls escaped), then coloured when asked."""
-    for i, line in enumerate(terminal_lines(r, width=width)):
+def terminal_view(
+    r: Incident | Mapping[str, Any], *, color: bool = False, width: int = 100, verbose: bool = False
+) -> Iterator[str]:
+    """``terminal_lines`` made safe to print (controls escaped), then coloured when asked.
+
+    A line indented deeper than the line it continues (a wrapped sentence) keeps that line's colour."""
+    style = ""
+    for i, line in enumerate(terminal_lines(r, width=width, verbose=verbose)):
         safe = terminal_safe(line)
-        if len(safe) > width:  # one screen wide; report.md has every word
+        if len(safe) > width:  # a table row: one screen wide; report.md has every word
             safe = safe[: width - 1] + "~"
-        if not color:
-            yield safe
-        elif i == 0:
-            yield _STYLES["bold_red"] + safe + _RESET
-        elif safe.startswith("  finding:") or safe.startswith("  -> "):
-            yield _STYLES["yellow"] + safe + _RESET
-        elif safe.endswith(":") and not safe.startswith(" "):
-            yield _STYLES["bold"] + safe + _RESET
-        else:
-            yield safe
+        if not safe.startswith("    "):
+            if i == 0:
+                style = "bold_red"
+            elif safe.startswith("  finding:") or safe.startswith("  -> "):
+                style = "yellow"
+            elif safe.endswith(":") and not safe.startswith(" "):
+                style = "bold"
+            else:
+                style = ""
+        yield _STYLES[style] + safe + _RESET if color and style else safe
 
 
-def render_terminal(report: Incident | Mapping[str, Any], file: TextIO, *, color: bool = False) -> None:
-    for line in terminal_view(report, color=color):
+def render_terminal(
+    report: Incident | Mapping[str, Any], file: TextIO, *, color: bool = False, verbose: bool = False
+) -> None:
+    for line in terminal_view(report, color=color, verbose=verbose):
         print(line, file=file)
 
 
@@ -430,7 +498,16 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
 def loader_and_notes_md(r: Incident | RunSummary) -> Iterator[str]:
     """The "Loader" table and "Notes" list of report.md and summary.md (values from a report: escaped)."""
     loader = r.loader
-    if isinstance(loader, Mapping) and loader:  # a summary's loader is not checked when it is loaded
+    each = runview.settings_table(r) if isinstance(r, RunSummary) else None  # `dlwatch run`: every loader's
+    if each is not None:
+        yield ""
+        yield "## Loaders' settings"
+        yield ""
+        yield "| " + " | ".join(display.md_cell(h, code) for h in each.headers) + " |"
+        yield "|" + "---|" * len(each.headers)
+        for row in each.rows:  # a setting's name as is, its values escaped
+            yield "| " + " | ".join([display.md_cell(row[0]), *(display.md_cell(c, code) for c in row[1:])]) + " |"
+    elif isinstance(loader, Mapping) and loader:  # a summary's loader is not checked when it is loaded
         yield ""
         yield "## Loader"
         yield ""
@@ -438,9 +515,10 @@ def loader_and_notes_md(r: Incident | RunSummary) -> Iterator[str]:
         yield "|---|---|"
         for k, v in loader.items():
             yield f"| {display.md_cell(str(k))} | {display.md_cell(display.scalar(str(k), v), code)} |"
-    if r.notes:
+    notes = shown_notes(r)
+    if notes:
         yield ""
         yield "## Notes"
         yield ""
-        for n in r.notes:
+        for n in notes:
             yield f"- {_one_line(n)}"

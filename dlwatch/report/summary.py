@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from dlwatch._version import __version__
 
-from dlwatch.report import schema
+from dlwatch.report import display, runview, schema
 from dlwatch.report.schema import RunSummary
 from dlwatch.report.store import SUMMARY_KIND as KIND, SUMMARY_SCHEMA_VERSION
 
@@ -88,8 +88,11 @@ def _num(x: Any, fmt: str = ".3g") -> str:
 def loop_line(s: RunSummary) -> str:
     loop = s.loop or {}
     first = loop.get("first_batch_s") or {}
+    counted = runview.loop_words(s) or (  # a program of several loaders: its epochs per loader
+        f"{display.count(loop.get('batches', 0), 'batch')}, {display.count(loop.get('epochs', 0), 'epoch')}"
+    )
     return (
-        f"{loop.get('batches', 0)} batches, {loop.get('epochs', 0)} epochs in {_num(loop.get('wall_s'))} s; "
+        f"{counted} in {_num(loop.get('wall_s'))} s; "
         f"data wait {_pct(loop.get('data_wait_share'))} of the loop (steady {_pct(loop.get('steady_data_wait_share'))}), "
         f"body {_pct(loop.get('body_share'))}; steady batch {_num(loop.get('steady_batch_s'))} s, "
         f"first batch of an epoch {_num(first.get('mean_s'))} s"
@@ -97,12 +100,10 @@ def loop_line(s: RunSummary) -> str:
 
 
 def _worker_line(w: Mapping[str, Any]) -> str:
-    share = w.get("state_share") or {}
-    states = ", ".join(f"{k} {_pct(v)}" for k, v in share.items() if v) or "not observed"
-    return (
-        f"worker {_num(w.get('worker_id'))} (pid {w.get('pid')}): cpu {_num(w.get('cpu_util'))} cores; {states}; "
-        f"rss peak {human_bytes(w.get('rss_peak'))}, uss peak {human_bytes(w.get('uss_peak'))}"
-    )
+    return f"{runview.worker_label(w)}: {runview.worker_words(w)}"
+
+
+TERMINAL_WORKER_LINES = 24  # summary.md has every worker of every iteration
 
 
 def _peak_lines(s: RunSummary) -> Iterator[str]:
@@ -146,7 +147,10 @@ def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
         yield f"## {title}"
         yield ""
         if not findings:
-            yield "None." if key == "advice" else "No preflight finding."
+            yield runview.no_advice_line(s) if key == "advice" else "No preflight finding."
+        elif key == "advice" and runview.not_judged_words(s):
+            yield f"Too short to judge {md_cell(runview.not_judged_words(s))}."
+            yield ""
         from dlwatch.report.render import finding_md  # one renderer for findings, escaped, for both documents
 
         for i, f in enumerate(findings, 1):
@@ -155,10 +159,16 @@ def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
     yield ""
     yield "## Workers"
     yield ""
-    if not workers:
+    each = runview.worker_table(s)  # `dlwatch run`: every worker of every iteration, named
+    if each is not None:
+        from dlwatch.report.render import code
+
+        yield from display.md_table(each, code) if each.rows else ["No worker processes were started."]
+        yield ""
+    elif not workers:
         yield "No worker processes were observed."
-    for w in workers:
-        yield f"- {_worker_line(w)}"
+    for w in workers if each is None else ():
+        yield f"- {md_cell(_worker_line(w))}"
     main = s.main or {}
     if main:
         yield (
@@ -179,11 +189,7 @@ def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
 
 
 def _loader_line(e: Mapping[str, Any]) -> str:
-    return (
-        f"{e.get('loader')} ({e.get('name') or '-'}, {_num(e.get('num_workers'))} workers"
-        f"{', persistent' if e.get('persistent_workers') else ''}): "
-        f"{_num(e.get('iterations'))} iterations, {_num(e.get('batches'))} batches"
-    )
+    return runview.loader_line(e)
 
 
 def md_cell(value: Any) -> str:
@@ -193,47 +199,30 @@ def md_cell(value: Any) -> str:
     return _md_text(str(value).replace("|", "/"))
 
 
-def _program_key(s: RunSummary | Mapping[str, Any], key: str) -> Any:
-    """A ``dlwatch run`` key of the summary (``loaders``, ``iterations``): the typed summary keeps it
-    among the keys it does not name."""
-    if isinstance(s, RunSummary):
-        return s.extra.get(key)
-    return s.get(key)
-
-
 def _iteration_md(s: RunSummary | Mapping[str, Any]) -> Iterator[str]:
     """``dlwatch run``: the program's loaders, and a row per loader iteration (epoch)."""
-    loaders = _program_key(s, "loaders") or []
-    rows = _program_key(s, "iterations") or []
-    if not loaders and not rows:
+    from dlwatch.report.render import code
+
+    loaders = runview.loaders(s)
+    rows = runview.iterations_table(s)
+    if not loaders and not rows.rows:
         return
     yield ""
     yield "## Loaders and iterations"
     yield ""
     for e in loaders:
-        if isinstance(e, Mapping):
-            yield f"- {md_cell(_loader_line(e))}"
-    if not rows:
-        return
-    yield ""
-    yield "| # | loader | epoch | batches | data wait | first batch s | workers | worker cpu (cores) | worker rss peak |"
-    yield "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
-    for r in rows:
-        if not isinstance(r, Mapping):
-            continue
-        w = r.get("workers") if isinstance(r.get("workers"), Mapping) else {}
-        yield (
-            f"| {_num(r.get('iteration'))} | {md_cell(str(r.get('loader')))} | {_num(r.get('epoch'))} "
-            f"| {_num(r.get('batches'))} | {_pct(r.get('data_wait_share'))} | {_num(r.get('first_batch_s'))} "
-            f"| {_num(w.get('num_workers'))} | {_num(w.get('cpu_util_mean'))} | {human_bytes(w.get('rss_peak'))} |"
-        )
+        yield f"- {md_cell(_loader_line(e))}"
+    if rows.rows:
+        yield ""
+        yield from display.md_table(rows, code)
 
 
 def render_markdown(summary: RunSummary | Mapping[str, Any]) -> str:
     return "\n".join(markdown_lines(summary)) + "\n"
 
 
-def terminal_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
+def terminal_lines(summary: RunSummary | Mapping[str, Any], *, verbose: bool = False) -> Iterator[str]:
+    """The terminal view of a run summary (``verbose``: the quiet notes too, see ``render.shown_notes``)."""
     s = schema.run_summary(summary)
     yield f"run {s.id}  [summary, {s.ended or '-'}]  {s.created_at or '-'}  pid {s.pid}"
     yield f"  {loop_line(s)}"
@@ -247,17 +236,23 @@ def terminal_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
             if rem:
                 yield f"    -> {rem[0]}"
     if not s.advice:
-        yield "  no advice"
-    for e in _program_key(s, "loaders") or ():
-        if isinstance(e, Mapping):
-            yield f"  {_loader_line(e)}"
-    for w in s.workers or ():
-        yield f"  {_worker_line(w)}"
+        yield f"  {runview.no_advice_line(s)[0].lower()}{runview.no_advice_line(s)[1:]}"
+    for e in runview.loaders(s):
+        yield f"  {_loader_line(e)}"
+
+    each = runview.worker_lines(s)  # `dlwatch run`: every worker of every iteration
+    lines = each if each is not None else [_worker_line(w) for w in s.workers or ()]
+    for line in lines[:TERMINAL_WORKER_LINES]:
+        yield f"  {line}"
+    if len(lines) > TERMINAL_WORKER_LINES:
+        yield f"  ... {len(lines) - TERMINAL_WORKER_LINES} more workers in summary.md"
     for line in _peak_lines(s):
         yield f"  {line}"
     if s.incidents:
         yield f"  incidents: {', '.join(s.incidents)}"
-    for n in s.notes or ():
+    from dlwatch.report.render import shown_notes
+
+    for n in shown_notes(s, verbose=verbose):
         yield f"  note: {n}"
 
 
@@ -276,4 +271,21 @@ def pointer_line(s: RunSummary, path: str) -> str | None:
     ids = [str(f.playbook) for f in s.advice or ()]
     if not ids:
         return None
-    return f"dlwatch: run summary with advice ({', '.join(ids)}): {path} (dlwatch report {s.id})"
+    return f"dlwatch: run summary with advice ({', '.join(ids)}): {path} ({show_command(s.id, path)})"
+
+
+def show_command(run_id: str, path: str) -> str:
+    """``dlwatch report RUN-ID``, runnable as printed: with ``--dir`` where the summary at ``path``
+    (``<report_dir>/runs/<id>``) is not in the directory the command reads by default (./dlwatch-reports
+    here, with no DLWATCH_DIR: a variable set for the program may not be set where the line is read)."""
+    import os
+    import shlex
+
+    from dlwatch.wire.config import DEFAULT_REPORT_DIR
+
+    report_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    try:
+        default = not os.environ.get("DLWATCH_DIR") and os.path.samefile(report_dir, DEFAULT_REPORT_DIR)
+    except OSError:
+        default = False
+    return f"dlwatch report {run_id}" if default else f"dlwatch report {run_id} --dir {shlex.quote(report_dir)}"

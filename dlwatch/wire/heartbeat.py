@@ -71,6 +71,24 @@ class Heartbeat:
             return None
         return max(0.0, self.ts_first_batch - self.ts_wait_start)
 
+    def wait_started(self, body_until: float = 0.0) -> float:
+        """When the wait for data going on began (monotonic; 0.0 outside a wait).  The epoch's first
+        wait is in the record; a later one began after the last batch and after ``body_until``, the
+        last time the loop body was seen (its start is one byte, not a time, to keep the hot path short)."""
+        if self.state != STATE_WAITING:
+            return 0.0
+        if self.epoch_batches == 0:
+            return self.ts_wait_start if self.ts_wait_start > 0 else 0.0
+        return max(self.ts_last_batch, body_until) if self.ts_last_batch > 0 else 0.0
+
+    def in_progress_s(self, now: float, body_until: float = 0.0) -> tuple[float, float]:
+        """(the wait for data, the loop body) going on at monotonic ``now``: seconds the totals
+        ``total_wait_s`` and ``total_step_s`` do not hold yet (they count what ended)."""
+        if self.state == STATE_BODY and self.ts_last_batch > 0:
+            return 0.0, max(0.0, now - self.ts_last_batch)
+        since = self.wait_started(body_until)
+        return (max(0.0, now - since) if since > 0 else 0.0), 0.0
+
     def to_dict(self) -> dict[str, object]:
         return {
             "batches": self.batches,
@@ -81,6 +99,17 @@ class Heartbeat:
             "step_s": round(self.total_step_s, 6),
             "last_interval_s": round(self.last_interval_s, 6),
         }
+
+    def progress(self, now: float, body_until: float = 0.0) -> dict[str, object]:
+        """An incident's ``progress`` at monotonic ``now``: :meth:`to_dict` with the wait or the loop
+        body going on counted in ``data_wait_s`` / ``step_s``, and said apart (``*_in_progress_s``)."""
+        wait, body = self.in_progress_s(now, body_until)
+        out = self.to_dict()
+        out["data_wait_s"] = round(self.total_wait_s + wait, 6)
+        out["step_s"] = round(self.total_step_s + body, 6)
+        out["data_wait_in_progress_s"] = round(wait, 6)
+        out["step_in_progress_s"] = round(body, 6)
+        return out
 
 
 def _allocate(fd: int, size: int) -> None:
