@@ -171,7 +171,8 @@ def finding_md(i: int, f: Finding) -> Iterator[str]:
 
 
 def evidence_terminal(evidence: Any, *, width: int, indent: str = "  ", max_rows: int = 8) -> Iterator[str]:
-    """Evidence for the terminal: a label a line, tables and stacks below their label, long text cut."""
+    """Evidence for the terminal: a label a line, tables and stacks below their label, long text
+    wrapped and cut at a word after about three lines (report.md has every word)."""
     for label, value in display.evidence_items(evidence or {}, plumbing=False):
         if isinstance(value, display.Table):
             yield f"{indent}{label}:"
@@ -182,8 +183,8 @@ def evidence_terminal(evidence: Any, *, width: int, indent: str = "  ", max_rows
             for line in value[:max_rows]:
                 yield f"{indent}  {line}"
         else:
-            room = max(20, width - len(indent) - len(str(label)) - 2)
-            yield f"{indent}{label}: {display.cut_words(str(value), room)}"
+            room = max(20, 3 * (width - len(indent) - 4) - len(str(label)) - 2)  # about three lines
+            yield from wrap(f"{label}: {display.cut_words(str(value), room)}", width, indent, indent + "    ")
 
 
 def markdown_lines(report: Incident | Mapping[str, Any]) -> Iterator[str]:
