@@ -320,3 +320,41 @@ def test_run_summary_evidence_is_for_people_too():
         assert "steady data wait share: 84%" in text and "uploader" in text
     assert "| name | daemon | ident | runs |" in md  # the threads as a table
     assert any(line.split()[:2] == ["name", "daemon"] for line in term.splitlines())
+
+
+def test_words_are_never_cut_inside_and_plurals_agree():
+    assert display.cut_words("the workers' lock when they forked", 20) == "the workers' lock..."
+    assert display.cut_words("short", 20) == "short"
+    assert display.cut_words("x" * 30, 10) == "x" * 7 + "..."  # one word longer than the room: cut inside it
+    assert [display.count(n, "epoch") for n in (0, 1, 2)] == ["0 epochs", "1 epoch", "2 epochs"]
+    assert [display.count(n, "batch") for n in (1, 3)] == ["1 batch", "3 batches"]
+    lines = render.wrap("no progress for 3.06 s; 0 batches, data wait 3.06 s, loop body 0.00 s", 64, "  ", "    ")
+    assert lines == ["  no progress for 3.06 s; 0 batches, data wait 3.06 s, loop body", "    0.00 s"]
+
+
+def test_a_summary_says_why_a_worker_has_no_figures_and_why_no_advice():
+    from dlwatch.report import runview
+
+    seen = {"worker_id": 1, "pid": 9, "cpu_util": 0.5, "state_share": {"running": 0.5, "io": 0.5}, "polls": 4}
+    assert runview.worker_words(seen).startswith("cpu 0.5 cores; running 50%, io 50%; RSS peak -")
+    assert runview.worker_words({"worker_id": 0, "pid": 8, "polls": 0}) == (
+        "not sampled: it started and ended between two polls"
+    )
+    assert runview.worker_words({"worker_id": 0, "pid": 8, "polls": 1, "rss_peak": 1 << 20}).endswith(
+        "sampled by one poll: cpu and states need two"
+    )
+    s = {"loop": {}, "advice": []}
+    assert runview.no_advice_line(s) == "No advice: nothing in this run's figures called for a change."
+    s["advice_not_judged"] = [
+        {
+            "playbook": "input-bound",
+            "unmet": [
+                {"figure": "steady_batches", "needs": 20, "value": 12},
+                {"figure": "steady_loop_s", "needs": 5.0, "value": 0.8},
+            ],
+        }
+    ]
+    assert runview.no_advice_line(s) == (
+        "No advice: too short to judge input-bound (needs at least 20 steady batches, this run 12; "
+        "at least 5.00 s of steady loop time, this run 0.80 s); nothing else in this run's figures called for a change."
+    )

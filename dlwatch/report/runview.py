@@ -119,11 +119,13 @@ def worker_lines(s: RunSummary | Mapping[str, Any]) -> list[str] | None:
     rows = [r for r in iterations(s) if isinstance(r.get("worker_processes"), list)]
     if not rows:
         return None
+    configured = {e.get("loader"): e.get("num_workers") for e in loaders(s)}
     out = []
     for r in rows:
         workers = [w for w in r["worker_processes"] if isinstance(w, Mapping)]
         if not workers:
-            out.append(f"{iteration_label(r)}: no worker processes (num_workers=0)")
+            why = " (num_workers=0)" if configured.get(r.get("loader")) == 0 else ""
+            out.append(f"{iteration_label(r)}: no worker processes{why}")
         for w in workers:
             out.append(f"{iteration_label(r)}, {worker_label(w)}: {worker_words(w)}")
     return out
