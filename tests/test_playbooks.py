@@ -15,34 +15,22 @@ from dlwatch.cli import main
 from dlwatch.errors import NotFoundError, PlaybookError
 from dlwatch.wire.playbooks import ENV_VAR, builtin_dir, load_file, load_playbooks, parse_playbook
 
-FAILURE_IDS = {
-    "fd-exhaustion",
-    "shm-exhaustion",
-    "worker-deadlock",
-    "batch-dim-mismatch",
-    "rng-duplication",
-    "io-stall",
-    "worker-killed",
-    "worker-memory-growth",
-    "pinned-memory-growth",
-    "straggler-rank",
-    "lock-held-at-fork",
-    "producer-gone",
-}
-# advice (the run summary) and preflight ids: found by code, never matched into an incident
-ADVICE_IDS = {
-    "input-bound",
-    "slow-epoch-start",
-    "prefetch-too-deep",
-    "too-many-workers",
-    "pin-memory-without-cuda",
-    "sampler-epoch-not-set",
-    "dataset-memory-per-worker",
-    "fork-with-threads",
-    "fork-after-cuda",
-    "fd-limit-low",
-    "shm-too-small",
-}
+
+def _shipped_ids() -> tuple[set[str], set[str]]:
+    """The shipped failure and advice ids as playbooks/README.md records them (the public contract).
+
+    That sentence is written by docs/gendocs.py from the playbook files and checked by
+    tests/test_docs.py, so a removed or renamed id shows in the committed docs' diff; here the
+    loaded playbooks and the failure registry must agree with it.
+    """
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "playbooks", "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"^Shipped ids [^:]*: (?P<failures>.*?); and the advice ids [^:]*: (?P<advice>.*?)\.$", text, re.M)
+    assert m, "playbooks/README.md lost its generated sentence of shipped ids (python docs/gendocs.py)"
+    return set(re.findall(r"`([a-z0-9-]+)`", m["failures"])), set(re.findall(r"`([a-z0-9-]+)`", m["advice"]))
+
+
+FAILURE_IDS, ADVICE_IDS = _shipped_ids()
 IDS = FAILURE_IDS | ADVICE_IDS
 
 MINIMAL = """
