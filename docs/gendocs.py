@@ -18,7 +18,8 @@ and is written from its source, never by hand:
 - ``examples``: the examples table, from the failure registry (``FAILURE.examples``), the
   demo's healthy and advice lists and each script's docstring;
 - ``modules``: each folder of the package with its modules and their docstring's first line;
-- ``failure-ids``: the failure ids in a sentence (for the README's test section).
+- ``failure-ids``: the failure ids in a sentence (for the README's test section);
+- ``sample-<name>``: what a command printed, as docs/capture.py recorded it in docs/samples/.
 
 Adding a failure or an example therefore changes these files only through this script.
 """
@@ -52,7 +53,7 @@ FILES = ("README.md", "playbooks/README.md", "examples/README.md", "docs/design.
 BEGIN = "<!-- generated: {name} (python docs/gendocs.py) -->"
 END = "<!-- end generated: {name} -->"
 _BLOCK = re.compile(
-    r"^<!-- generated: (?P<name>[a-z-]+) \(python docs/gendocs\.py\) -->\n(?P<body>.*?)^<!-- end generated: (?P=name) -->$",
+    r"^<!-- generated: (?P<name>[a-z0-9-]+) \(python docs/gendocs\.py\) -->\n(?P<body>.*?)^<!-- end generated: (?P=name) -->$",
     re.S | re.M,
 )
 
@@ -92,9 +93,13 @@ def _cell(text: str) -> str:
 
 
 def playbooks_table() -> str:
-    rows = ["| id | kind | what it names |", "|---|---|---|"]
-    for _, doc, _ in _playbook_files():
-        rows.append(f"| `{doc['id']}` | {_kind(doc)} | {_cell(doc['title'])} |")
+    """Failures first (each ends as an incident report), then advice (the run summary and preflight)."""
+    rows = ["| id | becomes | what it names |", "|---|---|---|"]
+    docs = [doc for _, doc, _ in _playbook_files()]
+    for kind, becomes in (("failure", "an incident"), ("advice", "advice")):
+        for doc in docs:
+            if _kind(doc) == kind:
+                rows.append(f"| `{doc['id']}` | {becomes} | {_cell(doc['title'])} |")
     return "\n".join(rows)
 
 
@@ -205,6 +210,17 @@ def modules_table() -> str:
     return "\n".join(rows)
 
 
+def _sample(name: str) -> Callable[[], str]:
+    """A terminal sample docs/capture.py recorded, as a fenced block."""
+
+    def block() -> str:
+        path = os.path.join(HERE, "samples", f"{name}.txt")
+        with open(path, encoding="utf-8") as f:
+            return "```text\n" + f.read().rstrip("\n") + "\n```"
+
+    return block
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "playbooks": playbooks_table,
     "playbook-ids": playbook_ids,
@@ -212,6 +228,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "examples": examples_table,
     "modules": modules_table,
     "failure-ids": failure_ids,
+    **{f"sample-{n}": _sample(n) for n in ("demo", "report", "run", "attach")},
 }
 
 
