@@ -111,6 +111,11 @@ class ProcSample(_ToDict):
     uss_ts: float | None = None  # when uss/pss/vm_lck were read (they are carried forward between reads)
     vm_lck: int | None = None  # bytes locked in memory (VmLck, /proc/<pid>/status), slow cadence
     memlock_limit: int | None = None  # soft RLIMIT_MEMLOCK, bytes; None = unlimited or unreadable; slow cadence
+    # USS in two parts (smaps_rollup, slow cadence): pages this process alone maps that it wrote
+    # (anonymous memory, copy-on-write copies, shmem it filled: what a copy or a leak grows) and
+    # those it only read (nearly all page cache of files it maps: reclaimable, never a copy)
+    private_dirty: int | None = None
+    private_clean: int | None = None
 
 
 _PROC_TEMPLATE: dict[str, Any] = {

@@ -424,7 +424,17 @@ def fd_limit(pid: int) -> int | None:
         return None
 
 
-_CARRIED = ("uss", "pss", "shm_maps", "shm_map_bytes", "uss_ts", "vm_lck", "memlock_limit")
+_CARRIED = (
+    "uss",
+    "pss",
+    "private_dirty",
+    "private_clean",
+    "shm_maps",
+    "shm_map_bytes",
+    "uss_ts",
+    "vm_lck",
+    "memlock_limit",
+)
 
 
 def read_proc(
@@ -500,9 +510,9 @@ def read_proc(
                 )
                 if "Pss" in roll:
                     fields["pss"] = roll["Pss"]
-                    fields["uss"] = (
-                        roll.get("Private_Clean", 0) + roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
-                    )
+                    fields["private_dirty"] = roll.get("Private_Dirty", 0) + roll.get("Private_Hugetlb", 0)
+                    fields["private_clean"] = roll.get("Private_Clean", 0)
+                    fields["uss"] = fields["private_clean"] + fields["private_dirty"]
                     fields["uss_ts"] = ts
             except PermissionError:
                 pass

@@ -55,6 +55,7 @@ class _Proc:
     rss_peak: int | None = None
     uss_peak: int | None = None
     polls: int = 0  # polls that sampled it (its CPU use needs two)
+    private_dirty_peak: int | None = None  # the part of USS it wrote (a copy grows it; file cache does not)
     states_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WORKER_STATES, 0.0))
 
     def cpu_util(self) -> float | None:
@@ -194,6 +195,7 @@ class RunStats:
                 p.last_ts, p.last_cpu = s.ts, s.cpu_s
             p.rss_peak = _peak(p.rss_peak, s.rss)
             p.uss_peak = _peak(p.uss_peak, s.uss)
+            p.private_dirty_peak = _peak(p.private_dirty_peak, s.private_dirty)
             prev = self._prev.get(s.pid)
             if prev is not None and p.role == "worker":
                 for k, v in classify_interval(prev, s, in_body).items():
@@ -335,6 +337,7 @@ class RunStats:
             "rss_peak": p.rss_peak,
             "uss_peak": p.uss_peak,
             "polls": p.polls,
+            **({"private_dirty_peak": p.private_dirty_peak} if p.private_dirty_peak is not None else {}),
         }
 
     def main(self) -> dict[str, Any] | None:

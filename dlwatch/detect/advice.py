@@ -352,14 +352,21 @@ class SamplerEpochNotSet(_Advisor):
 
 
 class DatasetMemoryPerWorker(_Advisor):
-    """The workers' private memory (USS, copy-on-read of the dataset) is a large share of the limit."""
+    """The workers' private memory (copy-on-read of the dataset) is a large share of the limit.
+
+    Judged on the part of each worker's USS it wrote (``private_dirty_peak``, where it was read):
+    pages of a memory-mapped file that one worker alone touched are private too, but clean page
+    cache the kernel reclaims, not a copy (the remedy itself recommends ``np.load(mmap_mode="r")``).
+    """
 
     playbook = "dataset-memory-per-worker"
     defaults = {"share": 0.3, "min_worker_uss": 64 * MIB, "confidence": 0.75}
 
     def judge(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> dict[str, Any] | None:
         t = self.thresholds
-        uss = [w.get("uss_peak") for w in run.get("workers") or ()]
+        workers = list(run.get("workers") or ())
+        key = "private_dirty_peak" if any(isinstance(w.get("private_dirty_peak"), int) for w in workers) else "uss_peak"
+        uss = [w.get(key) for w in workers]
         uss = [int(u) for u in uss if isinstance(u, int)]
         nw = loader.get("num_workers")
         if not uss or not isinstance(nw, int) or nw <= 0:
@@ -385,6 +392,7 @@ class DatasetMemoryPerWorker(_Advisor):
             num_workers=nw,
             worker_uss_peak_median=per_worker,
             worker_uss_peaks=uss[:32],
+            judged=key,
             workers_private_bytes=total,
             memory_limit=limit,
             memory_limit_source=source,

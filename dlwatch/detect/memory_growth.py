@@ -4,8 +4,13 @@ Each worker's USS (private pages; the monitor reads it every 10 s, and every 2 s
 a process faulting in pages) is judged by :func:`dlwatch.collect.growth.steady_growth`,
 over the reads taken after the loop had its first batch from every worker (start-up,
 a fresh interpreter importing torch, is not growth).
-The copy-on-read signature is USS rising while RSS stays flat (shared pages of the
-parent's dataset turning private as the worker touches them), in every worker alike.
+What is judged is the part of USS a copy or a leak grows: the pages the worker alone maps
+*and wrote* (``private_dirty``: anonymous memory, copy-on-write copies, shmem it filled).  The
+pages it alone maps and only read (``private_clean``: nearly all page cache of a file it
+memory-maps, as a ``datasets``/numpy-memmap dataset does) rise with every new page it touches
+too, but they are reclaimable cache, never a copy: they are shown apart and never judged.
+The copy-on-read signature is that private memory rising while RSS stays flat (shared pages of
+the parent's dataset turning private as the worker touches them), in every worker alike.
 The time to the memory limit (the cgroup's limit less its usage, or MemAvailable,
 whichever is nearer) is projected from the workers' summed growth: within
 ``horizon_s`` it is a ``threshold`` incident, before the OOM killer acts; beyond that
@@ -21,7 +26,7 @@ from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import last_signal_evidence
 from dlwatch.detect.registry import Failure
 from dlwatch.collect.growth import slope, steady_growth, time_to_limit
-from dlwatch.model import SystemSample
+from dlwatch.model import ProcSample, SystemSample
 
 MAX_SHOWN = 8
 
@@ -41,6 +46,11 @@ def headroom(system: SystemSample | None) -> tuple[int | None, str | None, int |
         return None, None, None
     left, name, limit = min(options, key=lambda o: o[0])
     return max(0, left), name, limit
+
+
+def _judged(s: ProcSample) -> int | None:
+    """The figure a copy or a leak grows: private dirty pages where read, else (older readers) USS."""
+    return s.private_dirty if s.private_dirty is not None else s.uss
 
 
 class WorkerMemoryGrowth(Detector):
@@ -105,7 +115,7 @@ class WorkerMemoryGrowth(Detector):
             for s in p.history:  # one point per USS read (the monitor carries the figure forward between reads)
                 if (
                     s.uss_ts is not None
-                    and s.uss is not None
+                    and _judged(s) is not None
                     and not s.gone
                     and s.uss_ts >= since  # after its first batches: start-up is not growth
                     and view.now - s.uss_ts <= t["window_s"]
@@ -115,7 +125,7 @@ class WorkerMemoryGrowth(Detector):
                 continue
             pts = sorted(reads.values(), key=lambda s: s.uss_ts)
             g = steady_growth(
-                [(s.uss_ts, float(s.uss)) for s in pts],
+                [(s.uss_ts, float(_judged(s))) for s in pts],  # type: ignore[arg-type]
                 min_rate=t["min_rate_bytes_per_s"],
                 min_rise=t["min_rise_bytes"],
                 min_window_s=t["min_window_s"],
@@ -127,7 +137,13 @@ class WorkerMemoryGrowth(Detector):
             found = {
                 "pid": p.pid,
                 "worker_id": p.worker_id,
-                "uss": g,
+                "uss": g,  # the fit of what was judged: private_dirty where it was read, else USS
+                "judged": "private_dirty" if pts[-1].private_dirty is not None else "uss",
+                "uss_first": pts[0].uss,
+                "uss_last": pts[-1].uss,
+                # file pages only this worker maps (reclaimable cache): shown, never judged
+                "file_backed_first": pts[0].private_clean,
+                "file_backed_last": pts[-1].private_clean,
                 "rss_first": pts[0].rss,
                 "rss_last": pts[-1].rss,
                 "rss_rate_bytes_per_s": None if rss_rate is None else round(rss_rate),
