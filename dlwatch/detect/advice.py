@@ -303,11 +303,15 @@ class TooManyWorkers(_Advisor):
 
 
 class SamplerEpochNotSet(_Advisor):
-    """A shuffling sampler with ``set_epoch`` whose epoch never changed across epochs of the block.
+    """A shuffling sampler with ``set_epoch`` whose epoch never changed across epochs over the same data.
 
     The training process reports the sampler's ``epoch`` attribute at each epoch start
-    (``sampler_epoch`` events); DistributedSampler seeds its shuffle with seed + epoch, so
-    the same value means the same permutation.
+    (``sampler_epoch`` events), with a number for the loader's dataset object (``dataset_ref``;
+    not named a "token": redaction masks a field of that name); DistributedSampler seeds its
+    shuffle with seed + epoch, so the same value over the same dataset means the same
+    permutation.  Epoch starts are judged per dataset: eight loaders over eight datasets, each
+    iterated once, repeat nothing (a validation pass per task); one dataset ordered again at the
+    same sampler epoch does, whether through one loader or a new loader (and sampler) per epoch.
     """
 
     playbook = "sampler-epoch-not-set"
@@ -323,8 +327,19 @@ class SamplerEpochNotSet(_Advisor):
         return ()
 
     def judge(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> dict[str, Any] | None:
-        seen = [e for e in self.seen if e.get("shuffle") is not False]
-        if len(seen) < self.thresholds["min_epochs"] or len(seen) != len(self.seen):
+        groups: dict[Any, list[Mapping[str, Any]]] = {}
+        for e in self.seen:  # an event without the ref (an older training process): one dataset, as before
+            ref = e.get("dataset_ref")
+            groups.setdefault(ref if isinstance(ref, (int, str)) else None, []).append(e)
+        for seen in groups.values():
+            found = self._judge_one(seen, len(groups))
+            if found is not None:
+                return found
+        return None
+
+    def _judge_one(self, group: list[Mapping[str, Any]], datasets: int) -> dict[str, Any] | None:
+        seen = [e for e in group if e.get("shuffle") is not False]
+        if len(seen) < self.thresholds["min_epochs"] or len(seen) != len(group):
             return None
         values = [e.get("sampler_epoch") for e in seen]
         if not all(isinstance(v, int) for v in values) or len(set(values)) != 1:
@@ -339,6 +354,7 @@ class SamplerEpochNotSet(_Advisor):
             shuffle=first.get("shuffle"),
             seed=first.get("seed"),
             num_replicas=first.get("num_replicas"),
+            datasets_ordered=datasets,
         )
 
     def unmet(self, run: Mapping[str, Any], loader: Mapping[str, Any]) -> list[dict[str, Any]]:

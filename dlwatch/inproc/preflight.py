@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import itertools
 import threading
+import weakref
 from typing import Any, Iterable, Mapping
 
 __all__ = ["start_facts", "start_checks", "first_batch_facts", "first_batch_checks", "thread_info"]
@@ -286,6 +288,35 @@ def warning_text(sig: Mapping[str, Any], title: str) -> str:
     )
 
 
+_DATASETS: dict[int, tuple[Any, int]] = {}  # id(dataset) -> (a weak reference to it, its number)
+_NUMBERS = itertools.count(1)
+
+
+def dataset_ref(dataset: Any) -> int | str:
+    """A number for one dataset object for this process's life: equal for the same object, never for two.
+
+    The sampler advice groups epoch starts by the data they order.  A bare ``id()`` would be
+    reused by a dataset made after another was freed (a validation loop building one loader
+    after another): that would pool different data.  A weak reference tells a reused id
+    apart without keeping any dataset alive; an object that takes no weak reference falls
+    back to its ``id()``.
+    """
+    key = id(dataset)
+    known = _DATASETS.get(key)
+    if known is not None and known[0]() is dataset:
+        return known[1]
+    try:
+        ref = weakref.ref(dataset)
+    except TypeError:
+        return f"id:{key}"
+    number = next(_NUMBERS)
+    if len(_DATASETS) > 4096:  # forget the freed ones (their ids may be reused)
+        for k in [k for k, (r, _) in _DATASETS.items() if r() is None]:
+            del _DATASETS[k]
+    _DATASETS[key] = (ref, number)
+    return number
+
+
 def sampler_state(loader: Any) -> dict[str, Any] | None:
     """The epoch of a sampler that has ``set_epoch`` (DistributedSampler and the like); None otherwise.
 
@@ -303,6 +334,7 @@ def sampler_state(loader: Any) -> dict[str, Any] | None:
         return {
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
             "sampler_epoch": epoch,
+            "dataset_ref": dataset_ref(getattr(loader, "dataset", None)),
             "shuffle": getattr(s, "shuffle", None) if isinstance(getattr(s, "shuffle", None), bool) else None,
             "seed": getattr(s, "seed", None) if isinstance(getattr(s, "seed", None), int) else None,
             "num_replicas": getattr(s, "num_replicas", None)

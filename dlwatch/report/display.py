@@ -479,6 +479,7 @@ EVIDENCE_FORMS: dict[str, Any] = {
     "cuda_available": "text",
     "accelerator": "text",
     "epochs_started": "count",
+    "datasets_ordered": "count",
     "sampler_epoch_each_epoch": "text",
     "shuffle": "text",
     "seed": "text",
