@@ -79,3 +79,109 @@ def test_one_dataset_reordered_by_a_fresh_sampler_each_epoch_is_advised(tmp_path
     (advice,) = [a for s in summaries for a in s.get("advice") or () if a["playbook"] == "sampler-epoch-not-set"]
     ev = advice["evidence"]
     assert ev["epochs_started"] == 3 and ev["sampler_epoch_each_epoch"] == [0, 0, 0]
+
+
+# --------------------------------------------------------------------------- input-bound: a pattern, not a pause
+
+PAUSES = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    import dlwatch
+
+    SLOW = {int(i) for i in sys.argv[2].split(",") if i}  # items that sleep in the second epoch
+    PAUSE_S = float(sys.argv[3])
+    EPOCH = [0]  # set before each epoch's iter(): the workers (not persistent) fork with it
+
+    class Items(Dataset):
+        def __len__(self):
+            return 16
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            if EPOCH[0] == 1 and i in SLOW:
+                time.sleep(PAUSE_S)
+            return torch.tensor([i])
+
+    loader = DataLoader(Items(), batch_size=1, num_workers=2)
+    with dlwatch.watch(loader, report_dir=sys.argv[1], poll_interval=0.2) as w:
+        for epoch in range(3):
+            EPOCH[0] = epoch
+            for _ in w:
+                time.sleep(0.005)
+    print("ADVICE", ",".join(a["playbook"] for a in w.summary.get("advice") or ()))
+    print("LOOP", json.dumps(w.summary["loop"]))
+    """
+)
+
+
+def _pauses_run(tmp_path, slow: str, pause_s: float) -> tuple[list[str], dict]:
+    script = tmp_path / "pauses.py"
+    script.write_text(PAUSES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLWATCH_")}
+    env["DLWATCH_QUIET"] = "1"
+    rc, out, err = run_bounded(
+        [sys.executable, str(script), str(tmp_path / "reports"), slow, str(pause_s)],
+        env=env,
+        cwd=str(tmp_path),
+        timeout=120,
+    )
+    assert rc == 0, err[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("ADVICE", "LOOP")))
+    return [a for a in lines["ADVICE"].strip().split(",") if a], json.loads(lines["LOOP"])
+
+
+def test_one_long_pause_among_ready_batches_is_not_input_bound(tmp_path):
+    advice, loop = _pauses_run(tmp_path, "7", 7.0)
+    # the premise: the run is long enough to be judged, and the one wait is most of the steady wait
+    assert loop["steady_batches"] >= 20 and loop["steady_data_wait_s"] + loop["body_s"] >= 5
+    assert loop["steady_data_wait_share"] >= 0.2
+    pauses = loop["steady_pauses"]
+    assert pauses["count"] == 1 and pauses["longest_s"] >= 6.0
+    # without it, too little steady loop is left to judge (the advice's own minimum)
+    assert pauses["steady_loop_s_without"] < 5
+    assert "input-bound" not in advice
+
+
+def test_a_slow_item_every_few_batches_is_still_the_pipelines_pattern(tmp_path):
+    # a shard fetched every fourth item: four waits of 1.5 s in one epoch is how this pipeline runs
+    advice, loop = _pauses_run(tmp_path, "1,5,9,13", 1.5)
+    assert loop["steady_data_wait_s"] + loop["body_s"] >= 5 and loop["steady_data_wait_share"] >= 0.2
+    assert "steady_pauses" not in loop
+    assert "input-bound" in advice
+
+
+def _hb(batches, epoch_batches, state, ts_last, wait, step=0.0):
+    from dlwatch.wire.heartbeat import Heartbeat
+
+    return Heartbeat(
+        batches=batches,
+        epoch_batches=epoch_batches,
+        epochs=1,
+        state=state,
+        pid=1,
+        ts_last_batch=ts_last,
+        ts_wait_start=1.0,
+        total_wait_s=wait,
+        total_step_s=step,
+        last_interval_s=0.0,
+    )
+
+
+def test_a_wait_is_measured_only_when_two_polls_saw_it():
+    from dlwatch.collect.runstats import RunStats, Steady
+    from dlwatch.wire.heartbeat import STATE_BODY, STATE_WAITING
+
+    rs = RunStats(0.0)
+    rs.heartbeat(_hb(10, 10, STATE_WAITING, 5.0, 1.0))  # a wait after batch 10: one poll only
+    rs.heartbeat(_hb(11, 11, STATE_BODY, 5.2, 1.2))
+    assert rs.long_waits == []
+    for _ in range(3):  # the next wait, seen by three polls (each a fresh read of the file)
+        rs.heartbeat(_hb(11, 11, STATE_WAITING, 5.2, 1.2))
+    rs.heartbeat(_hb(12, 12, STATE_BODY, 35.2, 31.2))  # it ended: total wait grew by 30 s
+    assert rs.long_waits == [30.0]
+    p = rs.pauses(Steady(batches=47, wait_s=31.5, body_s=0.5))
+    assert p is not None and p["count"] == 1 and p["longest_s"] == 30.0
+    assert p["steady_loop_s_without"] == 2.0
+    # the same wait among waits as long as it: the pattern, not a pause
+    assert rs.pauses(Steady(batches=47, wait_s=200.0, body_s=40.0)) is None

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dlwatch.collect.syscalls import category as syscall_category
-from dlwatch.wire.heartbeat import STATE_BODY, Heartbeat
+from dlwatch.wire.heartbeat import STATE_BODY, STATE_WAITING, Heartbeat
 from dlwatch.model import GpuSample, ProcSample, SystemSample
 
 __all__ = ["RunStats", "Steady", "WORKER_STATES", "steady"]
@@ -39,6 +39,11 @@ __all__ = ["RunStats", "Steady", "WORKER_STATES", "steady"]
 WORKER_STATES = ("running", "waiting_for_work", "blocked_put", "io")
 MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay exact beyond)
 MAX_ITERATION_WORKERS = 2000  # workers listed one by one in `dlwatch run`'s iteration rows (the rest counted)
+# an isolated steady wait (see RunStats.pauses): at least this long, this many times the other batches'
+# mean, and at most one such wait or this share of the steady batches
+PAUSE_MIN_S = 1.0
+PAUSE_FACTOR = 20.0
+PAUSE_MAX_SHARE = 0.02
 
 
 @dataclass
@@ -150,13 +155,18 @@ class RunStats:
         self.gpus: dict[int, dict[str, Any]] = {}
         self.workers_listed = 0  # workers named in `dlwatch run`'s iteration rows
         self.workers_unlisted = 0  # and those past MAX_ITERATION_WORKERS, counted only
+        # a steady wait for data seen by two polls or more: (batch before it, total wait before it, batches
+        # then, polls that saw it), and the lengths of those that ended (a pause, or the pattern: loop())
+        self._wait: tuple[float, float, int, int] | None = None
+        self.long_waits: list[float] = []
 
     # ------------------------------------------------------------------ feeding
 
     def heartbeat(self, hb: Heartbeat | None) -> None:
-        if hb is None:
+        if hb is None or hb is self.hb:  # the same read again (loop() passes the last one): nothing new
             return
         self.hb = hb
+        self._note_wait(hb)
         first = hb.first_wait_s
         if (
             first is not None
@@ -164,6 +174,51 @@ class RunStats:
             and (hb.epochs in self.first_waits or len(self.first_waits) < MAX_EPOCHS_KEPT)
         ):
             self.first_waits[hb.epochs] = first
+
+    def _note_wait(self, hb: Heartbeat) -> None:
+        """Follow a steady wait across polls; when one that two polls saw ends, keep its length.
+
+        A wait is one ``next(loader)`` after an epoch's first batch, known by the batch before
+        it (``ts_last_batch``).  Its length is what ``total_wait_s`` grew by when it ended (the
+        heartbeat adds a wait when its batch arrives): exact when one batch came since, else
+        that wait plus the short ones after it.
+        """
+        w = self._wait
+        if w is not None and hb.ts_last_batch != w[0]:
+            if w[3] >= 2 and hb.batches > w[2] and len(self.long_waits) < MAX_EPOCHS_KEPT:
+                self.long_waits.append(max(0.0, hb.total_wait_s - w[1]))
+            w = self._wait = None
+        if hb.state == STATE_WAITING and hb.epoch_batches > 0 and hb.ts_last_batch > 0:
+            if w is None:
+                self._wait = (hb.ts_last_batch, hb.total_wait_s, hb.batches, 1)
+            else:
+                self._wait = (w[0], w[1], w[2], w[3] + 1)
+
+    def pauses(self, st: Steady) -> dict[str, Any] | None:
+        """The steady waits that were isolated pauses, not the pipeline's pattern (None: none).
+
+        A wait is a pause when it lasted at least ``PAUSE_MIN_S`` and ``PAUSE_FACTOR`` times the
+        mean of the other steady batches, and such waits are few (at most one, or
+        ``PAUSE_MAX_SHARE`` of the steady batches): one 30 s sleep among 47 ready batches is
+        a pause; a shard download every tenth batch is how the pipeline runs.
+        """
+        if not self.long_waits or st.batches <= 0:
+            return None
+        rest_n = st.batches - len(self.long_waits)
+        rest_s = st.loop_s - sum(self.long_waits)
+        mean = rest_s / rest_n if rest_n > 0 and rest_s > 0 else 0.0
+        long = [w for w in self.long_waits if w >= max(PAUSE_MIN_S, PAUSE_FACTOR * mean)]
+        if not long or len(long) > max(1, int(PAUSE_MAX_SHARE * st.batches)):
+            return None
+        paused = sum(long)
+        left = st.loop_s - paused
+        return {
+            "count": len(long),
+            "total_s": round(paused, 3),
+            "longest_s": round(max(long), 3),
+            "steady_data_wait_share_without": round(max(0.0, st.wait_s - paused) / left, 4) if left > 0 else None,
+            "steady_loop_s_without": round(max(0.0, left), 3),
+        }
 
     def update(
         self,
@@ -264,6 +319,7 @@ class RunStats:
             "steady_data_wait_s": round(st.wait_s, 4),
             "steady_data_wait_share": st.data_wait_share,
             "steady_batch_s": st.batch_s,
+            **({"steady_pauses": pauses} if (pauses := self.pauses(st)) else {}),
             "first_batch_s": {
                 "per_epoch": per_epoch,  # as seen by the polls; epochs shorter than a poll may be missing
                 "epochs_seen": len(per_epoch),

@@ -113,6 +113,14 @@ class InputBound(_Advisor):
             return None
         if steady_wait + body < t["min_loop_s"]:
             return None
+        # an isolated long wait among ready batches is a pause (a stall's business), not the pipeline's
+        # pattern: what is left without it must earn the advice on its own
+        pauses = loop.get("steady_pauses") or {}
+        if pauses:
+            without = _num(pauses.get("steady_data_wait_share_without"))
+            left_s = _num(pauses.get("steady_loop_s_without")) or 0.0
+            if without is None or without < t["wait_share"] or left_s < t["min_loop_s"]:
+                return None
         gpus = (run.get("peaks") or {}).get("gpus") or []
         busy = [g for g in gpus if (_num(g.get("util_mean")) or 0.0) >= t["gpu_busy_percent"]]
         if gpus and len(busy) == len(gpus):
