@@ -1,9 +1,11 @@
 """Too many workers: 8 CPU-bound workers on a 2-CPU budget (the script pins itself to 2 CPUs).
 
 Each worker gets about a quarter of a core; they spend their time runnable, waiting
-for a CPU. dlwatch warns at preflight (`too-many-workers`, from the affinity and the
-cgroup CPU quota, not os.cpu_count()) and its run summary says `too-many-workers`
-with each worker's CPU share. No incident.
+for a CPU. torch itself warns ("This DataLoader will create 8 worker processes"), so
+dlwatch's preflight finding (`too-many-workers`, from the affinity and the cgroup CPU quota,
+not os.cpu_count()) goes to the run summary without a second warning; dlwatch warns only
+where torch cannot see the limit (a cgroup CPU quota). The run summary says
+`too-many-workers` with each worker's CPU share. No incident.
 
     python examples/too_many_workers.py [--report-dir DIR]
 """

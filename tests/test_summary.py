@@ -289,6 +289,28 @@ def test_pin_memory_finding_says_when_torch_warns_itself():
     )
 
 
+def test_pin_memory_on_a_cuda_build_without_a_gpu_is_found():
+    # torch.accelerator names "cuda" on a CUDA build, yet is_available() is False with no GPU: torch warns
+    cuda_build = {"cuda_available": False, "accelerator": "cuda", "accelerator_available": False}
+    (sig,) = preflight.start_checks(facts(pin_memory=True, accelerator=cuda_build))
+    assert sig["playbook"] == "pin-memory-without-cuda" and sig["accelerator"] == "cuda"
+    with_gpu = {"cuda_available": True, "accelerator": "cuda", "accelerator_available": True}
+    assert preflight.start_checks(facts(pin_memory=True, accelerator=with_gpu)) == []
+    other = {"cuda_available": False, "accelerator": "xpu", "accelerator_available": True}  # another device pins
+    assert preflight.start_checks(facts(pin_memory=True, accelerator=other)) == []
+
+
+def test_too_many_workers_leaves_the_warning_to_torch_where_torch_gives_it():
+    # torch warns when num_workers exceeds the affinity; a cgroup quota it does not see is dlwatch's to say
+    (quota,) = preflight.start_checks(
+        facts(num_workers=4, cpus={"usable": 2.0, "affinity": 8, "cgroup_quota": 2.0}, torch_worker_limit=8)
+    )
+    assert quota["playbook"] == "too-many-workers" and "torch_warns" not in quota
+    (affinity,) = preflight.start_checks(facts(num_workers=4, cpus={"usable": 2, "affinity": 2}, torch_worker_limit=2))
+    assert affinity["torch_warns"] is True
+    assert preflight.torch_worker_limit() == len(os.sched_getaffinity(0))  # what this torch compares with
+
+
 def test_start_checks_quiet_on_look_alikes():
     # threads or CUDA with spawn/forkserver workers; CUDA present with pin_memory; no workers at all
     assert (

@@ -101,8 +101,35 @@ def _accelerator(pin_memory: bool) -> dict[str, Any] | None:
             facts["accelerator"] = str(acc.type) if acc is not None else None
         except Exception:
             facts["accelerator"] = None
+        # what torch itself asks before it pins (a CUDA build on a machine without a GPU names "cuda"
+        # as its accelerator, yet has none to pin for): asked as torch asks it, no new side effect
+        try:
+            facts["accelerator_available"] = (
+                bool(torch.accelerator.is_available()) if hasattr(torch, "accelerator") else None
+            )
+        except Exception:
+            facts["accelerator_available"] = None
         facts["torch_warns_pin_memory"] = _torch_warns_pin_memory(torch)
     return facts
+
+
+def torch_worker_limit() -> int | None:
+    """The worker count above which torch itself warns "This DataLoader will create N worker processes".
+
+    torch compares ``num_workers`` with ``torch._utils.cpu_count()`` (the affinity) in
+    ``DataLoader.check_worker_number_rationality``; where that check exists, the same figure is
+    read here (nothing is called that torch would not call; no warning filter touched).
+    """
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not hasattr(torch.utils.data.DataLoader, "check_worker_number_rationality"):
+            return None
+        count = torch._utils.cpu_count() if hasattr(torch._utils, "cpu_count") else None
+        if count is None and hasattr(os, "sched_getaffinity"):
+            count = len(os.sched_getaffinity(0))
+        return int(count) if count else None
+    except Exception:
+        return None
 
 
 _TORCH_PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
@@ -130,6 +157,7 @@ def start_facts(cfg: Mapping[str, Any], cpus: Mapping[str, Any] | None) -> dict[
         "threads": _other_threads() if (cfg.get("num_workers") or 0) > 0 else [],
         "accelerator": _accelerator(pin),
         "cpus": dict(cpus or {}),
+        "torch_worker_limit": torch_worker_limit() if (cfg.get("num_workers") or 0) > 0 else None,
     }
 
 
@@ -152,26 +180,39 @@ def start_checks(f: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
     if nw > 0 and fork and acc.get("cuda_initialized"):
         out.append(_signal("fork-after-cuda", 0.9, start_method="fork", cuda_initialized=True))
-    if f.get("pin_memory") and acc.get("cuda_available") is False and not acc.get("accelerator"):
-        sig = _signal("pin-memory-without-cuda", 0.9, pin_memory=True, cuda_available=False, accelerator=None)
+    no_device = acc.get("accelerator_available") is False or (
+        acc.get("accelerator_available") is None and acc.get("cuda_available") is False and not acc.get("accelerator")
+    )
+    if f.get("pin_memory") and no_device:
+        sig = _signal(
+            "pin-memory-without-cuda",
+            0.9,
+            pin_memory=True,
+            cuda_available=acc.get("cuda_available"),
+            accelerator=acc.get("accelerator"),  # "cuda" on a CUDA build of torch without a GPU
+        )
         if acc.get("torch_warns_pin_memory"):
             sig["torch_warns"] = True  # torch prints its own warning for this: no second one (the finding stays)
         out.append(sig)
     usable = (f.get("cpus") or {}).get("usable")
     if nw > 0 and isinstance(usable, (int, float)) and nw > usable:
         cpus = f.get("cpus") or {}
-        out.append(
-            _signal(
-                "too-many-workers",
-                0.6,
-                num_workers=nw,
-                usable_cpus=usable,
-                affinity_cpus=cpus.get("affinity"),
-                cgroup_cpu_quota=cpus.get("cgroup_quota"),
-                cpu_count=cpus.get("cpu_count"),
-                suggested_num_workers=max(1, int(usable)),
-            )
+        sig = _signal(
+            "too-many-workers",
+            0.6,
+            num_workers=nw,
+            usable_cpus=usable,
+            affinity_cpus=cpus.get("affinity"),
+            cgroup_cpu_quota=cpus.get("cgroup_quota"),
+            cpu_count=cpus.get("cpu_count"),
+            suggested_num_workers=max(1, int(usable)),
         )
+        limit = f.get("torch_worker_limit")
+        if isinstance(limit, int) and nw > limit:
+            # torch warns "This DataLoader will create N worker processes" itself (a cgroup quota it does
+            # not see is dlwatch's to say): the finding stays, no second warning
+            sig["torch_warns"] = True
+        out.append(sig)
     return out
 
 
