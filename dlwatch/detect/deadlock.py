@@ -81,19 +81,66 @@ def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
         ev["multiprocessing_context"] = ctx.loader.get("multiprocessing_context")
     if ctx.loader.get("timeout") is not None:
         ev["timeout"] = ctx.loader.get("timeout")
-    _fork_threads(ctx, ev)
+    held = _held_by_training_process(ctx, workers, main)
+    if held is not None:
+        ev["holder"] = (
+            f"the training process (pid {main.get('pid') if main else '?'}), main thread: "
+            f"{held['function']} at {_base(held['filename'])}:{held['line']}, inside "
+            f"{held['lock']} (taken at line {held['region_line']}) while it waits for the workers' batches"
+        )
+    else:
+        _fork_threads(ctx, ev)
     # the remedy follows the waiting site, and never recommends what the loader already does
     method = ctx.loader.get("multiprocessing_context") or next(
         (p.get("start_method") for p in workers if p.get("start_method")), None
     )
     site = waiting_site(workers)
-    if site in ("lock", None):
+    if held is not None:
+        primary = "held-by-training-process"
+    elif site in ("lock", None):
         primary = "no-fork-start" if method in NO_FORK else "lock"
     else:
         primary = site
     timeout = ctx.loader.get("timeout")
     has_timeout = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0
     return (primary,) if has_timeout else (primary, "no-timeout")
+
+
+_SHARED_LOCKS = ("/multiprocessing/synchronize.py",)  # SemLock: a lock or semaphore every process shares
+
+
+def _base(path: str) -> str:
+    return str(path).rsplit("/", 1)[-1]
+
+
+def _held_by_training_process(ctx: Context, workers: list[Any], main: Any) -> dict[str, Any] | None:
+    """Where the training process's main thread holds the lock its blocked workers wait on, or None.
+
+    Only a lock shared across processes can be held there for the workers (a threading lock is
+    copied at fork; a lock held across fork is lock-held-at-fork's case): the blocked workers must
+    wait in multiprocessing's SemLock, and the training process's own code (its frames outside
+    libraries and dlwatch) must sit inside a region of a lock of the same name.
+    """
+    from dlwatch.detect.evidence import is_user_frame
+    from dlwatch.detect.lock_held import _source_reader
+    from dlwatch.detect.lockowner import acquire_site, held_in_stack
+
+    if main is None or ctx.classification != "deadlock":
+        return None
+    reader = _source_reader(ctx)
+    cache: dict[str, Any] = {}
+    for p in workers:
+        if p.get("status") != "blocked":
+            continue
+        frames = (main_thread_frames(p) or next(iter(threads(p)), []))[:MAX_FRAMES]
+        if not any(str(f.get("filename") or "").endswith(_SHARED_LOCKS) for f in frames):
+            continue
+        site = acquire_site(frames, reader, cache)
+        if site is None:
+            continue
+        own = [f for f in main_thread_frames(main) if is_user_frame(f)]
+        return held_in_stack(site, own, reader, cache)
+    return None
 
 
 _QUEUE = ("Queue.get", "SimpleQueue.get", "Connection.recv", "Connection.recv_bytes", "Queue.get_nowait")

@@ -11,6 +11,8 @@ names a failure: a failure's own facts (``fd_at_limit``) come from its module.
 
 from __future__ import annotations
 
+import os
+
 from typing import Any, Iterable, Mapping, Sequence
 
 from dlwatch import _regex
@@ -121,9 +123,27 @@ def worker_view(p: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in view.items() if v not in (None, [])}
 
 
+# dlwatch's own code (its wrappers sit in the training loop's stack): never the user's frame, wherever
+# dlwatch is installed (a checkout or an editable install is not under site-packages); the examples it
+# ships (dlwatch/_examples in a normal install) are programs like the user's
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_OWN_PROGRAMS = (os.path.join(_OWN_DIR, "_examples") + os.sep,)
+
+
+def is_own_frame(f: Mapping[str, Any]) -> bool:
+    name = str(f.get("filename") or "")
+    return name.startswith(_OWN_DIR) and not name.startswith(_OWN_PROGRAMS)
+
+
 def is_user_frame(f: Mapping[str, Any]) -> bool:
     name = str(f.get("filename") or "")
-    return bool(name) and not f.get("native") and not name.startswith("<") and not _LIBRARY_PATH.search(name)
+    return (
+        bool(name)
+        and not f.get("native")
+        and not name.startswith("<")
+        and not _LIBRARY_PATH.search(name)
+        and not is_own_frame(f)
+    )
 
 
 def strip_event(e: Mapping[str, Any]) -> dict[str, Any]:

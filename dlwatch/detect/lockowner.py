@@ -22,7 +22,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Holder", "acquire_site", "find_holder"]
+__all__ = ["Holder", "acquire_site", "find_holder", "held_in_stack"]
 
 _WRAPPERS = {"acquire", "__enter__", "lock", "_acquire", "_lock"}
 
@@ -200,6 +200,74 @@ def find_holder(
         else f"no thread was inside a region of {expr} at the fork"
     )
     return {"holder": None, "candidates": [h.__dict__ for h in found], "alive": alive, "basis": basis}
+
+
+def _last_name(expr: str) -> str:
+    """The name a lock expression ends in: ``lock`` of ``self.lock``, ``ds.lock`` and ``lock``."""
+    return expr.rsplit(".", 1)[-1].strip()
+
+
+_THREAD_LOCKS = ("threading.Lock", "threading.RLock", "threading.Semaphore", "threading.BoundedSemaphore")
+
+
+def _thread_lock(tree: ast.AST, expr: str) -> bool:
+    """Whether the module makes ``expr`` a threading lock (``lock = threading.Lock()``, or ``Lock()``
+    imported from threading): a lock each process has its own copy of, never the workers' shared one."""
+    from_threading = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "threading"
+        for a in n.names
+    }
+    for n in ast.walk(tree):
+        if not isinstance(n, (ast.Assign, ast.AnnAssign)) or not isinstance(n.value, ast.Call):
+            continue
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+        if not any(_lock_expr(tg) == expr for tg in targets):
+            continue
+        made_by = _lock_expr(n.value.func) or ""
+        if made_by in _THREAD_LOCKS or made_by in from_threading:
+            return True
+    return False
+
+
+def held_in_stack(
+    site: Mapping[str, Any],
+    frames: Sequence[Mapping[str, Any]],
+    read_source: Callable[[str], str | None],
+    cache: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The frame of a live stack (innermost first) that sits inside a region of the lock the workers wait
+    on, or None: {"function", "filename", "line", "lock", "region_line"}.
+
+    For a lock shared across processes (a ``multiprocessing`` lock handed to the dataset), the program
+    writes it under two names: ``self.lock`` where the workers take it, ``ds.lock`` or ``lock`` where
+    the training process does.  A region matches when its expression is the workers' own or ends in
+    the same name, unless the module makes that name a threading lock (each process's own: never
+    the one the workers share); the caller says which frames are the program's."""
+    cache = {} if cache is None else cache
+    names = {_last_name(e) for e in (site.get("exprs") or (site.get("expr"),)) if e}
+    for f in frames:
+        if not isinstance(f.get("line"), int) or not f.get("filename"):
+            continue
+        tree = _parse(str(f["filename"]), read_source, cache)
+        if tree is None:
+            continue
+        inside = [
+            r
+            for r in regions(tree)
+            if _last_name(r.expr) in names and r.start <= f["line"] <= r.end and not _thread_lock(tree, r.expr)
+        ]
+        if inside:
+            r = max(inside, key=lambda r: r.start)
+            return {
+                "function": f.get("function"),
+                "filename": f["filename"],
+                "line": f["line"],
+                "lock": r.expr,
+                "region_line": r.start,
+            }
+    return None
 
 
 _PLUMBING = ("/threading.py", "/queue.py", "/selectors.py", "/socket.py", "/multiprocessing/connection.py")
