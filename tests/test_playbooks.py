@@ -90,7 +90,15 @@ def test_remediation_content_is_specific() -> None:
     dl = pbs["worker-deadlock"]
     # the remedy depends on the waiting site (#21 item 2): "lock held across fork" only for a lock;
     # never what the loader already does (#21 item 7)
-    assert set(dl.variants) == {"lock", "no-fork-start", "queue", "condition", "semaphore", "no-timeout"}
+    assert set(dl.variants) == {
+        "lock",
+        "no-fork-start",
+        "queue",
+        "condition",
+        "semaphore",
+        "held-by-training-process",
+        "no-timeout",
+    }
     lock = dl.remediation + dl.variants["lock"] + "".join(h.text for h in dl.hints)
     for needle in ("cv2.setNumThreads(0)", "cv2.ocl.setUseOpenCL(False)", "spawn", "forkserver"):
         assert needle in lock, needle

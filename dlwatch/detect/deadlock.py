@@ -66,6 +66,15 @@ def workers_progressing(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
+def loader_has_workers(ctx: Context) -> bool:
+    """The loader works through worker processes: its ``num_workers``, or workers in the report (attach,
+    where the loader's settings are not known).  Without them, "the workers deadlocked" is not true."""
+    nw = ctx.loader.get("num_workers")
+    if isinstance(nw, int) and not isinstance(nw, bool):
+        return nw > 0
+    return any(p.get("role") == "worker" for p in ctx.processes)
+
+
 def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
     workers = [p for p in ctx.processes if p.get("role") == "worker"]
     if workers:
@@ -191,7 +200,7 @@ def _fork_threads(ctx: Context, ev: dict[str, Any]) -> None:
 FAILURE = Failure(
     playbook=PLAYBOOK,
     enrich=_enrich,
-    facts={"workers_progressing": workers_progressing},
+    facts={"workers_progressing": workers_progressing, "loader_has_workers": loader_has_workers},
     evidence_forms={"main": "process", "multiprocessing_context": "text", "holder": "text", "threads_at_fork": "lines"},
     examples=("lock_unknown_holder",),  # the seed's deadlock names its holder: lock-held-at-fork's example
 )

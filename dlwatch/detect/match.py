@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from dlwatch._log import get_logger
-from dlwatch.detect import registry
+from dlwatch.detect import registry, remedy
 from dlwatch.detect.evidence import Context, errnos_in, field as _field, frame_str as _frame_str, threads as _threads
 from dlwatch.model import Finding
 from dlwatch.wire.playbooks import Hint, Playbook, Signal
@@ -204,7 +204,8 @@ def _match_one(pb: Playbook, ctx: Context) -> Finding | None:
         title=pb.title,
         confidence=round(confidence, 3),
         evidence=evidence,
-        remediation=_remediation(pb, variant, [h for h, _ in hints]),
+        # never a remedy the loader's own settings make invalid (a timeout= for a loader without workers)
+        remediation=remedy.fit(_remediation(pb, variant, [h for h, _ in hints]), ctx.loader),
     )
 
 

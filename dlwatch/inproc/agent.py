@@ -570,6 +570,9 @@ class Watch:
         )
         self._monitor = self._spawn_monitor(run_dir)
         allow_ptrace_from(self._monitor.pid)
+        from dlwatch.inproc import threaddeath  # a producer thread that dies is told to the monitor
+
+        threaddeath.install(self._events_path)
         if self.program:
             pass  # each iteration's segment prepares its own loader's (iterate_segment)
         elif self.iteration_only:
@@ -950,6 +953,9 @@ class Watch:
         if self._events_path:
             ended = {"ended": self._program_ended} if self.program else {}
             events.emit(self._events_path, "stop", clean=clean, interrupted=self._interrupted, **ended)
+            threaddeath_mod = sys.modules.get("dlwatch.inproc.threaddeath")
+            if threaddeath_mod is not None:
+                threaddeath_mod.uninstall(self._events_path)
         if monitor is not None and self.stop_in_background and not sys.is_finalizing():
             # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
             # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
