@@ -143,6 +143,29 @@ def test_one_long_pause_among_ready_batches_is_not_input_bound(tmp_path):
     assert "input-bound" not in advice
 
 
+def test_the_no_advice_line_says_the_pause_left_too_little_to_judge():
+    from dlwatch.detect.advice import InputBound
+    from dlwatch.report.runview import not_judged_words
+
+    loop = {
+        "steady_batches": 45,
+        "steady_data_wait_s": 7.2,
+        "body_s": 0.3,
+        "steady_data_wait_share": 0.96,
+        "steady_pauses": {
+            "count": 1,
+            "total_s": 7.0,
+            "longest_s": 7.0,
+            "steady_data_wait_share_without": 0.4,
+            "steady_loop_s_without": 0.5,
+        },
+    }
+    unmet = InputBound().unmet({"loop": loop}, {"num_workers": 2})
+    assert unmet == [{"figure": "steady_loop_without_pauses_s", "needs": 5.0, "value": 0.5}]
+    words = not_judged_words({"advice_not_judged": [{"playbook": "input-bound", "unmet": unmet}]})
+    assert words == "input-bound (needs at least 5.00 s of steady loop time besides its long pauses, this run 0.50 s)"
+
+
 def test_a_slow_item_every_few_batches_is_still_the_pipelines_pattern(tmp_path):
     # a shard fetched every fourth item: four waits of 1.5 s in one epoch is how this pipeline runs
     advice, loop = _pauses_run(tmp_path, "1,5,9,13", 1.5)

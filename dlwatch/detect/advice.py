@@ -164,9 +164,13 @@ class InputBound(_Advisor):
         t = self.thresholds
         loop = run.get("loop") or {}
         steady_loop = (_num(loop.get("steady_data_wait_s")) or 0.0) + (_num(loop.get("body_s")) or 0.0)
-        return _short_of("steady_batches", t["min_steady_batches"], loop.get("steady_batches") or 0) + _short_of(
+        short = _short_of("steady_batches", t["min_steady_batches"], loop.get("steady_batches") or 0) + _short_of(
             "steady_loop_s", t["min_loop_s"], round(steady_loop, 3)
         )
+        pauses = loop.get("steady_pauses") or {}
+        if not short and pauses:  # long enough only with its pause: what is left is judged, and is short
+            short = _short_of("steady_loop_without_pauses_s", t["min_loop_s"], pauses.get("steady_loop_s_without"))
+        return short
 
 
 # --------------------------------------------------------------------------- slow-epoch-start

@@ -250,6 +250,7 @@ NO_ADVICE = "nothing in this run's figures called for a change"
 _MINIMUMS = {
     "steady_batches": "steady batches",
     "steady_loop_s": "steady loop time",  # waiting for data and loop body, each epoch's first batch left out
+    "steady_loop_without_pauses_s": "steady loop time besides its long pauses",  # loop.steady_pauses
     "epochs": "epochs",
     "worker_observed_s": "worker time seen by the polls",
 }
