@@ -130,7 +130,7 @@ def full_run_dir(d: str, workers: int, cap: int, limit: int | None) -> tuple[str
 
 def summary_render(d: str, workers: int, limit: int | None) -> dict:
     """In a child of its own: write a summary, hand its timeline over open, time the render child."""
-    from dlwatch.monitor.loop import TIMELINE_CAP_BYTES
+    from dlwatch.monitor.journal import TIMELINE_CAP_BYTES
     from dlwatch.report import html
 
     run_dir, n = full_run_dir(d, workers, TIMELINE_CAP_BYTES, limit)

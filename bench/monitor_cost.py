@@ -106,6 +106,9 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
     from dlwatch.report import build
 
     m = monitor.Monitor(run_dir)
+    # the tree before the monitor's rooms kept these on the Monitor itself
+    sampler = getattr(m, "sampler", m)
+    discover = getattr(sampler, "discover", None) or getattr(m, "_discover")
     m._drain_events()  # the loader_workers event: every worker tracked as a worker (16 "other" at most)
     c0 = time.process_time()
     m.poll()  # the first poll: discovery, fd and memory detail, GPU probe set-up
@@ -163,7 +166,7 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
             lambda: [os.stat(f"/proc/{p}/fd").st_size for p in pids], reps
         )
         / n,
-        "discover (descendants, comm)": _cpu_us(m._discover, reps) / n,
+        "discover (descendants, comm)": _cpu_us(discover, reps) / n,
         "to_dict+compact+json": _cpu_us(
             lambda: json_mod.dumps(build.compact([dict(s.to_dict(), role="worker") for s in samples]), default=str),
             reps,
@@ -202,18 +205,17 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
         _cpu_us(lambda: [thresholds.fd_pressure(list(t.history)[-20:]) for t in tracked], reps) / n
     )
     parts["read_system (per poll, not per process)"] = _cpu_us(lambda: read_system(m.main_pid), reps)
-    probe = getattr(m, "system_probe", None)  # what the monitor reads every poll (absent before SystemProbe)
+    probe = getattr(sampler, "system_probe", None)  # what the monitor reads every poll (absent before SystemProbe)
     if probe is not None:
         parts["SystemProbe.sample (per poll, not per process)"] = _cpu_us(probe.sample, reps)
 
     # After HISTORY polls every process holds HISTORY samples: fill them as a long, quiet run
     # would (one sample a second) and time whole polls again.
+    history = tracked[0].history.maxlen  # HISTORY, wherever the tree defines it
     for t in tracked:
         last = t.history[-1]
-        t.history.extend(
-            dataclasses.replace(last, ts=last.ts - monitor.HISTORY + i) for i in range(monitor.HISTORY - len(t.history))
-        )
-    parts[f"fd_pressure, {monitor.HISTORY} samples"] = (
+        t.history.extend(dataclasses.replace(last, ts=last.ts - history + i) for i in range(history - len(t.history)))
+    parts[f"fd_pressure, {history} samples"] = (
         _cpu_us(lambda: [thresholds.fd_pressure(list(t.history)) for t in tracked], reps) / n
     )
     full = []
@@ -226,7 +228,7 @@ def _poll_helper(run_dir: str, polls: int, code: str | None = None) -> None:
         json.dumps(
             {
                 "procs": n,
-                "history_len": monitor.HISTORY,
+                "history_len": history,
                 "first_poll_s": first,
                 "poll_s": sorted(steady),
                 "raw_procs_s": sorted(raw_procs),

@@ -22,7 +22,7 @@ from conftest import REPO, TARGETS, batches_of, in_private_mount_namespace, inci
 from dlwatch.inproc.agent import DlwatchWarning
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import GpuProbe
-from dlwatch.monitor.loop import Timeline
+from dlwatch.monitor.journal import Timeline
 
 sys.path.insert(0, TARGETS)
 from datasets import Squares  # noqa: E402

@@ -268,7 +268,7 @@ def test_interrupt_answer_never_follows_a_link(tmp_path):
 
 
 def test_interrupt_site_names_the_programs_line():
-    from dlwatch.monitor.loop import interrupt_site
+    from dlwatch.monitor.incidents import interrupt_site
 
     frames = [
         {"function": "select", "filename": "/usr/lib/python3.11/selectors.py", "line": 415},

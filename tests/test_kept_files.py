@@ -204,7 +204,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
 from dlwatch.monitor import loop as monitor
 m = monitor.Monitor(sys.argv[1])
 m._drain_events()
-out = {"budget": m.files_budget}
+out = {"budget": m.sampler.files_budget}
 m.poll()
 out["kept"] = sorted(t.pid for t in m.procs.values() if t.files is not None)
 out["sampled"] = sorted(t.pid for t in m.procs.values() if t.last is not None and t.last.name == "sleep")
@@ -215,7 +215,7 @@ m.poll()
 out["gone"] = sorted(t.pid for t in m.procs.values() if t.gone)
 out["kept_after"] = sorted(t.pid for t in m.procs.values() if t.files is not None)
 m._close()
-out["budget_after_close"] = m.files_budget
+out["budget_after_close"] = m.sampler.files_budget
 print(json.dumps(out), flush=True)
 """
 
@@ -270,6 +270,6 @@ def test_monitor_keeps_files_within_its_fd_limit_and_hands_them_on(tmp_path):
 
 
 def monitor_fds_spare() -> int:
-    from dlwatch.monitor import loop as monitor
+    from dlwatch.monitor import sampling
 
-    return monitor.FDS_SPARE
+    return sampling.FDS_SPARE

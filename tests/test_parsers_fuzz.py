@@ -203,7 +203,7 @@ def test_no_line_stops_the_monitor(lines, later):
             f.write(b'{"event": "worker_registered", "pid": 4194304, "worker_id": 0}\n')
         monitor._drain_events()
         assert monitor.procs[4194304].role == "worker"  # the reader kept going
-        assert not monitor.notes, monitor.notes
+        assert not monitor.notes.items, monitor.notes.items
         monitor._close()
 
 
@@ -230,15 +230,15 @@ def test_deeply_nested_and_mistyped_lines_are_skipped(tmp_path):
         f.write(b"\n".join(hostile) + b"\n")
         f.write(b'{"event": "exception", "exception": {"type": "builtins.ValueError", "message": 5}}\n')
     monitor._drain_events()
-    assert set(monitor.procs) == {os.getpid(), 1} and monitor.loader_pids == {1}  # only the good pid kept
-    assert monitor.exception == {
+    assert set(monitor.procs) == {os.getpid(), 1} and monitor.sampler.loader_pids == {1}  # only the good pid kept
+    assert monitor.incidents.exception == {
         "type": "builtins.ValueError",
         "message": "5",
         "errno": None,
         "traceback": None,
         "from_loader": False,
     }
-    assert not monitor.notes
+    assert not monitor.notes.items
     monitor._close()
 
 
@@ -324,9 +324,9 @@ def test_no_heartbeat_stops_the_monitor(state, counters, times, pid):
             first_wait_s,
             cseq,
         )
-        with open(monitor.hb_path, "wb") as f:
+        with open(monitor.settings.hb_path, "wb") as f:
             f.write(raw)
         for _ in range(2):
             monitor.poll()
-        assert monitor.last_hb is not None and monitor.last_hb.batches == batches
+        assert monitor.sampler.last_hb is not None and monitor.sampler.last_hb.batches == batches
         monitor._close()

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from conftest import kill_tree
 from dlwatch.wire import events
 from dlwatch.cli import attach_cmd
-from dlwatch.monitor.loop import Timeline
+from dlwatch.monitor.journal import Timeline
 from dlwatch._fs import write_json
 from dlwatch.redact import outbound
 from dlwatch.report import build, store

@@ -438,9 +438,9 @@ def test_a_detectors_advice_reaches_the_summary_and_is_noted_once(tmp_path):
         monitor.detectors = [SlowGrowth()]
         monitor._run_detectors("on_poll")
         monitor._run_detectors("on_poll")  # the same advice again: kept and noted once
-        noted = [e for e in monitor.notable if e.get("event") in ("advice", "observation")]
+        noted = [e for e in monitor.journal.notable if e.get("event") in ("advice", "observation")]
         assert [e["event"] for e in noted] == ["advice", "observation", "observation"]
-        assert not monitor.incidents  # neither is an incident
+        assert not monitor.incidents.paths  # neither is an incident
         path = monitor._write_summary("clean")
         assert path is not None and os.path.dirname(path) == str(tmp_path / "reports" / store.SUMMARIES_DIR)
         summary = store.load_summary(path)

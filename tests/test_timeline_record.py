@@ -74,11 +74,11 @@ def _compare(run_dir: str, polls: int) -> None:
     for _ in range(polls):
         m.poll()
         time.sleep(0.05)
-    m.timeline.close()
+    m.journal.close()
     with open(os.path.join(run_dir, "timeline.jsonl"), "rb") as f:
         written = [line for line in f if line.startswith(b'{"kind": "sample"')]
     mismatches, record_mismatches, ring_mismatches, raw_text = [], 0, 0, []
-    for (args, new), ring in zip(calls, list(m.ring)[-len(calls) :]):
+    for (args, new), ring in zip(calls, list(m.journal.ring)[-len(calls) :]):
         old_record, old = general_line(*args)
         if new != old:
             mismatches.append([old.decode(errors="replace"), new.decode(errors="replace")])
