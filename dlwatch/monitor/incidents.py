@@ -25,6 +25,7 @@ from dlwatch._fs import open_private
 from dlwatch._log import get_logger
 from dlwatch.collect import procfs
 from dlwatch.collect.gpu import gpu_notes
+from dlwatch.detect.process_exit import ExitVerdict
 from dlwatch.detect.stall import StallDetector, StallEvent, stall_site
 from dlwatch.model import ProcSample, StackDump
 from dlwatch.monitor.journal import Journal, Notes
@@ -154,11 +155,11 @@ class Incidents:
         finally:
             interrupt.answer(interrupt.ack_path(self.settings.run_dir, int(ev["seq"])))
 
-    def exit(self, cause: str, text: str) -> None:
+    def exit(self, verdict: ExitVerdict) -> None:
         """The training process ended without leaving the block: the ``exit`` incident."""
         main_pid = self.settings.main_pid
         report = self.report("exit", findings=False).replace(
-            exit_cause=cause, summary=f"the training process (pid {main_pid}) {text}"
+            exit_cause=verdict.cause, summary=f"the training process (pid {main_pid}) {verdict.text}"
         )
         alive = self.sampler.live_workers()
         if alive:

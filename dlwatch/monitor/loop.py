@@ -26,6 +26,7 @@ from typing import Any
 from dlwatch._log import configure_own_process, get_logger
 from dlwatch.detect import registry
 from dlwatch.detect.base import NOTE_EVENTS, Detector
+from dlwatch.detect.process_exit import judge_exit
 from dlwatch.detect.stall import StallDetector
 from dlwatch.monitor import timeline as timeline_record
 from dlwatch.monitor.incidents import Incidents
@@ -282,19 +283,8 @@ class Monitor:
     def _finish_vanished(self) -> None:
         self.procs[self.main_pid].gone = True
         self.sampler.reread_heartbeat()  # the file outlives the writer
-        first_system = self.sampler.first_system
-        first = first_system.cgroup_oom_kills if first_system else None
-        now_sys = self.sampler.system_now()
-        last = now_sys.cgroup_oom_kills if now_sys else None
-        if first is not None and last is not None and last > first:
-            cause = f"killed by the OOM killer (the cgroup's oom_kill count rose from {first} to {last})"
-            self.incidents.exit("oom-kill", cause)
-        else:
-            cause = (
-                "ended without leaving the watch block: killed by a signal (e.g. SIGKILL) "
-                "or os._exit; the monitor cannot read its exit status"
-            )
-            self.incidents.exit("vanished", cause)
+        # judged on the cgroup's OOM-kill count at the first poll and now (detect.process_exit)
+        self.incidents.exit(judge_exit(self.sampler.first_system, self.sampler.system_now()))
         self._write_summary("vanished")
         self._close(clean=False)
         # nobody else will: the training process is gone. What mattered is in the incident.
