@@ -416,3 +416,49 @@ def test_runstats_keep_figures_of_a_run_without_heartbeat():
     fig = RunStats(started_at=0.0).figures(None, ended_at=3.0)
     assert fig["loop"] == {"batches": 0, "epochs": 0, "wall_s": 3.0} and fig["workers"] == []
     assert copy.deepcopy(fig) == fig
+
+
+def test_runstats_iteration_row_from_its_end_event_and_its_workers_polls():
+    """`dlwatch run`: a loader iteration's row; its workers' CPU and RSS as polled; hostile figures count 0."""
+    rs = RunStats(started_at=0.0)
+    tracked = [_T(1, "main"), _T(5, "worker", 0), _T(6, "worker", 1)]
+    for i in range(3):
+        rs.update(
+            None, tracked, [sample(1, float(i), 0.1 * i), sample(5, float(i), 0.5 * i), sample(6, float(i), 0.0)], None
+        )
+    end = {"ts": 12.5, "batches": 8, "active_s": 2.0, "data_wait_s": 0.5, "first_batch_s": 0.25, "wall_s": 2.5}
+    row = rs.iteration_row(3, "loader1", "train", 1, {**end, "worker_pids": [5, 6, 99, True]})
+    assert list(row) == [
+        "iteration",
+        "loader",
+        "name",
+        "epoch",
+        "started_at",
+        "batches",
+        "active_s",
+        "wall_s",
+        "data_wait_s",
+        "data_wait_share",
+        "first_batch_s",
+        "workers",
+        "worker_processes",
+    ]
+    assert row["iteration"] == 3 and row["epoch"] == 1 and row["started_at"] == 12.5 and row["batches"] == 8
+    assert row["data_wait_share"] == 0.25 and row["first_batch_s"] == 0.25 and row["wall_s"] == 2.5
+    # True is no pid; 99 was never polled: three workers, the mean over the two polled (0.5 and 0.0)
+    assert row["workers"] == {"num_workers": 3, "cpu_util_mean": 0.25, "rss_peak": 100 * MIB}
+    # each worker named by its place in the iterator; one never polled has no figures
+    assert [(w["pid"], w["worker_id"], w["cpu_util"]) for w in row["worker_processes"]] == [
+        (5, 0, 0.5),
+        (6, 1, 0.0),
+        (99, 2, None),
+    ]
+    hostile = {"batches": -3, "active_s": float("nan"), "data_wait_s": True, "wall_s": "1", "first_batch_s": 9.0}
+    bad = rs.iteration_row(4, "loader1", "", 0, hostile)
+    assert bad["batches"] == 0 and bad["active_s"] == 0.0 and bad["data_wait_s"] == 0.0 and bad["wall_s"] == 0.0
+    assert bad["data_wait_share"] is None and bad["first_batch_s"] is None  # no batch: no first-batch time
+    assert bad["workers"] == {"num_workers": 0, "cpu_util_mean": None, "rss_peak": None}
+    # a wait longer than the active time (clocks read apart) is capped at the whole
+    assert (
+        rs.iteration_row(5, "l", "", 0, {"batches": 1, "active_s": 1.0, "data_wait_s": 2.0})["data_wait_share"] == 1.0
+    )

@@ -444,6 +444,40 @@ class RunStats:
             ],
         }
 
+    def iteration_row(
+        self, iteration: int, loader: str, name: str, epoch: int, end: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One loader iteration of `dlwatch run`, a row of the summary's ``iterations``: the figures
+        of its end event (``loader_iter_end``; a figure that is not a non-negative number counts 0),
+        and its workers' figures as polled (:meth:`iteration_workers`).  ``epoch``: this loader's
+        iterations before this one."""
+
+        def num(key: str) -> float:
+            v = end.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v >= 0 else 0.0
+
+        batches = int(num("batches"))
+        active, wait = num("active_s"), num("data_wait_s")
+        pids = [p for p in end.get("worker_pids") or () if isinstance(p, int) and not isinstance(p, bool)][:256]
+        workers, each = self.iteration_workers(pids)
+        row = {
+            "iteration": iteration,
+            "loader": loader,
+            "name": name,
+            "epoch": epoch,
+            "started_at": end.get("ts"),
+            "batches": batches,
+            "active_s": round(active, 4),
+            "wall_s": round(num("wall_s"), 4),
+            "data_wait_s": round(wait, 4),
+            "data_wait_share": round(min(1.0, wait / active), 4) if active > 0 else None,
+            "first_batch_s": round(num("first_batch_s"), 4) if batches else None,
+            "workers": workers,
+        }
+        if each is not None:
+            row["worker_processes"] = each  # every worker it started, named, with its figures
+        return row
+
     def figures(self, hb: Heartbeat | None, ended_at: float) -> dict[str, Any]:
         """The measured part of the summary: ``loop``, ``workers``, ``main``, ``peaks``."""
         return {

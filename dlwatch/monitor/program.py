@@ -59,41 +59,17 @@ class Program:
         return seg
 
     def ends(self, ev: dict[str, Any], runstats: RunStats) -> None:
-        """A ``loader_iter_end`` event: the segment's row, with its workers' figures."""
+        """A ``loader_iter_end`` event: the segment's row (its figures: ``RunStats.iteration_row``)."""
         n = ev.get("iteration")
         seg = self.segments.pop(n, None) if isinstance(n, int) and not isinstance(n, bool) else None
         if seg is None:
             return
-
-        def num(key: str) -> float:
-            v = ev.get(key)
-            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v >= 0 else 0.0
-
-        batches = int(num("batches"))
-        active, wait = num("active_s"), num("data_wait_s")
-        pids = [p for p in ev.get("worker_pids") or () if isinstance(p, int) and not isinstance(p, bool)][:256]
-        workers, each = runstats.iteration_workers(pids)
-        row = {
-            "iteration": n,
-            "loader": seg["loader"],
-            "name": seg["name"],
-            "epoch": 0,  # this loader's iterations before this one
-            "started_at": ev.get("ts"),
-            "batches": batches,
-            "active_s": round(active, 4),
-            "wall_s": round(num("wall_s"), 4),
-            "data_wait_s": round(wait, 4),
-            "data_wait_share": round(min(1.0, wait / active), 4) if active > 0 else None,
-            "first_batch_s": round(num("first_batch_s"), 4) if batches else None,
-            "workers": workers,
-        }
-        if each is not None:
-            row["worker_processes"] = each  # every worker it started, named, with its figures
         entry = self.loaders.get(seg["loader"])
+        epoch = entry.get("rows", 0) if entry is not None else 0
+        row = runstats.iteration_row(n, seg["loader"], seg["name"], epoch, ev)
         if entry is not None:
-            row["epoch"] = entry.get("rows", 0)
-            entry["rows"] = entry.get("rows", 0) + 1
-            entry["batches"] += batches
+            entry["rows"] = epoch + 1
+            entry["batches"] += row["batches"]
         if len(self.iteration_rows) < MAX_ITERATION_ROWS:
             self.iteration_rows.append(row)
         else:
