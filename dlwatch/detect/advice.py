@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dlwatch.detect.base import Detector, View
 from dlwatch.collect.runstats import worker_totals
+from dlwatch.wire import contract
 
 __all__ = ["ADVISORS", "advice_signal", "not_judged", "to_finding"]
 
@@ -334,7 +335,7 @@ class SamplerEpochNotSet(_Advisor):
         self.seen: list[Mapping[str, Any]] = []
 
     def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
-        if ev.get("event") == "sampler_epoch" and len(self.seen) < 1000:
+        if ev.get("event") == contract.SAMPLER_EPOCH.name and len(self.seen) < 1000:
             self.seen.append(ev)
         return ()
 

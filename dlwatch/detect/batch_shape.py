@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import Context, strip_event
 from dlwatch.detect.registry import Failure
+from dlwatch.wire import contract
 from dlwatch.wire.playbooks import Playbook
 
 PLAYBOOK = "batch-dim-mismatch"
@@ -22,7 +23,7 @@ class BatchShape(Detector):
     playbook = PLAYBOOK
 
     def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
-        if ev.get("event") != "batch_shape":
+        if ev.get("event") != contract.BATCH_SHAPE.name:
             return ()
         return [dict(ev)]
 

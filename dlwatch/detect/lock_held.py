@@ -21,10 +21,11 @@ from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import Context, main_thread_frames, threads
 from dlwatch.detect.lockowner import acquire_site, find_holder
 from dlwatch.detect.registry import Failure
+from dlwatch.wire import contract
 from dlwatch.wire.playbooks import Playbook
 
 PLAYBOOK = "lock-held-at-fork"
-EVENT = "fork_threads"
+EVENT = contract.FORK_THREADS.name
 MAX_FORKS = 16
 MAX_THREADS = 16
 MAX_FRAMES = 6
@@ -166,6 +167,6 @@ FAILURE = Failure(
         "holder_frame": "text",
         "threads_at_fork": "lines",
     },
-    events={EVENT: fork_threads_event},
+    events={contract.FORK_THREADS: fork_threads_event},
     examples=("lock_owner", "deadlock", "ddp_deadlock"),
 )

@@ -7,7 +7,9 @@ is particular to its failure; the generic machinery finds it here and never name
 playbook:
 
 - the monitor runs its ``detectors`` (``dlwatch.detect.build``) and reads its
-  ``events`` with their schemas (``wire.events.normalize`` takes them as a table);
+  ``events`` with their schemas (``wire.events.normalize`` takes them as a table), each
+  keyed by the event's declaration in ``dlwatch.wire.contract`` (the one list of what the
+  training process and its workers send);
 - the matcher (``detect/match.py``) calls its ``enrich`` on the finding's evidence,
   adds the events its ``derive`` judges again from a report, and answers a playbook
   condition from its ``facts`` (``fd_at_limit``);
@@ -28,6 +30,8 @@ import os
 import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from dlwatch.wire.contract import Event
 
 if TYPE_CHECKING:
     from dlwatch.detect.base import Detector
@@ -89,7 +93,8 @@ class Failure:
     derive: Derivation | None = None  # events a report implies, for the matcher
     facts: Mapping[str, Callable[["Context"], Any]] = field(default_factory=dict)  # named facts for conditions
     evidence_forms: Mapping[str, str] = field(default_factory=dict)  # evidence key -> a name in FORM_NAMES
-    events: Mapping[str, EventSchema] = field(default_factory=dict)  # event name -> its schema
+    # event -> its schema, keyed by the event's declaration (dlwatch.wire.contract; a name is read as one)
+    events: Mapping[Event | str, EventSchema] = field(default_factory=dict)
     examples: tuple[str, ...] = ()  # examples/<name>.py whose top finding is this playbook
     module: str = ""  # filled in by discovery
 
@@ -136,9 +141,10 @@ def detector_classes() -> tuple[type["Detector"], ...]:
 
 @functools.lru_cache(maxsize=1)
 def event_schemas() -> Mapping[str, EventSchema]:
+    """Event name -> its schema, over every failure."""
     out: dict[str, EventSchema] = {}
     for f in failures():
-        out.update(f.events)
+        out.update((key.name if isinstance(key, Event) else key, schema) for key, schema in f.events.items())
     return out
 
 

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import Context
 from dlwatch.detect.registry import Failure
+from dlwatch.wire import contract
 from dlwatch.wire.playbooks import Playbook
 
 __all__ = ["RngDuplication", "fingerprints_of", "judge"]
@@ -187,9 +188,9 @@ class RngDuplication(Detector):
         self.pending: dict[str, tuple[float, str, list[dict[str, Any]]]] = {}  # signal -> (first seen, key, evidence)
 
     def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
-        if ev.get("event") == "stop":  # the block ends: what was seen is all there will be
+        if ev.get("event") == contract.STOP.name:  # the block ends: what was seen is all there will be
             return self._flush(view, wait_s=0.0)
-        if ev.get("event") != "rng_fingerprint" or fingerprints_of(ev) is None:
+        if ev.get("event") != contract.RNG_FINGERPRINT.name or fingerprints_of(ev) is None:
             return ()
         pid = ev.get("pid")
         self.pids[pid] = None
@@ -299,6 +300,6 @@ FAILURE = Failure(
         "sampler": "text",
         "worker_init_fn": "text",
     },
-    events={"rng_fingerprint": _fingerprint_event},
+    events={contract.RNG_FINGERPRINT: _fingerprint_event},
     examples=("rng_duplication", "rng_epoch_repeat"),
 )

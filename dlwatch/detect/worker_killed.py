@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import Context, MAX_FRAMES, frame_str, is_user_frame, samples_of, strip_event, threads
 from dlwatch.detect.registry import Failure
+from dlwatch.wire import contract
 from dlwatch.wire.playbooks import Playbook
 from dlwatch.model import SystemSample
 
@@ -158,7 +159,7 @@ class WorkerKilled(Detector):
         self.seen_gone: set[int] = set()
 
     def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
-        if ev.get("event") != "worker_exits" or not isinstance(ev.get("exitcodes"), Mapping):
+        if ev.get("event") != contract.WORKER_EXITS.name or not isinstance(ev.get("exitcodes"), Mapping):
             return ()
         out = []
         for pid, code in ev["exitcodes"].items():

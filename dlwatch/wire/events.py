@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from dlwatch._fs import json_line, open_private
-from dlwatch.wire import interrupt
+from dlwatch.wire import contract, interrupt
 
 
 # events files this process has opened through open_private (checked: a private regular file of
@@ -198,10 +198,52 @@ def _exception(value: Any) -> dict[str, Any] | None:
     }
 
 
-# event name -> its schema: takes the event (common fields checked, a fresh dict) and returns it
-# well-typed, or None to skip it.  A failure's own events are declared by its module
-# (dlwatch.detect.registry: ``events``); the monitor passes their table in.
-Schemas = Mapping[str, Callable[[dict[str, Any]], "dict[str, Any] | None"]]
+def _exception_event(ev: dict[str, Any]) -> dict[str, Any] | None:
+    exc = _exception(ev.get("exception"))
+    if exc is None:
+        return None
+    ev["exception"] = exc
+    return ev
+
+
+def _worker_registered(ev: dict[str, Any]) -> dict[str, Any] | None:
+    if "pid" not in ev:
+        return None
+    ev["worker_id"] = ev.get("worker_id")
+    ev["start_method"] = _str(ev.get("start_method"))
+    ev["dump_path"] = _str(ev.get("dump_path"))
+    out = ev.get("crash_output")  # where a fatal signal's stack goes: dlwatch's crash file or not
+    ev["crash_output"] = out if out in ("dlwatch", "program", "none") else None
+    return ev
+
+
+def _loader_workers(ev: dict[str, Any]) -> dict[str, Any] | None:
+    pids = ev.get("pids")
+    if not isinstance(pids, list):
+        return None
+    ev["pids"] = [p for p in pids if _int(p, 1) is not None]
+    return ev
+
+
+def _batch_bytes(ev: dict[str, Any]) -> dict[str, Any] | None:
+    return None if _int(ev.get("batch_bytes")) is None else ev
+
+
+# An event's schema: takes the event (common fields checked, a fresh dict) and returns it
+# well-typed, or None to skip it.  The watch's own events that the monitor acts on are checked
+# here, keyed by their declarations (dlwatch.wire.contract); a failure's own events are checked
+# by the schema its module declares (dlwatch.detect.registry: ``events``): the monitor passes
+# their table in.
+Schema = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+Schemas = Mapping[str, Schema]
+
+_OWN: Schemas = {
+    contract.EXCEPTION.name: _exception_event,
+    contract.WORKER_REGISTERED.name: _worker_registered,
+    contract.LOADER_WORKERS.name: _loader_workers,
+    contract.BATCH_BYTES.name: _batch_bytes,
+    contract.INTERRUPT.name: interrupt.normalize,
+}
 
 
 def normalize(record: Any, schemas: Schemas | None = None) -> dict[str, Any] | None:
@@ -224,30 +266,10 @@ def normalize(record: Any, schemas: Schemas | None = None) -> dict[str, Any] | N
         if key in ev and _int(ev[key], minimum) is None:
             ev.pop(key)
     name = ev["event"]
-    if name == "exception":
-        exc = _exception(ev.get("exception"))
-        if exc is None:
-            return None
-        ev["exception"] = exc
-    elif name == "worker_registered":
-        if "pid" not in ev:
-            return None
-        ev["worker_id"] = ev.get("worker_id")
-        ev["start_method"] = _str(ev.get("start_method"))
-        ev["dump_path"] = _str(ev.get("dump_path"))
-        out = ev.get("crash_output")  # where a fatal signal's stack goes: dlwatch's crash file or not
-        ev["crash_output"] = out if out in ("dlwatch", "program", "none") else None
-    elif name == "loader_workers":
-        pids = ev.get("pids")
-        if not isinstance(pids, list):
-            return None
-        ev["pids"] = [p for p in pids if _int(p, 1) is not None]
-    elif name == "batch_bytes":
-        if _int(ev.get("batch_bytes")) is None:
-            return None
-    elif name == "interrupt":
-        return interrupt.normalize(ev)
-    elif schemas is not None and name in schemas:
+    check = _OWN.get(name)
+    if check is not None:
+        return check(ev)
+    if schemas is not None and name in schemas:
         return schemas[name](ev)
     return ev
 
