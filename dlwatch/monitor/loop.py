@@ -21,7 +21,7 @@ import shutil
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, ClassVar, Mapping
 
 from dlwatch._log import configure_own_process, get_logger
 from dlwatch.detect import registry
@@ -36,6 +36,7 @@ from dlwatch.monitor.runsummary import Summary
 from dlwatch.monitor.sampling import Sampler
 from dlwatch.monitor.settings import Settings
 from dlwatch.redact import outbound
+from dlwatch.wire import contract
 from dlwatch.wire.events import EventReader
 
 log = get_logger("dlwatch.monitor")
@@ -128,45 +129,77 @@ class Monitor:
         self._feed_sinks()
 
     # ------------------------------------------------------------------ events
+    # One handler per event of the watch, keyed by its declaration (dlwatch.wire.contract: what the
+    # training process and its workers send); every event then goes to the detectors, which is all
+    # that happens to a failure's own events (their module's detector acts on them).
 
     def _drain_events(self) -> None:
+        handlers = _HANDLERS
         for ev in self.events.new():
-            name = ev.get("event")
-            if name == "stop":
-                self.stop_seen = True
-                self.interrupted = ev.get("interrupted") is True
-                if ev.get("ended") in ("clean", "exception", "interrupted"):
-                    self.ended = ev["ended"]
-            elif name == "exception":
-                self.incidents.exception = ev.get("exception")
-            elif name == "loader_iter" and self.program is not None:
-                self._flush_exception()  # the program went on after it: the incident now, not at the end
-                seg = self.program.begins(ev)
-                if seg is not None:
-                    if seg["config"] is not None:
-                        self.sampler.loader = seg["config"]  # forensics judge the workers the loop waits for now
-                    self.journal.note({k: v for k, v in ev.items() if k != "config"})
-            elif name == "loader_iter_end" and self.program is not None:
-                self.program.ends(ev, self.summary.runstats)
-            elif name == "worker_registered":
-                self.sampler.track_worker(
-                    int(ev.get("pid", 0)), ev.get("worker_id"), ev.get("start_method"), ev.get("dump_path")
-                )
-                self.journal.note(ev)
-            elif name == "loader_workers":
-                self.sampler.track_loader_workers(int(p) for p in ev.get("pids") or ())
-                self.journal.note(ev)
-            elif name == "nested_watch":
-                self.sampler.add_nested(ev.get("run_dir"), ev.get("monitor_pid"))
-            elif name == "batch_bytes":
-                loader = self.sampler.loader
-                if isinstance(loader, dict) and isinstance(ev.get("batch_bytes"), int):
-                    loader["batch_bytes"] = ev["batch_bytes"]
-            elif name == "advice":
-                self.summary.keep_advice(ev)
-            elif name == "interrupt":
-                self.incidents.interrupt(ev)
+            handler = handlers.get(ev["event"])
+            if handler is not None:
+                handler(self, ev)
             self._run_detectors("on_event", ev)
+
+    def _on_stop(self, ev: dict[str, Any]) -> None:
+        self.stop_seen = True
+        self.interrupted = ev.get("interrupted") is True
+        if ev.get("ended") in ("clean", "exception", "interrupted"):
+            self.ended = ev["ended"]
+
+    def _on_exception(self, ev: dict[str, Any]) -> None:
+        self.incidents.exception = ev.get("exception")
+
+    def _on_loader_iter(self, ev: dict[str, Any]) -> None:
+        if self.program is None:
+            return
+        self._flush_exception()  # the program went on after it: the incident now, not at the end
+        seg = self.program.begins(ev)
+        if seg is not None:
+            if seg["config"] is not None:
+                self.sampler.loader = seg["config"]  # forensics judge the workers the loop waits for now
+            self.journal.note({k: v for k, v in ev.items() if k != "config"})
+
+    def _on_loader_iter_end(self, ev: dict[str, Any]) -> None:
+        if self.program is not None:
+            self.program.ends(ev, self.summary.runstats)
+
+    def _on_worker_registered(self, ev: dict[str, Any]) -> None:
+        self.sampler.track_worker(
+            int(ev.get("pid", 0)), ev.get("worker_id"), ev.get("start_method"), ev.get("dump_path")
+        )
+        self.journal.note(ev)
+
+    def _on_loader_workers(self, ev: dict[str, Any]) -> None:
+        self.sampler.track_loader_workers(int(p) for p in ev.get("pids") or ())
+        self.journal.note(ev)
+
+    def _on_nested_watch(self, ev: dict[str, Any]) -> None:
+        self.sampler.add_nested(ev.get("run_dir"), ev.get("monitor_pid"))
+
+    def _on_batch_bytes(self, ev: dict[str, Any]) -> None:
+        loader = self.sampler.loader
+        if isinstance(loader, dict) and isinstance(ev.get("batch_bytes"), int):
+            loader["batch_bytes"] = ev["batch_bytes"]
+
+    def _on_advice(self, ev: dict[str, Any]) -> None:
+        self.summary.keep_advice(ev)
+
+    def _on_interrupt(self, ev: dict[str, Any]) -> None:
+        self.incidents.interrupt(ev)
+
+    HANDLERS: ClassVar[Mapping[contract.Event, Callable[["Monitor", dict[str, Any]], None]]] = {
+        contract.STOP: _on_stop,
+        contract.EXCEPTION: _on_exception,
+        contract.LOADER_ITER: _on_loader_iter,
+        contract.LOADER_ITER_END: _on_loader_iter_end,
+        contract.WORKER_REGISTERED: _on_worker_registered,
+        contract.LOADER_WORKERS: _on_loader_workers,
+        contract.NESTED_WATCH: _on_nested_watch,
+        contract.BATCH_BYTES: _on_batch_bytes,
+        contract.ADVICE: _on_advice,
+        contract.INTERRUPT: _on_interrupt,
+    }
 
     def _flush_exception(self) -> None:
         """An exception the program caught and lived on after: its incident now (one per exception)."""
@@ -301,6 +334,9 @@ class Monitor:
                 self.notes.warn_once(f"{sink.name}_failed", f"{type(exc).__name__}: {exc}")
         self.journal.close()
         self.sampler.close()
+
+
+_HANDLERS = {event.name: handler for event, handler in Monitor.HANDLERS.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
