@@ -20,7 +20,6 @@ added by ``events.emit``: they are not listed per event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 __all__ = [
@@ -58,31 +57,44 @@ WORKER = "worker"  # a DataLoader worker process
 KINDS = frozenset({"int", "number", "bool", "str", "ints", "list", "object", "any"})
 
 
-@dataclass(frozen=True)
 class Field:
-    name: str
-    kind: str
-    optional: bool = False  # may be absent
-    nullable: bool = False  # may be null
+    """One field of an event: its name, its kind, whether it may be absent or null."""
+
+    __slots__ = ("name", "kind", "optional", "nullable")
+
+    def __init__(self, name: str, kind: str, optional: bool = False, nullable: bool = False) -> None:
+        self.name, self.kind, self.optional, self.nullable = name, kind, optional, nullable
 
     def accepts(self, value: Any) -> bool:
         if value is None:
             return self.nullable
         return _is(self.kind, value)
 
+    def __repr__(self) -> str:
+        return f"Field({self.name!r}, {self.kind!r}, optional={self.optional}, nullable={self.nullable})"
 
-@dataclass(frozen=True)
+
 class Event:
-    """One event: its name, who sends it, its fields (beyond ``COMMON``) and what it is for."""
+    """One event: its name, who sends it, its fields (beyond ``COMMON``) and what it is for.
 
-    name: str
-    senders: tuple[str, ...]
-    fields: tuple[Field, ...]
-    about: str
-    extra: bool = False  # carries further keys beyond those declared (a probe's evidence)
+    A declaration is made once, here, and compared by identity (the handler tables are keyed by
+    it).  Plain slotted classes, not dataclasses: the training process imports this module, and
+    a dataclass's generated methods cost a millisecond there for nothing.
+    """
+
+    __slots__ = ("name", "senders", "fields", "about", "extra")
+
+    def __init__(
+        self, name: str, senders: tuple[str, ...], fields: tuple[Field, ...], about: str, extra: bool = False
+    ) -> None:
+        self.name, self.senders, self.fields, self.about = name, senders, fields, about
+        self.extra = extra  # carries further keys beyond those declared (a probe's evidence)
 
     def field(self, name: str) -> Field | None:
         return next((f for f in self.fields if f.name == name), None)
+
+    def __repr__(self) -> str:
+        return f"<event {self.name}>"
 
 
 def _f(name: str, kind: str, *, optional: bool = False, nullable: bool = False) -> Field:
