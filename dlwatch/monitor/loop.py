@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Callable, ClassVar, Mapping
 
-from dlwatch._log import configure_own_process, get_logger
+from dlwatch._log import configure_own_process
 from dlwatch.detect import registry
 from dlwatch.detect.base import NOTE_EVENTS, Detector
 from dlwatch.detect.process_exit import judge_exit
@@ -38,8 +38,6 @@ from dlwatch.monitor.settings import Settings
 from dlwatch.redact import outbound
 from dlwatch.wire import contract
 from dlwatch.wire.events import EventReader
-
-log = get_logger("dlwatch.monitor")
 
 
 class Monitor:
