@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, Callable
 
-from dlwatch.wire import events
+from dlwatch.wire import contract, events
 
 # In a worker whose start fingerprint was taken: events path -> (worker_id, epoch, snapshot)
 # until its first batch is collated (keyed by run, should two watches share a worker).  Filled
@@ -123,7 +123,7 @@ class WorkerHook:
                 return
             events.emit(
                 self.events_path,
-                "worker_registered",
+                contract.WORKER_REGISTERED.name,
                 worker_id=worker_id,
                 start_method=self.start_method,
                 ppid=os.getppid(),
@@ -160,7 +160,7 @@ class WorkerHook:
             snap = rngcheck.snapshot(dataset, depth=self.rng_depth)
             if events.emit(
                 self.events_path,
-                "rng_fingerprint",
+                contract.RNG_FINGERPRINT.name,
                 worker_id=worker_id,
                 epoch=self.epoch,
                 stage="start",
@@ -238,7 +238,7 @@ def _make_template(start_method: str | None, dump_dir: str) -> _RegisteredLine |
                 ts = json.loads(line)["ts"]
                 record = {
                     "ts": ts,
-                    "event": "worker_registered",
+                    "event": contract.WORKER_REGISTERED.name,
                     "pid": os.getpid(),
                     "worker_id": 3,
                     "start_method": start_method,
@@ -301,7 +301,7 @@ class CollateHook:
             drew, rebound = rngcheck.drawn(first, snap)
             events.emit(
                 self.events_path,
-                "rng_fingerprint",
+                contract.RNG_FINGERPRINT.name,
                 worker_id=worker_id,
                 epoch=epoch,
                 stage="after_first_batch",
