@@ -15,7 +15,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from dlwatch._log import get_logger
 from dlwatch.collect import faultdump, procfs
@@ -70,8 +70,7 @@ class Tracked(TrackedProcess):
         return None
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """What one poll read: the heartbeat (None when unreadable) and a sample per live process."""
 
     now: float
