@@ -23,12 +23,13 @@ from typing import Any, Iterable, Mapping
 from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import Context
 from dlwatch.detect.registry import Failure
+from dlwatch.wire import contract
 from dlwatch.detect.worker_killed import signal_name, wait_status_signal
 from dlwatch.wire.playbooks import Playbook
 
 PLAYBOOK = "producer-gone"
 GONE = "process_gone"
-THREAD = "thread_died"
+THREAD = contract.THREAD_DIED.name
 MAX_THREAD_FRAMES = 8
 LINK = "producer_gone"
 RECENT_S = 300.0  # a process that vanished this long before the stall began is no longer its cause
@@ -254,6 +255,6 @@ FAILURE = Failure(
         "waiting_workers": "text",
         "before_stall_s": "seconds",
     },
-    events={THREAD: thread_died_event},
+    events={contract.THREAD_DIED: thread_died_event},
     examples=("producer_gone",),
 )

@@ -16,9 +16,9 @@ import threading
 import traceback
 from typing import Any
 
-from dlwatch.wire import events
+from dlwatch.wire import contract, events
 
-EVENT = "thread_died"
+EVENT = contract.THREAD_DIED.name
 MAX_FRAMES = 8
 MAX_MESSAGE = 512
 

@@ -41,6 +41,7 @@ __all__ = [
     "RNG_FINGERPRINT",
     "SAMPLER_EPOCH",
     "STOP",
+    "THREAD_DIED",
     "TRAINING",
     "WORKER",
     "WORKER_EXITS",
@@ -53,8 +54,9 @@ TRAINING = "training"  # the training process (its main thread, or a thread of i
 WORKER = "worker"  # a DataLoader worker process
 
 # What a field's value may be, as JSON gives it back: "int" (not a bool), "number" (int or float,
-# not a bool), "bool", "str", "ints" (a list of ints), "list", "object" (a JSON object), "any".
-KINDS = frozenset({"int", "number", "bool", "str", "ints", "list", "object", "any"})
+# not a bool), "bool", "str", "key" (an int or a str: an identifier), "ints" (a list of ints),
+# "list", "object" (a JSON object), "any".
+KINDS = frozenset({"int", "number", "bool", "str", "key", "ints", "list", "object", "any"})
 
 
 class Field:
@@ -112,6 +114,8 @@ def _is(kind: str, value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "str":
         return isinstance(value, str)
+    if kind == "key":
+        return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
     if kind == "ints":
         return isinstance(value, list) and all(_is("int", v) for v in value)
     if kind == "list":
@@ -252,6 +256,7 @@ SAMPLER_EPOCH = Event(
     (
         _f("sampler", "str"),
         _f("sampler_epoch", "int"),
+        _f("dataset_ref", "key"),  # the same number for the same dataset object (preflight.dataset_ref)
         _f("shuffle", "bool", nullable=True),
         _f("seed", "int", nullable=True),
         _f("num_replicas", "int", nullable=True),
@@ -264,6 +269,19 @@ BATCH_SHAPE = Event(
     (_f("signal", "str"), _f("batch_index", "int"), _f("leaf", "str"), _f("multiple", "int")),
     "the batch check found a tensor whose leading dim is a multiple of the batch size, with its evidence",
     extra=True,
+)
+
+THREAD_DIED = Event(
+    "thread_died",
+    (TRAINING,),
+    (
+        _f("thread", "str"),
+        _f("daemon", "bool"),
+        _f("exc_type", "str"),
+        _f("message", "str"),
+        _f("frames", "list"),
+    ),
+    "a thread of the training process died with an exception (threading.excepthook): a producer thread",
 )
 
 EVENTS: Mapping[str, Event] = {
@@ -284,6 +302,7 @@ EVENTS: Mapping[str, Event] = {
         WORKER_EXITS,
         SAMPLER_EPOCH,
         BATCH_SHAPE,
+        THREAD_DIED,
     )
 }
 

@@ -7,7 +7,8 @@ path, the %-templates and the worker's ``worker_registered`` line all end there)
 to CAPTURE; forked workers inherit the copy.  MODE ``watch`` runs, under ``dlwatch.watch``: a
 loader with two forked workers, pin_memory on a host without CUDA (advice), a DistributedSampler
 never given set_epoch, an RNG object in the dataset, a thread alive at fork, a collate that
-concatenates samples (the batch check), a watch nested in the loop body; then a worker killed by
+concatenates samples (the batch check), a watch nested in the loop body, a thread that dies with an
+exception; then a worker killed by
 SIGKILL (the exception and the workers' exit codes, the ``as`` form); then a Ctrl-C while the loop
 waits for a slow batch (the interrupt).  MODE ``run`` is a program for ``dlwatch run``: two
 iterations of a loader with workers, then an exception it catches.  Prints DONE at the end.
@@ -61,6 +62,10 @@ class Noisy(Dataset):
         return torch.tensor([float(i), self.rng.random()])
 
 
+def decode() -> None:
+    raise ValueError("corrupt frame")
+
+
 def cat_collate(samples: list) -> torch.Tensor:
     return torch.cat(samples)  # 2 x batch_size rows: the batch check's k x B
 
@@ -88,6 +93,10 @@ def watch_mode(report_dir: str) -> None:
                     with dlwatch.watch(inner, report_dir=report_dir, poll_interval=0.2):
                         for _ in inner:
                             pass
+                if epoch == 0 and n == 1:  # a producer thread that dies with an exception
+                    died = threading.Thread(target=decode, name="decoder")
+                    died.start()
+                    died.join()
     stop.set()
 
     # a worker killed from outside: the exception and the exit codes of the iterator's workers
