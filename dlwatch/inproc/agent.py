@@ -412,7 +412,6 @@ class Watch:
         self._preflight_signals: list[dict[str, Any]] = []  # for a summary written here if the monitor is gone
         self._cpus: dict[str, Any] | None = None
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
-        self.stop_in_background = False  # `dlwatch run`: stop the monitor off the training thread
         # `dlwatch run`: the watch covers one iteration whose iterator it builds itself (iterate_with);
         # the loader object is left as it is (no class swap, its hooks set only while torch builds it)
         self.iteration_only = False
@@ -832,7 +831,6 @@ class Watch:
             for seg in list(reversed(self._segments)):
                 self.end_segment(seg, None)
         self._program_ended = ended
-        self.stop_in_background = False
         held = _hold_sigchld()
         try:
             self._interrupted = ended == "interrupted"
@@ -956,21 +954,7 @@ class Watch:
             threaddeath_mod = sys.modules.get("dlwatch.inproc.threaddeath")
             if threaddeath_mod is not None:
                 threaddeath_mod.uninstall(self._events_path)
-        if monitor is not None and self.stop_in_background and not sys.is_finalizing():
-            # `dlwatch run` (one watch per iteration): the loop goes on while the monitor finishes
-            # (it may be starting up: ~0.4 s); a non-daemon thread, so the interpreter waits for it at exit.
-            # The dump handler stays installed meanwhile (the monitor may still signal it); the next
-            # watch's install replaces it. At interpreter exit (an iterator freed with the traceback
-            # that held it) no thread can start: stopped here, as a plain watch does.
-            if self._hb is not None:
-                self._hb.close()
-                self._hb = None
-            self._active = False
-            threading.Thread(
-                target=self._stop_monitor, args=(monitor, pending, self.run_dir), name="dlwatch-stop", daemon=False
-            ).start()
-            return
-        self._stop_monitor(monitor, pending, None)
+        self._stop_monitor(monitor, pending)
         if self._hb is not None:
             self._hb.close()
             self._hb = None
@@ -984,9 +968,7 @@ class Watch:
         if self.run_dir and os.path.isdir(self.run_dir):
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _stop_monitor(
-        self, monitor: "subprocess.Popen[bytes] | None", pending: dict[str, Any] | None, run_dir: str | None
-    ) -> None:
+    def _stop_monitor(self, monitor: "subprocess.Popen[bytes] | None", pending: dict[str, Any] | None) -> None:
         if monitor is not None:
             alive = monitor.poll() is None
             if alive:
@@ -1009,9 +991,7 @@ class Watch:
             if not alive or monitor.returncode not in (0, None):
                 self._monitor_lost(monitor.returncode, pending)
         # Watch.summary: read while the private run directory (which names the summary) is still there
-        self._read_summary(run_dir or self.run_dir)
-        if run_dir and os.path.isdir(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        self._read_summary()
 
     def _monitor_lost(self, code: int | None, pending: dict[str, Any] | None) -> None:
         if not self._monitor_warned:
@@ -1288,9 +1268,9 @@ class Watch:
             child.wait()
             return False
 
-    def _read_summary(self, run_dir: str | None = None) -> None:
+    def _read_summary(self) -> None:
         """Watch.summary: the run summary the monitor wrote (its path is in our private run dir)."""
-        run_dir = run_dir or self.run_dir
+        run_dir = self.run_dir
         if not run_dir or self.summary is not None:
             return
         try:

@@ -46,15 +46,12 @@ def thread_info(t: threading.Thread) -> dict[str, Any]:
 # Threads that are safe across fork: multiprocessing's queue feeder threads (a Queue resets its
 # locks in the child, register_after_fork), and the DataLoader's own threads (a previous
 # epoch's pin-memory thread), which torch stops and manages itself; and dlwatch's own
-# "dlwatch-stop" thread of `dlwatch run`, which waits for the previous iteration's monitor
-# to exit (a wait on a child and a pipe write; a forked worker neither has it nor needs its locks),
-# and its "dlwatch-html-reaper", which waits (at most a minute) for the child that renders the
-# report.html of an incident or run summary written in this process.  Neither is the user's: a finding about
-# them would be dlwatch accusing itself, and a worker forked beside them never touches them.
+# "dlwatch-html-reaper", which waits (at most a minute) for the child that renders the
+# report.html of an incident or run summary written in this process.  It is not the user's: a finding about
+# it would be dlwatch accusing itself, and a worker forked beside it never touches it.
 _FORK_SAFE_TARGETS = (
     "multiprocessing.queues.Queue._feed",
     "torch.utils.data.",
-    "dlwatch.inproc.agent.Watch._stop_monitor",
     "dlwatch.report.html.spawn_render.",
 )
 
