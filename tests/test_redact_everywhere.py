@@ -338,7 +338,8 @@ def warned(text: str) -> str:
     printed by Python's own warning machinery (the way a training program shows them)."""
     import warnings
 
-    from dlwatch.inproc import agent, runhook
+    from dlwatch.inproc import runhook
+    from dlwatch.inproc.agent import block as agent
 
     class _Watch:  # the one attribute-holding part of Watch._send_preflight: its bookkeeping
         _ignored: set = set()
@@ -432,7 +433,7 @@ def test_warnings_still_point_at_the_callers_line():
     """Routing warnings through redact.warn keeps their stacklevel: the line shown is the caller's, not dlwatch's."""
     import warnings
 
-    from dlwatch.inproc import agent
+    from dlwatch.inproc.agent import block as agent
 
     def caller():
         agent._warn(f"could not read {THREAD_TOKEN}")  # <- the line: the first frame outside dlwatch

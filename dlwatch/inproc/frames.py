@@ -32,13 +32,25 @@ def user_stacklevel() -> int:
     return level
 
 
-def _hidden_files() -> set[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return {os.path.join(here, name) for name in ("runhook.py", "agent.py", "proxy.py", "frames.py")}
+_HIDDEN: frozenset[str] | None = None
 
 
-def strip_own_frames(tb: Any, hidden: set[str] | None = None) -> Any:
-    """``tb`` without the entries of dlwatch's own wrappers (runhook.py, agent.py, proxy.py).
+def _hidden_files() -> frozenset[str]:
+    """The files of dlwatch's wrappers: runhook.py, proxy.py, this one, and every module of agent/."""
+    global _HIDDEN
+    if _HIDDEN is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        agent = os.path.join(here, "agent")
+        try:
+            rooms = [os.path.join(agent, name) for name in os.listdir(agent) if name.endswith(".py")]
+        except OSError:
+            rooms = []
+        _HIDDEN = frozenset([*(os.path.join(here, n) for n in ("runhook.py", "proxy.py", "frames.py")), *rooms])
+    return _HIDDEN
+
+
+def strip_own_frames(tb: Any, hidden: frozenset[str] | None = None) -> Any:
+    """``tb`` without the entries of dlwatch's own wrappers (runhook.py, agent/, proxy.py).
 
     Those frames sit between the program's ``for`` loop and torch's iterator only because
     the iteration is watched; an uncaught exception prints the traceback plain python prints.

@@ -150,7 +150,7 @@ def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
     # torch's SIGCHLD handler waits while the segment starts (see agent._HeldSigchld): a worker of another
     # live iterator dying now raises torch's own exception after, never "could not watch" here
     try:
-        from dlwatch.inproc import agent
+        from dlwatch.inproc.agent import block as agent
 
         held = agent._hold_sigchld()
     except Exception:
@@ -182,7 +182,7 @@ def _program_watch(loader: Any) -> Any:
         if _PROGRAM is not None and _PROGRAM_PID == pid:
             return _PROGRAM if _PROGRAM._active else None
         try:
-            from dlwatch.inproc import agent
+            from dlwatch.inproc.agent import block as agent
         except Exception as exc:
             _PROGRAM_FAILED = pid
             _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")

@@ -54,7 +54,8 @@ def main(moment: str, report_dir: str) -> int:
                 kill_a_worker(loader)
             return 0
         import dlwatch
-        from dlwatch.inproc import agent, preflight, shapes
+        from dlwatch.inproc import preflight, shapes
+        from dlwatch.inproc.agent import block as agent
 
         if moment == "shape-check":
             original = shapes.BatchShapeProbe.check
