@@ -15,11 +15,9 @@ the training loop.
 from __future__ import annotations
 
 import copy
-import multiprocessing
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -28,25 +26,26 @@ import traceback
 import weakref
 from typing import Any, Iterable, Iterator
 
-import _signal as _sig  # signal's C half: the same handlers without the enum round trip (every checked batch)
-
 from dlwatch.wire import config, events, interrupt
 from dlwatch._fs import UnsafeDirError, create_private, make_private_child, make_private_dir, write_json
 from dlwatch.wire.job import rank_info
-from dlwatch.inproc.proxy import IteratorProxy
-from dlwatch.wire.heartbeat import (
-    HOT_OFFSET as _HOT_OFFSET,
-    STATE_BODY,
-    STATE_OFFSET as _STATE_OFFSET,
-    STATE_OUTSIDE,
-    STATE_WAITING,
-    HeartbeatWriter,
-)
+from dlwatch.wire.heartbeat import HeartbeatWriter
 from dlwatch.redact import redact_argv, warn
-from dlwatch.inproc.frames import interrupted_frames, strip_own_frames, user_stacklevel as _user_stacklevel
+from dlwatch.inproc.frames import interrupted_frames
 from dlwatch.wire import reportdir
 from dlwatch.wire.reportdir import read_summary
 from dlwatch.inproc.worker_hook import CollateHook, WorkerHook, allow_ptrace_from
+from dlwatch.inproc.agent.loaderinfo import (
+    _is_dataloader,
+    _known_len,
+    _qualname,
+    _sharing_strategy,
+    _start_method,
+    loader_config,
+)
+from dlwatch.inproc.agent.sigchld import _hold_sigchld, _release_sigchld, _unhide
+from dlwatch.inproc.agent.timed import _TimedIterator
+from dlwatch.inproc.agent.warning import DlwatchWarning, _user_stacklevel, _warn
 
 
 MONITOR_STOP_TIMEOUT_S = 10.0
@@ -70,28 +69,6 @@ def _cut(text: str, limit: int) -> str:
     return f"{text[:head]}\n[dlwatch: {len(text) - head - tail:,} characters cut here]\n{text[len(text) - tail :]}"
 
 
-class DlwatchWarning(RuntimeWarning):
-    """dlwatch could not do something; training goes on unchanged."""
-
-
-def _warn(message: str) -> None:
-    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=_user_stacklevel())  # at the program's line
-
-
-def _qualname(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
-    module = getattr(target, "__module__", None)
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
-    return f"{module}.{name}" if module else str(name)
-
-
-def _is_dataloader(obj: Any) -> bool:
-    torch_data = sys.modules.get("torch.utils.data")
-    return torch_data is not None and isinstance(obj, torch_data.DataLoader)
-
-
 def _fork_record() -> list[list[dict[str, Any]]]:
     fork_mod = sys.modules.get("dlwatch.inproc.forkthreads")
     if fork_mod is None:
@@ -100,99 +77,6 @@ def _fork_record() -> list[list[dict[str, Any]]]:
         return fork_mod.take()
     except Exception:
         return []
-
-
-def _start_method(loader: Any) -> str | None:
-    ctx = getattr(loader, "multiprocessing_context", None)
-    if isinstance(ctx, str):
-        return ctx
-    if ctx is not None:
-        try:
-            return str(ctx.get_start_method())
-        except Exception:
-            return None
-    # allow_none=True: asking without it would fix the process-wide default as a side effect
-    method = multiprocessing.get_start_method(allow_none=True)
-    if method:
-        return method
-    if sys.platform == "linux":
-        return "forkserver" if sys.version_info >= (3, 14) else "fork"
-    return "spawn"
-
-
-def _sharing_strategy() -> str | None:
-    """torch.multiprocessing's sharing strategy, if torch's multiprocessing is imported (never imports it)."""
-    tmp = sys.modules.get("torch.multiprocessing")
-    if tmp is not None:
-        try:
-            return tmp.get_sharing_strategy()
-        except Exception:
-            pass
-    return None
-
-
-def _known_len(obj: Any) -> int | None:
-    """``len(obj)`` where that runs no code of the program's, else None.
-
-    A dataset's or sampler's own ``__len__`` is the program's code (it may list a bucket, open a
-    database in the main process before the workers fork, or count calls): dlwatch never calls it.
-    Built-in containers and torch's own samplers and datasets over them are read; a
-    DistributedSampler's length is the attribute torch computed at its construction.
-    """
-    if type(obj) in (list, tuple, range, dict, str, bytes):
-        return len(obj)
-    data = sys.modules.get("torch.utils.data")
-    if data is None:
-        return None
-    try:
-        kind = type(obj)
-        if kind is data.DistributedSampler:
-            n = obj.__dict__.get("num_samples")
-            return n if isinstance(n, int) else None
-        if kind is data.RandomSampler:
-            n = obj.__dict__.get("_num_samples")
-            return n if isinstance(n, int) else _known_len(obj.__dict__.get("data_source"))
-        if kind is data.SequentialSampler:
-            return _known_len(obj.__dict__.get("data_source"))
-        if kind is data.TensorDataset:
-            return len(obj)  # torch's: the first tensor's size
-        if kind is data.Subset:
-            return _known_len(obj.__dict__.get("indices"))
-    except Exception:
-        return None
-    return None
-
-
-def loader_config(loader: Any) -> dict[str, Any] | None:
-    """The DataLoader's configuration for the report; None for a plain iterable."""
-    if not _is_dataloader(loader):
-        return None
-    strategy = _sharing_strategy()
-    dataset = getattr(loader, "dataset", None)
-    dataset_len = _known_len(dataset)
-    user_init = loader.worker_init_fn
-    if isinstance(user_init, WorkerHook):
-        user_init = user_init.user_fn
-    collate = loader.collate_fn
-    if isinstance(collate, CollateHook):
-        collate = collate.user_fn
-    return {
-        "class": _qualname(type(loader)),
-        "batch_size": loader.batch_size,
-        "num_workers": loader.num_workers,
-        "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": loader.persistent_workers,
-        "pin_memory": loader.pin_memory,
-        "drop_last": loader.drop_last,
-        "timeout": loader.timeout,
-        "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None,
-        "sharing_strategy": strategy,
-        "collate_fn": _qualname(collate),
-        "worker_init_fn": _qualname(user_init),
-        "sampler": _qualname(type(loader.sampler)) if getattr(loader, "sampler", None) is not None else None,
-        "dataset": _qualname(type(dataset)),
-        "dataset_len": dataset_len,
-    }
 
 
 _WATCHED_CLASSES: dict[type, type] = {}
@@ -257,28 +141,6 @@ def _watched_class(cls: type) -> type:
     return sub
 
 
-class _HeldSigchld:
-    """torch's SIGCHLD handler, set aside while dlwatch's own code runs in the main thread.
-
-    torch's handler raises "DataLoader worker (pid N) is killed by signal" wherever the main thread
-    happens to be when a worker dies.  Inside dlwatch's code that exception would be swallowed by a
-    catch-all that guards the training loop from dlwatch's own failures, or surface with dlwatch's
-    frames.  While held, a SIGCHLD is only noted; on release torch's handler is put back and, if one
-    was noted, run once: it raises its own exception as it would have, and the caller takes dlwatch's
-    frames off it, so it surfaces in the program's loop as bare.
-    """
-
-    __slots__ = ("handler", "seen")
-
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
-        self.seen = False
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.seen = True
-
-
-_SIGCHLD = int(getattr(signal, "SIGCHLD", 0))
 # loader_iter_end's fields after its loader (events.LineFormat: a template, the iteration's figures its slots)
 _ITER_END_FIELDS = (
     ("batches", events.INT),
@@ -288,45 +150,6 @@ _ITER_END_FIELDS = (
     ("wall_s", events.FLOAT),
     ("worker_pids", events.INTS),
 )
-
-
-def _hold_sigchld() -> _HeldSigchld | None:
-    """Set a Python-level SIGCHLD handler (torch's) aside; None where there is none or not in the main thread.
-
-    A noting handler, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
-    Python runs signal handlers in the main thread only, so elsewhere nothing can interrupt dlwatch.
-    """
-    try:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        current = _sig.getsignal(_SIGCHLD)
-        if not callable(current):
-            return None
-        held = _HeldSigchld(current)
-        _sig.signal(_SIGCHLD, held._note)
-        return held
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _release_sigchld(held: _HeldSigchld | None) -> None:
-    """Put torch's handler back; if a SIGCHLD came meanwhile, run it now (it may raise torch's exception)."""
-    if held is None:
-        return
-    try:
-        _sig.signal(_SIGCHLD, held.handler)
-    except (OSError, ValueError, TypeError):
-        return
-    if held.seen:
-        held.handler(signal.SIGCHLD, None)
-
-
-def _unhide(exc: BaseException) -> None:
-    """Take dlwatch's frames off an exception that leaves dlwatch's code for the program's."""
-    try:
-        exc.__traceback__ = strip_own_frames(exc.__traceback__)
-    except Exception:
-        pass
 
 
 class Watch:
@@ -1337,121 +1160,6 @@ class Watch:
             return
 
 
-class _EpochState:
-    """The per-epoch state of a _TimedIterator, in an object of its own.
-
-    _TimedIterator defines ``__getattr__`` (attribute fall-through), which makes every
-    ``self.x`` in its ``__next__`` take CPython's slow attribute path (~135 ns a batch);
-    attributes of this plain slotted object stay on the fast path.
-    """
-
-    __slots__ = ("next", "hb", "pack", "mm", "watch", "probe", "check_at", "prev", "base", "done")
-
-
-class _TimedIterator(IteratorProxy):
-    """Wraps one epoch's iterator: times each batch into the heartbeat, and is otherwise the iterator.
-
-    Per batch: two clock reads, a one-byte store (waiting for data) and one pack of the
-    heartbeat's small hot part (batch delivered).  The loop-body time is not summed here: the
-    monitor derives it from the epoch's span and its waits.  The first batch of an epoch takes
-    the cold path (the full record).  Everything else is kept off this path (see bench/).
-    """
-
-    __slots__ = ("_s",)
-
-    def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Watch) -> None:
-        self._it = it
-        s = self._s = _EpochState()
-        s.next = it.__next__
-        s.hb = hb
-        s.pack = hb.HOT.pack_into
-        s.mm = hb.mm
-        s.watch = watch
-        s.probe = watch._shape_probe
-        s.base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
-        # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
-        # batch 0 is always looked at once (its size in bytes is the shm need, probe or not); after it
-        # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
-        s.check_at = (
-            s.base + (s.probe.next_check(0) if s.probe is not None else -1 if watch._batch_bytes_sent else 0) + 1
-        )
-        s.prev = 0.0  # when the previous batch was handed out: the loop body started
-        s.done = False
-
-    def __next__(self) -> Any:
-        t0 = _monotonic()
-        s = self._s
-        prev = s.prev
-        if prev:
-            s.mm[_STATE_OFFSET] = STATE_WAITING
-        else:  # the first wait of an epoch has its own, longer allowance: say when it began
-            s.hb.ts_wait_start = t0
-            s.hb.write(STATE_WAITING)
-        try:
-            batch = s.next()
-        except StopIteration:
-            self._end()
-            raise
-        except BaseException as exc:
-            s.watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
-            if isinstance(exc, KeyboardInterrupt):  # before _end: the loop still waits, the workers are there
-                s.watch.note_interrupt(exc, interrupt.WAITING, _monotonic() - t0, not prev)
-            self._end()
-            _drop_own_entry(exc)
-            raise
-        t1 = _monotonic()
-        s.prev = t1
-        hb = s.hb
-        if prev:
-            hb.batches = n = hb.batches + 1
-            hb.total_wait_s = wait = hb.total_wait_s + (t1 - t0)
-            s.pack(s.mm, _HOT_OFFSET, STATE_BODY, n, n, t1, wait, t1 - prev, n)  # seq = batches
-        else:
-            hb.first_batch(t0, t1)
-            n = hb.batches
-        if n == s.check_at:
-            try:
-                self._shape_check(batch, n)
-            except BaseException as exc:  # torch's exception for a worker that died meanwhile
-                _unhide(exc)
-                raise
-        return batch
-
-    def _shape_check(self, batch: Any, n: int) -> None:
-        s = self._s
-        index = n - 1 - s.base
-        held = _hold_sigchld()
-        try:
-            s.watch._check_shape(batch, index)
-            s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
-        finally:
-            _release_sigchld(held)
-
-    def _end(self) -> None:
-        s = self._s
-        if not s.done:
-            s.done = True
-            if s.watch._hb is s.hb:
-                s.hb.write(STATE_OUTSIDE)
-                s.watch._check_monitor()
-
-    def __del__(self) -> None:
-        # A loop left with `break` drops its iterator: the loop is no longer running.  A Ctrl-C in
-        # the body drops it too, before the interrupt reaches the block's end: when the body began
-        try:
-            s = self._s
-            if not s.done and s.prev:
-                w = s.watch._parent or s.watch
-                w._dropped = (_monotonic(), s.prev)
-            self._end()
-        except Exception:
-            pass
-
-
-_monotonic = time.monotonic
-_NEXT_CODE = _TimedIterator.__next__.__code__
-
-
 def _open_ack(path: str) -> int | None:
     """The read end of a new FIFO for the monitor's answer (see dlwatch.wire.interrupt), or None."""
     try:
@@ -1459,21 +1167,6 @@ def _open_ack(path: str) -> int | None:
         return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-
-
-def _drop_own_entry(exc: BaseException) -> None:
-    """Take this wrapper's frame off the traceback of an exception the loader raised.
-
-    The frame is only there because the loop is watched; without it, ``traceback.format_exc()``
-    in the program's own ``except`` prints what it prints for the bare loader.  A bare ``raise``
-    re-raises with the traceback as set here and adds no entry for this frame again.
-    """
-    try:
-        tb = exc.__traceback__
-        if tb is not None and tb.tb_frame.f_code is _NEXT_CODE:
-            exc.__traceback__ = tb.tb_next
-    except Exception:
-        pass
 
 
 def watch(
