@@ -147,18 +147,14 @@ def _watched_iteration(loader: Any, original: Any) -> Iterator[Any]:
     w = _program_watch(loader)
     if w is None:
         return original(loader)
-    # torch's SIGCHLD handler waits while the segment starts (see agent._HeldSigchld): a worker of another
+    # torch's SIGCHLD handler waits while the segment starts (see agent.sigchld): a worker of another
     # live iterator dying now raises torch's own exception after, never "could not watch" here
     try:
-        from dlwatch.inproc.agent import block as agent
-
-        held = agent._hold_sigchld()
+        from dlwatch.inproc.agent.sigchld import HeldSigchld
     except Exception:
         return original(loader)
-    try:
+    with HeldSigchld():
         it, seg = w.iterate_segment(loader, original)  # the loader's own __iter__, once, instrumented
-    finally:
-        agent._release_sigchld(held)
     return RunIterator(it, seg)
 
 
@@ -183,25 +179,24 @@ def _program_watch(loader: Any) -> Any:
             return _PROGRAM if _PROGRAM._active else None
         try:
             from dlwatch.inproc.agent import block as agent
+            from dlwatch.inproc.agent.sigchld import HeldSigchld
         except Exception as exc:
             _PROGRAM_FAILED = pid
             _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")
             return None
-        held = agent._hold_sigchld()
         w = None
-        try:
-            w = agent.Watch(loader)  # options from the environment that `dlwatch run` set
-            w.program = True
-            w.iteration_only = True  # loaders are left alone: their own __iter__ is never re-entered
-            w.__enter__()
-            if w in agent._ACTIVE:  # the program is no `with` block: a user's own watch is not nested in it
-                agent._ACTIVE.remove(w)
-            w._loader = None  # dlwatch keeps no loader alive
-        except Exception as exc:
-            _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")
-            w = None
-        finally:
-            agent._release_sigchld(held)
+        with HeldSigchld():
+            try:
+                w = agent.Watch(loader)  # options from the environment that `dlwatch run` set
+                w.program = True
+                w.iteration_only = True  # loaders are left alone: their own __iter__ is never re-entered
+                w.__enter__()
+                if w in agent._ACTIVE:  # the program is no `with` block: a user's own watch is not nested in it
+                    agent._ACTIVE.remove(w)
+                w._loader = None  # dlwatch keeps no loader alive
+            except Exception as exc:
+                _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")
+                w = None
         if w is None or not w._active:
             _PROGRAM_FAILED = pid
             return None

@@ -43,7 +43,7 @@ from dlwatch.inproc.agent.loaderinfo import (
     _start_method,
     loader_config,
 )
-from dlwatch.inproc.agent.sigchld import _hold_sigchld, _release_sigchld, _unhide
+from dlwatch.inproc.agent.sigchld import HeldSigchld, unhide as _unhide
 from dlwatch.inproc.agent.timed import _TimedIterator
 from dlwatch.inproc.agent.warning import DlwatchWarning, _user_stacklevel, _warn
 
@@ -267,15 +267,12 @@ class Watch:
     def __enter__(self) -> "Watch":
         if not self.options.enabled:
             return self
-        held = _hold_sigchld()
         try:
-            self._enter()
-        finally:
-            try:
-                _release_sigchld(held)
-            except BaseException as err:
-                _unhide(err)
-                raise
+            with HeldSigchld():
+                self._enter()
+        except BaseException as err:  # torch's exception for a worker that died meanwhile
+            _unhide(err)
+            raise
         return self
 
     def _enter(self) -> None:
@@ -654,8 +651,7 @@ class Watch:
             for seg in list(reversed(self._segments)):
                 self.end_segment(seg, None)
         self._program_ended = ended
-        held = _hold_sigchld()
-        try:
+        with HeldSigchld(quiet=True):
             self._interrupted = ended == "interrupted"
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
@@ -664,11 +660,6 @@ class Watch:
                     self._teardown(clean=True)
                 except Exception as err:
                     _warn(f"error while stopping the monitor: {type(err).__name__}: {err}")
-        finally:
-            try:
-                _release_sigchld(held)
-            except BaseException:
-                pass
 
     @staticmethod
     def _can_swap(obj: Any) -> bool:
@@ -703,19 +694,14 @@ class Watch:
             return False
         # torch's SIGCHLD handler raises "DataLoader worker ... killed by signal" in whatever Python code
         # runs when a worker dies, here too: it would cut the exception report and the monitor's stop
-        # short and replace the user's exception. Its handler is set aside while leaving, then restored.
-        held = _hold_sigchld()
+        # short and replace the user's exception. Its handler is set aside while leaving, then restored:
+        # a worker that died meanwhile raises torch's exception from the with statement.
         try:
-            result = self._exit(exc)
-        except BaseException:
-            _release_sigchld(held)
-            raise
-        try:
-            _release_sigchld(held)  # a worker that died meanwhile: torch's exception, from the with statement
+            with HeldSigchld():
+                return self._exit(exc)
         except BaseException as err:
             _unhide(err)
             raise
-        return result
 
     def _exit(self, exc: BaseException | None) -> bool:
         if self in _ACTIVE:
@@ -840,7 +826,6 @@ class Watch:
         A second Ctrl-C ends the wait.  Never raises: the KeyboardInterrupt goes on unchanged.
         """
         root = self._parent or self
-        held = None
         try:
             if id(exc) == root._interrupt_told or not root._active or not root._events_path or not root.run_dir:
                 return
@@ -851,49 +836,43 @@ class Watch:
                 return
             if monitor.poll() is not None:
                 return
-            held = _hold_sigchld()  # a worker's death meanwhile is torch's to report, after this
-            root._interrupt_seq += 1
-            seq = root._interrupt_seq
-            frames, omitted = interrupted_frames(exc)
-            ack = interrupt.ack_path(root.run_dir, seq)
-            fifo = _open_ack(ack)
-            try:
-                events.emit(
-                    root._events_path,
-                    "interrupt",
-                    seq=seq,
-                    where=where,
-                    first_batch=first_batch,
-                    waited_s=round(waited_s, 3),
-                    thread=threading.current_thread().name,
-                    frames=frames,
-                    frames_omitted=omitted,
-                )
-                monitor.stdin.write(b"interrupt\n")  # type: ignore[union-attr]
-                monitor.stdin.flush()  # type: ignore[union-attr]
-                deadline = time.monotonic() + interrupt.ACK_TIMEOUT_S
-                while monitor.poll() is None and (left := deadline - time.monotonic()) > 0:
-                    # a blocking wait on the FIFO: no wake-ups the monitor would read as this process's life
-                    if fifo is not None:
-                        if select.select([fifo], [], [], min(left, 5.0))[0]:
+            with HeldSigchld(quiet=True):  # a worker's death meanwhile is torch's to report, after this
+                root._interrupt_seq += 1
+                seq = root._interrupt_seq
+                frames, omitted = interrupted_frames(exc)
+                ack = interrupt.ack_path(root.run_dir, seq)
+                fifo = _open_ack(ack)
+                try:
+                    events.emit(
+                        root._events_path,
+                        "interrupt",
+                        seq=seq,
+                        where=where,
+                        first_batch=first_batch,
+                        waited_s=round(waited_s, 3),
+                        thread=threading.current_thread().name,
+                        frames=frames,
+                        frames_omitted=omitted,
+                    )
+                    monitor.stdin.write(b"interrupt\n")  # type: ignore[union-attr]
+                    monitor.stdin.flush()  # type: ignore[union-attr]
+                    deadline = time.monotonic() + interrupt.ACK_TIMEOUT_S
+                    while monitor.poll() is None and (left := deadline - time.monotonic()) > 0:
+                        # a blocking wait on the FIFO: no wake-ups the monitor would read as this process's life
+                        if fifo is not None:
+                            if select.select([fifo], [], [], min(left, 5.0))[0]:
+                                break
+                        elif os.path.lexists(ack):
                             break
-                    elif os.path.lexists(ack):
-                        break
-                    else:
-                        time.sleep(0.05)
-            finally:
-                if fifo is not None:
-                    os.close(fifo)
+                        else:
+                            time.sleep(0.05)
+                finally:
+                    if fifo is not None:
+                        os.close(fifo)
         except KeyboardInterrupt:
             pass  # a second Ctrl-C: the user does not wait for the evidence; the first goes on
         except Exception:
             pass
-        finally:
-            if held is not None:
-                try:
-                    _release_sigchld(held)
-                except BaseException:
-                    pass
 
     def note_interrupt_in_body(self, exc: BaseException) -> None:
         """A KeyboardInterrupt leaving the block or the program: if it dropped an iterator whose loop
@@ -943,11 +922,8 @@ class Watch:
         return bool(self._loader) if self._loader is not None else True
 
     def _before_iter(self) -> None:
-        held = _hold_sigchld()
-        try:
+        with HeldSigchld():
             self._before_iter_checks()
-        finally:
-            _release_sigchld(held)
 
     def _before_iter_checks(self) -> None:
         if self._hook is not None:

@@ -1,4 +1,13 @@
-"""torch's SIGCHLD handler, set aside while dlwatch's own code runs in the main thread."""
+"""torch's SIGCHLD handler, set aside while dlwatch's own code runs in the main thread.
+
+torch's handler raises "DataLoader worker (pid N) is killed by signal" wherever the main thread
+happens to be when a worker dies.  Inside dlwatch's code that exception would be swallowed by a
+catch-all that guards the training loop from dlwatch's own failures, or surface with dlwatch's
+frames.  ``with HeldSigchld():`` notes a SIGCHLD instead; on leaving, torch's handler is put back
+and, if one was noted, run once: it raises its own exception as it would have, and the code at
+the boundary to the program takes dlwatch's frames off it (:func:`unhide`), so it surfaces in the
+program's loop as bare.
+"""
 
 from __future__ import annotations
 
@@ -10,63 +19,64 @@ import _signal as _sig  # signal's C half: the same handlers without the enum ro
 
 from dlwatch.inproc.frames import strip_own_frames
 
+_SIGCHLD = int(getattr(signal, "SIGCHLD", 0))
 
-class _HeldSigchld:
-    """torch's SIGCHLD handler, set aside while dlwatch's own code runs in the main thread.
 
-    torch's handler raises "DataLoader worker (pid N) is killed by signal" wherever the main thread
-    happens to be when a worker dies.  Inside dlwatch's code that exception would be swallowed by a
-    catch-all that guards the training loop from dlwatch's own failures, or surface with dlwatch's
-    frames.  While held, a SIGCHLD is only noted; on release torch's handler is put back and, if one
-    was noted, run once: it raises its own exception as it would have, and the caller takes dlwatch's
-    frames off it, so it surfaces in the program's loop as bare.
+class HeldSigchld:
+    """``with HeldSigchld():`` torch's SIGCHLD handler waits while the block runs.
+
+    Only a Python-level handler (torch's) is set aside, and only in the main thread (Python runs
+    signal handlers there only, so elsewhere nothing can interrupt dlwatch).  It is replaced by a
+    noting handler, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
+    ``quiet=True``: torch's exception for a SIGCHLD noted meanwhile is dropped (at interpreter exit,
+    and in the Ctrl-C wait, where the KeyboardInterrupt goes on instead).  Cost: two
+    ``signal.signal`` calls (never on the per-batch path of unsampled batches).
     """
 
-    __slots__ = ("handler", "seen")
+    __slots__ = ("handler", "seen", "quiet")
 
-    def __init__(self, handler: Any) -> None:
-        self.handler = handler
+    def __init__(self, quiet: bool = False) -> None:
+        self.handler: Any = None
         self.seen = False
+        self.quiet = quiet
 
     def _note(self, signum: int, frame: Any) -> None:
         self.seen = True
 
+    def __enter__(self) -> "HeldSigchld":
+        try:
+            if threading.current_thread() is not threading.main_thread():
+                return self
+            current = _sig.getsignal(_SIGCHLD)
+            if not callable(current):
+                return self
+            _sig.signal(_SIGCHLD, self._note)
+            self.handler = current
+        except (AttributeError, OSError, ValueError):
+            pass
+        return self
 
-_SIGCHLD = int(getattr(signal, "SIGCHLD", 0))
-
-
-def _hold_sigchld() -> _HeldSigchld | None:
-    """Set a Python-level SIGCHLD handler (torch's) aside; None where there is none or not in the main thread.
-
-    A noting handler, not SIG_IGN: ignoring SIGCHLD would make the kernel reap children by itself.
-    Python runs signal handlers in the main thread only, so elsewhere nothing can interrupt dlwatch.
-    """
-    try:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        current = _sig.getsignal(_SIGCHLD)
-        if not callable(current):
-            return None
-        held = _HeldSigchld(current)
-        _sig.signal(_SIGCHLD, held._note)
-        return held
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _release_sigchld(held: _HeldSigchld | None) -> None:
-    """Put torch's handler back; if a SIGCHLD came meanwhile, run it now (it may raise torch's exception)."""
-    if held is None:
-        return
-    try:
-        _sig.signal(_SIGCHLD, held.handler)
-    except (OSError, ValueError, TypeError):
-        return
-    if held.seen:
-        held.handler(signal.SIGCHLD, None)
+    def __exit__(self, tp: Any, value: Any, tb: Any) -> bool:
+        """Put torch's handler back; if a SIGCHLD came meanwhile, run it now (it may raise torch's exception)."""
+        handler, self.handler = self.handler, None
+        if handler is None:
+            return False
+        try:
+            _sig.signal(_SIGCHLD, handler)
+        except (OSError, ValueError, TypeError):
+            return False
+        if self.seen:
+            if not self.quiet:
+                handler(signal.SIGCHLD, None)
+            else:
+                try:
+                    handler(signal.SIGCHLD, None)
+                except BaseException:
+                    pass
+        return False
 
 
-def _unhide(exc: BaseException) -> None:
+def unhide(exc: BaseException) -> None:
     """Take dlwatch's frames off an exception that leaves dlwatch's code for the program's."""
     try:
         exc.__traceback__ = strip_own_frames(exc.__traceback__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
-from dlwatch.inproc.agent.sigchld import _hold_sigchld, _release_sigchld, _unhide
+from dlwatch.inproc.agent.sigchld import HeldSigchld, unhide as _unhide
 from dlwatch.inproc.proxy import IteratorProxy
 from dlwatch.wire import interrupt
 from dlwatch.wire.heartbeat import (
@@ -101,12 +101,9 @@ class _TimedIterator(IteratorProxy):
     def _shape_check(self, batch: Any, n: int) -> None:
         s = self._s
         index = n - 1 - s.base
-        held = _hold_sigchld()
-        try:
+        with HeldSigchld():
             s.watch._check_shape(batch, index)
             s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
-        finally:
-            _release_sigchld(held)
 
     def _end(self) -> None:
         s = self._s
