@@ -50,7 +50,7 @@ def test_exception_after_monitor_died_is_still_reported(tmp_path, no_leftovers):
         with pytest.raises(ZeroDivisionError):
             with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as batches:
                 os.kill(batches.monitor_pid, signal.SIGKILL)
-                wait_for(lambda: batches._monitor.poll() is not None, 5)
+                wait_for(lambda: batches._session.monitor.poll() is not None, 5)
                 for _ in batches:
                     _ = 1 / 0
     report = load(incidents(str(tmp_path))[0])

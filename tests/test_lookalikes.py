@@ -32,8 +32,8 @@ def watched_run(loader, report_dir, epochs: int = EPOCHS, **kw) -> tuple[int, li
         for _ in range(epochs):
             for _batch in batches:
                 n += 1
-        probe = batches._shape_probe
-        with open(batches._events_path) as f:
+        probe = batches._probes.shape_probe
+        with open(batches._session.events_path) as f:
             events = [json.loads(line) for line in f if line.strip()]
     return n, events, probe
 
@@ -269,8 +269,8 @@ def test_iterable_workers_end_with_partial_batches(tmp_path, no_leftovers):
     with dlwatch.watch(loader, report_dir=tmp_path, poll_interval=0.1) as batches:
         for _ in range(EPOCHS):
             sizes.extend(len(labels) for _, labels in batches)
-        probe = batches._shape_probe
-        with open(batches._events_path) as f:
+        probe = batches._probes.shape_probe
+        with open(batches._session.events_path) as f:
             events = [json.loads(line) for line in f if line.strip()]
     # torch interleaves the workers: 4, 4, 4, 4, 2, 2; the first partial batch is not the epoch's last
     assert sorted(sizes) == sorted([4, 4, 4, 4, 2, 2] * EPOCHS) and sizes[4] == 2

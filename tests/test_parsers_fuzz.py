@@ -278,7 +278,7 @@ def test_real_monitor_survives_hostile_lines_and_still_reports(tmp_path, no_left
                     before = size()
                     # a few polls after the lines were written: the monitor read them
                     assert wait_for(lambda: size() > before + 2000, 20)
-                    assert batches._monitor.poll() is None  # still running
+                    assert batches._session.monitor.poll() is None  # still running
                     raise ValueError("after the hostile lines")
     drop_traceback(info)
     found = incidents(str(tmp_path / "r"))

@@ -455,7 +455,7 @@ def test_the_training_process_prunes_when_it_writes_the_summary_itself(tmp_path,
         warnings.simplefilter("always")
         with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1, keep_runs=2) as w:
             os.kill(w.monitor_pid, signal.SIGKILL)
-            wait_for(lambda: w._monitor.poll() is not None, 5)
+            wait_for(lambda: w._session.monitor.poll() is not None, 5)
             assert [y.tolist() for _, y in w] == [[0, 1, 4, 9], [16, 25, 36, 49]]
     s = w.summary
     assert any("monitor process was not running" in n for n in s["notes"])

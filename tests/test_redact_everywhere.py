@@ -338,25 +338,20 @@ def warned(text: str) -> str:
     printed by Python's own warning machinery (the way a training program shows them)."""
     import warnings
 
+    from types import SimpleNamespace
+
     from dlwatch.inproc import runhook
-    from dlwatch.inproc.agent import block as agent
+    from dlwatch.inproc.agent.advisor import Advisor
+    from dlwatch.inproc.agent.warning import warn_program
 
-    class _Watch:  # the one attribute-holding part of Watch._send_preflight: its bookkeeping
-        _ignored: set = set()
-        _events_path = None
-        _advice_pbs: dict = {}
-
-        def __init__(self):
-            self._preflight_sent, self._preflight_signals = set(), []
-
+    # the preflight glue with no events file: it only warns (and keeps the finding for the summary)
+    advisor = Advisor(SimpleNamespace(events_path=None, preflight=[]), SimpleNamespace(ignored=set(), advice_pbs={}))
     thread = {"name": text, "daemon": False, "runs": f"{text}.run"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        agent._warn(f"could not read {text}")
+        warn_program(f"could not read {text}")
         runhook._warn(f"could not patch {text}")
-        agent.Watch._send_preflight(
-            _Watch(), [{"event": "preflight", "playbook": "fork-with-threads", "confidence": 0.6, "threads": [thread]}]
-        )
+        advisor.send([{"event": "preflight", "playbook": "fork-with-threads", "confidence": 0.6, "threads": [thread]}])
     # the lines Python's default showwarning writes to stderr
     return "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
 
@@ -433,10 +428,10 @@ def test_warnings_still_point_at_the_callers_line():
     """Routing warnings through redact.warn keeps their stacklevel: the line shown is the caller's, not dlwatch's."""
     import warnings
 
-    from dlwatch.inproc.agent import block as agent
+    from dlwatch.inproc.agent.warning import warn_program
 
     def caller():
-        agent._warn(f"could not read {THREAD_TOKEN}")  # <- the line: the first frame outside dlwatch
+        warn_program(f"could not read {THREAD_TOKEN}")  # <- the line: the first frame outside dlwatch
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

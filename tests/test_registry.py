@@ -93,6 +93,18 @@ def test_generic_modules_name_no_failure():
     assert not bad, "per-failure code in a generic module (move it to the failure's module):\n" + "\n".join(bad)
 
 
+def test_the_training_process_watch_names_no_playbook():
+    """The watch's rooms (inproc/agent/) run every check the same way: a check made in the training
+    process declares the playbook it serves and the thresholds it reads in its own module
+    (inproc/shapes.py, inproc/rngcheck.py, inproc/preflight.py), never the generic code by its id."""
+    ids = set(_shipped())
+    folder = os.path.join(PKG, "inproc", "agent")
+    rooms = sorted(f"inproc/agent/{n}" for n in os.listdir(folder) if n.endswith(".py"))
+    assert len(rooms) > 5 and _named_in({"if pb.id == 'batch-dim-mismatch':"}, ids)  # the check can see one
+    bad = [f"{rel}: playbook id {name!r}" for rel in rooms for name in sorted(_named_in(_module_strings(rel), ids))]
+    assert not bad, "a failure's id in the watch's generic code (declare it in the check's module):\n" + "\n".join(bad)
+
+
 def test_generic_modules_import_no_failure_module():
     failure_modules = {f.module for f in registry.failures()}
     bad = []

@@ -379,7 +379,7 @@ def test_summary_written_by_the_training_process_when_the_monitor_is_gone(tmp_pa
         warnings.simplefilter("always")
         with dlwatch.watch(dl, report_dir=tmp_path, poll_interval=0.1) as w:
             os.kill(w.monitor_pid, signal.SIGKILL)
-            wait_for(lambda: w._monitor.poll() is not None, 5)
+            wait_for(lambda: w._session.monitor.poll() is not None, 5)
             batches_of(w)
     s = w.summary
     assert s["loop"]["batches"] == 10 and s["ended"] == "clean" and s["workers"] == []

@@ -425,7 +425,7 @@ def test_a_summary_written_by_the_training_process_gets_its_page_too(tmp_path, n
             # a chart needs two points: wait for three samples before the monitor goes
             assert wait_for(lambda: samples() >= 3, timeout=30)
             os.kill(w.monitor_pid, signal.SIGKILL)
-            wait_for(lambda: w._monitor.poll() is not None, 5)
+            wait_for(lambda: w._session.monitor.poll() is not None, 5)
             batches_of(w)
     s = w.summary
     assert any("monitor process was not running" in n for n in s["notes"])

@@ -165,7 +165,7 @@ def test_batch_bytes_are_measured_without_a_shape_probe(tmp_path, no_leftovers):
 
     loader = DataLoader([torch.zeros(4, 8)] * 6, batch_size=None, num_workers=1)
     with dlwatch.watch(loader, report_dir=str(tmp_path), ignore=["batch-dim-mismatch"]) as w:
-        assert w._shape_probe is None
+        assert w._probes.shape_probe is None
         assert sum(1 for _ in w) == 6
         with open(os.path.join(w.run_dir, "events.jsonl")) as f:
             sizes = [json.loads(line)["batch_bytes"] for line in f if '"batch_bytes"' in line]
@@ -193,7 +193,10 @@ def test_batch_check_confirmation_is_a_playbook_threshold(tmp_path, no_leftovers
     loader = DataLoader(data, batch_size=4, num_workers=1, collate_fn=cat_collate)
     rd = tmp_path / "r"
     with dlwatch.watch(loader, report_dir=str(rd), playbooks=[str(mine)], poll_interval=0.1) as w:
-        assert w.thresholds["confirm_batches"] == 2
+        from dlwatch.inproc import shapes
+
+        assert w._settings.threshold(shapes, "confirm_batches") == 2  # the probe declares it; the playbook sets it
+        assert w._probes.shape_probe.confirm_batches == 2
         assert sum(1 for _ in w) == 3  # 3 batches: the shipped 8 would never confirm
         assert wait_for(lambda: incidents(str(rd)), timeout=15)
     (inc,) = incidents(str(rd))

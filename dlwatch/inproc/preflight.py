@@ -24,6 +24,11 @@ from typing import Any, Iterable, Mapping
 __all__ = ["start_facts", "start_checks", "first_batch_facts", "first_batch_checks", "thread_info"]
 
 MAX_THREADS = 16  # threads named in a finding
+# Start findings that are also a fact of the whole run, not only of its start: each is sent once more,
+# as plain advice (the run summary's advice, beside its preflight list).
+RUN_FACTS = frozenset({"pin-memory-without-cuda"})
+# The failure judged (by the monitor) from :func:`sampler_state`'s ``sampler_epoch`` event: not sent when ignored.
+SAMPLER_EPOCH_PLAYBOOK = "sampler-epoch-not-set"
 
 
 def _where(fn: Any) -> str | None:

@@ -23,6 +23,12 @@ from typing import Any, Mapping, NamedTuple
 
 __all__ = ["Snapshot", "drawn", "duplicates", "fingerprint", "snapshot", "state_hash"]
 
+# The failure these fingerprints find, and the threshold the training process reads from that playbook
+# (the default here): how deep attributes are walked for generators.  The watch reads it for the check
+# (dlwatch.inproc.agent.settings) and fingerprints nothing when the id is ignored.
+PLAYBOOK = "rng-duplication"
+ATTRIBUTE_DEPTH = 2
+THRESHOLDS = {"attribute_depth": ATTRIBUTE_DEPTH}
 MAX_NODES = 256  # objects visited per call
 MAX_ATTRS = 64  # attributes read per object
 MAX_ITEMS = 32  # items read per list, tuple or dict

@@ -6,8 +6,8 @@ It adds one import hook; when ``torch.utils.data.dataloader`` is imported it wra
 watch (one monitor for the program's life: a program that never iterates a loader pays
 nothing); each iteration (each epoch of each loader, train and validation alike,
 overlapping or kept alive until the next ``iter()`` as Lightning does) is a segment of it
-(``Watch.iterate_segment``) that ends when its iterator is exhausted, raises, or is
-dropped.  The watch closes at interpreter exit (atexit), where the monitor writes the one
+(``Program.iterate_segment`` in ``agent/program.py``) that ends when its iterator is exhausted,
+raises, or is dropped.  The watch closes at interpreter exit (atexit), where the monitor writes the one
 run summary of the program.  An exception raised by the loader is recorded for its
 incident and re-raised unchanged.
 
@@ -171,14 +171,14 @@ def _program_watch(loader: Any) -> Any:
     pid = os.getpid()
     w = _PROGRAM
     if w is not None and _PROGRAM_PID == pid:
-        return w if w._active else None
+        return w if w.active else None
     if _PROGRAM_FAILED == pid:
         return None
     with _PROGRAM_LOCK:
         if _PROGRAM is not None and _PROGRAM_PID == pid:
-            return _PROGRAM if _PROGRAM._active else None
+            return _PROGRAM if _PROGRAM.active else None
         try:
-            from dlwatch.inproc.agent import block as agent
+            from dlwatch.inproc.agent.program import Program
             from dlwatch.inproc.agent.sigchld import HeldSigchld
         except Exception as exc:
             _PROGRAM_FAILED = pid
@@ -187,17 +187,12 @@ def _program_watch(loader: Any) -> Any:
         w = None
         with HeldSigchld():
             try:
-                w = agent.Watch(loader)  # options from the environment that `dlwatch run` set
-                w.program = True
-                w.iteration_only = True  # loaders are left alone: their own __iter__ is never re-entered
-                w.__enter__()
-                if w in agent._ACTIVE:  # the program is no `with` block: a user's own watch is not nested in it
-                    agent._ACTIVE.remove(w)
-                w._loader = None  # dlwatch keeps no loader alive
+                w = Program()  # options from the environment that `dlwatch run` set
+                w.start(loader)  # the monitor; dlwatch keeps no loader alive
             except Exception as exc:
                 _warn(f"could not watch this program ({type(exc).__name__}: {exc}); it runs unwatched")
                 w = None
-        if w is None or not w._active:
+        if w is None or not w.active:
             _PROGRAM_FAILED = pid
             return None
         _PROGRAM, _PROGRAM_PID = w, pid
@@ -272,8 +267,7 @@ class RunIterator(IteratorProxy):
         if seg is None:
             return
         try:
-            if seg._parent is not None:
-                seg._parent.end_segment(seg, exc)
+            seg.program.end_segment(seg, exc)
         except Exception:
             pass
 

@@ -82,6 +82,10 @@ __all__ = ["BatchShapeProbe", "IgnoreKeys", "batch_nbytes", "leaves", "marks_tim
 CHECK_FIRST = 8
 SAMPLE_EVERY = 64
 CONFIRM_BATCHES = 8  # judged batches in a row with the same multiple before a finding
+# The failure this probe finds, and the thresholds it reads from that playbook (these are the defaults):
+# the watch reads them for it (dlwatch.inproc.agent.settings) and leaves the probe out when the id is ignored.
+PLAYBOOK = "batch-dim-mismatch"
+THRESHOLDS = {"check_first": CHECK_FIRST, "sample_every": SAMPLE_EVERY, "confirm_batches": CONFIRM_BATCHES}
 MAX_DEPTH = 4
 MAX_LEAVES = 64
 MAX_CLEARED = 1024  # leaves remembered as cleared (a batch whose dict keys change every time stays bounded)

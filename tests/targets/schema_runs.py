@@ -37,7 +37,7 @@ if __name__ == "__main__":
         with dlwatch.watch(dl, report_dir=report_dir, poll_interval=0.1) as batches:
             os.kill(batches.monitor_pid, signal.SIGKILL)
             deadline = time.monotonic() + 10
-            while batches._monitor.poll() is None and time.monotonic() < deadline:
+            while batches._session.monitor.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
             for _ in batches:
                 _ = 1 / 0

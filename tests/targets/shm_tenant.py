@@ -50,7 +50,7 @@ def main() -> None:
             for _batch in batches:
                 n += 1
         time.sleep(0.5)  # a few more polls with the need known
-        with open(batches._events_path) as f:
+        with open(batches._session.events_path) as f:
             sizes = [e["batch_bytes"] for e in map(json.loads, f) if e.get("event") == "batch_bytes"]
     st = os.statvfs("/dev/shm")
     print(f"BATCHES {n}")

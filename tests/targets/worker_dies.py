@@ -55,7 +55,7 @@ def main(moment: str, report_dir: str) -> int:
             return 0
         import dlwatch
         from dlwatch.inproc import preflight, shapes
-        from dlwatch.inproc.agent import block as agent
+        from dlwatch.inproc.agent.session import Session
 
         if moment == "shape-check":
             original = shapes.BatchShapeProbe.check
@@ -76,13 +76,13 @@ def main(moment: str, report_dir: str) -> int:
 
             preflight.sampler_state = sampler_state
         elif moment == "fallback-summary":
-            original_fallback = agent.Watch._fallback_summary
+            original_fallback = Session.fallback_summary
 
             def fallback(self, pending):
                 kill_a_worker(loader)
                 return original_fallback(self, pending)
 
-            agent.Watch._fallback_summary = fallback
+            Session.fallback_summary = fallback
         with dlwatch.watch(loader, report_dir=report_dir, poll_interval=0.1) as batches:
             for epoch in range(2):
                 for _ in batches:

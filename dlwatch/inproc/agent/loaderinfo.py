@@ -13,7 +13,7 @@ from typing import Any
 from dlwatch.inproc.worker_hook import CollateHook, WorkerHook
 
 
-def _qualname(obj: Any) -> str | None:
+def qualname(obj: Any) -> str | None:
     if obj is None:
         return None
     target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
@@ -22,12 +22,12 @@ def _qualname(obj: Any) -> str | None:
     return f"{module}.{name}" if module else str(name)
 
 
-def _is_dataloader(obj: Any) -> bool:
+def is_dataloader(obj: Any) -> bool:
     torch_data = sys.modules.get("torch.utils.data")
     return torch_data is not None and isinstance(obj, torch_data.DataLoader)
 
 
-def _start_method(loader: Any) -> str | None:
+def start_method(loader: Any) -> str | None:
     ctx = getattr(loader, "multiprocessing_context", None)
     if isinstance(ctx, str):
         return ctx
@@ -45,7 +45,7 @@ def _start_method(loader: Any) -> str | None:
     return "spawn"
 
 
-def _sharing_strategy() -> str | None:
+def sharing_strategy() -> str | None:
     """torch.multiprocessing's sharing strategy, if torch's multiprocessing is imported (never imports it)."""
     tmp = sys.modules.get("torch.multiprocessing")
     if tmp is not None:
@@ -56,7 +56,7 @@ def _sharing_strategy() -> str | None:
     return None
 
 
-def _known_len(obj: Any) -> int | None:
+def known_len(obj: Any) -> int | None:
     """``len(obj)`` where that runs no code of the program's, else None.
 
     A dataset's or sampler's own ``__len__`` is the program's code (it may list a bucket, open a
@@ -76,13 +76,13 @@ def _known_len(obj: Any) -> int | None:
             return n if isinstance(n, int) else None
         if kind is data.RandomSampler:
             n = obj.__dict__.get("_num_samples")
-            return n if isinstance(n, int) else _known_len(obj.__dict__.get("data_source"))
+            return n if isinstance(n, int) else known_len(obj.__dict__.get("data_source"))
         if kind is data.SequentialSampler:
-            return _known_len(obj.__dict__.get("data_source"))
+            return known_len(obj.__dict__.get("data_source"))
         if kind is data.TensorDataset:
             return len(obj)  # torch's: the first tensor's size
         if kind is data.Subset:
-            return _known_len(obj.__dict__.get("indices"))
+            return known_len(obj.__dict__.get("indices"))
     except Exception:
         return None
     return None
@@ -90,11 +90,11 @@ def _known_len(obj: Any) -> int | None:
 
 def loader_config(loader: Any) -> dict[str, Any] | None:
     """The DataLoader's configuration for the report; None for a plain iterable."""
-    if not _is_dataloader(loader):
+    if not is_dataloader(loader):
         return None
-    strategy = _sharing_strategy()
+    strategy = sharing_strategy()
     dataset = getattr(loader, "dataset", None)
-    dataset_len = _known_len(dataset)
+    dataset_len = known_len(dataset)
     user_init = loader.worker_init_fn
     if isinstance(user_init, WorkerHook):
         user_init = user_init.user_fn
@@ -102,7 +102,7 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
     if isinstance(collate, CollateHook):
         collate = collate.user_fn
     return {
-        "class": _qualname(type(loader)),
+        "class": qualname(type(loader)),
         "batch_size": loader.batch_size,
         "num_workers": loader.num_workers,
         "prefetch_factor": loader.prefetch_factor,
@@ -110,11 +110,11 @@ def loader_config(loader: Any) -> dict[str, Any] | None:
         "pin_memory": loader.pin_memory,
         "drop_last": loader.drop_last,
         "timeout": loader.timeout,
-        "multiprocessing_context": _start_method(loader) if loader.num_workers > 0 else None,
+        "multiprocessing_context": start_method(loader) if loader.num_workers > 0 else None,
         "sharing_strategy": strategy,
-        "collate_fn": _qualname(collate),
-        "worker_init_fn": _qualname(user_init),
-        "sampler": _qualname(type(loader.sampler)) if getattr(loader, "sampler", None) is not None else None,
-        "dataset": _qualname(type(dataset)),
+        "collate_fn": qualname(collate),
+        "worker_init_fn": qualname(user_init),
+        "sampler": qualname(type(loader.sampler)) if getattr(loader, "sampler", None) is not None else None,
+        "dataset": qualname(type(dataset)),
         "dataset_len": dataset_len,
     }

@@ -26,7 +26,7 @@ class _EpochState:
     attributes of this plain slotted object stay on the fast path.
     """
 
-    __slots__ = ("next", "hb", "pack", "mm", "watch", "probe", "check_at", "prev", "base", "done")
+    __slots__ = ("next", "hb", "pack", "mm", "probes", "probe", "check_at", "prev", "base", "done")
 
 
 class _TimedIterator(IteratorProxy):
@@ -40,21 +40,21 @@ class _TimedIterator(IteratorProxy):
 
     __slots__ = ("_s",)
 
-    def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, watch: Any) -> None:
+    def __init__(self, it: Iterator[Any], hb: HeartbeatWriter, probes: Any) -> None:
         self._it = it
         s = self._s = _EpochState()
         s.next = it.__next__
         s.hb = hb
         s.pack = hb.HOT.pack_into
         s.mm = hb.mm
-        s.watch = watch
-        s.probe = watch._shape_probe
+        s.probes = probes
+        s.probe = probes.shape_probe
         s.base = hb.batches  # batches before this epoch: a batch's index in the epoch is the difference
         # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
         # batch 0 is always looked at once (its size in bytes is the shm need, probe or not); after it
         # the shape probe's next batch, as a count of batches of the whole run (one comparison per batch)
         s.check_at = (
-            s.base + (s.probe.next_check(0) if s.probe is not None else -1 if watch._batch_bytes_sent else 0) + 1
+            s.base + (s.probe.next_check(0) if s.probe is not None else -1 if probes.batch_bytes_sent else 0) + 1
         )
         s.prev = 0.0  # when the previous batch was handed out: the loop body started
         s.done = False
@@ -74,9 +74,9 @@ class _TimedIterator(IteratorProxy):
             self._end()
             raise
         except BaseException as exc:
-            s.watch._loader_error = exc  # so __exit__ can say "raised by the DataLoader"
+            s.probes.loader_error = exc  # so the exception report can say "raised by the DataLoader"
             if isinstance(exc, KeyboardInterrupt):  # before _end: the loop still waits, the workers are there
-                s.watch.note_interrupt(exc, interrupt.WAITING, _monotonic() - t0, not prev)
+                s.probes.ctrlc.note(exc, interrupt.WAITING, _monotonic() - t0, not prev)
             self._end()
             _drop_own_entry(exc)
             raise
@@ -102,16 +102,16 @@ class _TimedIterator(IteratorProxy):
         s = self._s
         index = n - 1 - s.base
         with HeldSigchld():
-            s.watch._check_shape(batch, index)
+            s.probes.check_shape(batch, index)
             s.check_at = s.base + (s.probe.next_check(index + 1) if s.probe is not None else -1) + 1
 
     def _end(self) -> None:
         s = self._s
         if not s.done:
             s.done = True
-            if s.watch._hb is s.hb:
+            if s.probes.hb is s.hb:
                 s.hb.write(STATE_OUTSIDE)
-                s.watch._check_monitor()
+                s.probes.session.check_monitor()
 
     def __del__(self) -> None:
         # A loop left with `break` drops its iterator: the loop is no longer running.  A Ctrl-C in
@@ -119,8 +119,7 @@ class _TimedIterator(IteratorProxy):
         try:
             s = self._s
             if not s.done and s.prev:
-                w = s.watch._parent or s.watch
-                w._dropped = (_monotonic(), s.prev)
+                s.probes.ctrlc.dropped = (_monotonic(), s.prev)
             self._end()
         except Exception:
             pass

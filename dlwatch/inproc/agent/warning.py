@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlwatch.inproc.frames import user_stacklevel as _user_stacklevel
+from dlwatch.inproc.frames import user_stacklevel
 from dlwatch.redact import warn
 
 
@@ -10,5 +10,6 @@ class DlwatchWarning(RuntimeWarning):
     """dlwatch could not do something; training goes on unchanged."""
 
 
-def _warn(message: str) -> None:
-    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=_user_stacklevel())  # at the program's line
+def warn_program(message: str) -> None:
+    """One ``DlwatchWarning``, shown at the program's line (filter it the usual way)."""
+    warn(f"dlwatch: {message}", DlwatchWarning, stacklevel=user_stacklevel())
