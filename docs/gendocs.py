@@ -193,10 +193,10 @@ def examples_table() -> str:
 
 def modules_table() -> str:
     rows = ["| folder | module | what it holds |", "|---|---|---|"]
-    folders = [("", PACKAGE)] + sorted(
-        (d + "/", os.path.join(PACKAGE, d))
-        for d in os.listdir(PACKAGE)
-        if os.path.isfile(os.path.join(PACKAGE, d, "__init__.py"))
+    folders = [("", PACKAGE)] + sorted(  # every package below, nested ones too (inproc/agent/)
+        (os.path.relpath(dirpath, PACKAGE).replace(os.sep, "/") + "/", dirpath)
+        for dirpath, _, _ in os.walk(PACKAGE)
+        if dirpath != PACKAGE and os.path.isfile(os.path.join(dirpath, "__init__.py"))
     )
     for label, path in folders:
         first = True
