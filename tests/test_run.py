@@ -433,3 +433,42 @@ def test_forked_child_that_iterates_writes_its_summary_not_a_vanished_incident(t
     assert len(found) == 1 and _summary(found[0])["ended"] == "clean"
     assert [r["batches"] for r in _summary(found[0])["iterations"]] == [2, 2]
     assert os.listdir(reports / ".runs") == []
+
+
+NO_GARBAGE = """
+import gc, sys
+import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(torch.arange(64.0).reshape(32, 2), batch_size=8, num_workers=int(sys.argv[1]))
+for _ in range(2):  # first uses (and under dlwatch run the watch's start) before the look
+    for batch in loader:
+        pass
+gc.collect()
+gc.disable()
+gc.set_debug(gc.DEBUG_SAVEALL)
+for _ in range(3):
+    for batch in loader:
+        pass
+    for batch in loader:
+        break  # an iterator dropped early ends its segment from __del__
+gc.collect()
+kinds = sorted({type(o).__name__ for o in gc.garbage})
+gc.set_debug(0)
+print("GARBAGE", len(gc.garbage), kinds, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterations_leave_no_garbage_in_the_training_process(tmp_path, workers):
+    """Each watched iteration (a segment, its hooks, its shape checks, its workers' start) is freed by reference
+    counting, as the bare loop's is: nothing waits for the collector.  Garbage there held the checked batches'
+    tensors until a collection, and counted toward the training process's next one (whose timing decides
+    whether forked workers each run a full collection of the heap they inherit)."""
+    script = tmp_path / "no_garbage.py"
+    script.write_text(NO_GARBAGE)
+    prc, pout, perr = plain(tmp_path, str(script), str(workers))
+    rc, out, err = dlwatch_run(tmp_path, str(script), str(workers))
+    assert prc == 0 and pout.splitlines() == ["GARBAGE 0 []"], perr
+    assert rc == 0 and out.splitlines() == ["GARBAGE 0 []"], err
