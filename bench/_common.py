@@ -1,14 +1,16 @@
-"""Helpers shared by the benchmarks: statistics, starting targets, killing whole process trees."""
+"""Helpers shared by the benchmarks: statistics, starting targets, killing whole process trees, a normal install."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import select
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Iterator, Sequence
 
@@ -110,3 +112,37 @@ def proc_status_kib(pid: int, key: str) -> int | None:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     return None
+
+
+TORCH_VERSION = "2.13.0"  # the only torch to use here (a plain `torch` requirement pulls a multi-GB CUDA build)
+
+
+def normal_install(venv: str, checkout: str = REPO, extra: Sequence[str] = ()) -> str:
+    """``checkout`` installed the way users install it, ``pip install .`` (not editable), in the venv
+    ``venv`` with torch==TORCH_VERSION and the ``extra`` requirements; returns the venv's python.
+
+    The venv is made on the first call and kept (torch is the slow part); dlwatch is installed anew at
+    every call, so the figures are of the tree as it is now.  An editable install is not what users run:
+    its modules are read from the tree, with no bytecode compiled at install.
+    """
+    python = os.path.join(venv, "bin", "python")
+    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    ready = os.path.join(venv, ".dlwatch-bench-ready")  # written once torch and the rest are in
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "src")  # a copy: nothing the build writes (build/, *.egg-info) lands in the tree
+        shutil.copytree(
+            checkout,
+            src,
+            ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", "dlwatch-reports"),
+        )
+        if not os.path.exists(ready):
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+            subprocess.run([*pip, f"torch=={TORCH_VERSION}", *extra, src], check=True)
+            with open(ready, "w"):
+                pass
+        else:
+            if extra:
+                subprocess.run([*pip, *extra], check=True)
+            subprocess.run([*pip, "--force-reinstall", "--no-deps", src], check=True)
+    return python
