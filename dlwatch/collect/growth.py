@@ -11,7 +11,29 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["slope", "steady_growth", "time_to_limit"]
+__all__ = ["moved_since", "slope", "steady_growth", "time_to_limit"]
+
+
+def moved_since(
+    rss: int | None,
+    minflt: int | None,
+    rss_at_read: int | None,
+    minflt_at_read: int | None,
+    *,
+    page_size: int,
+    min_bytes: int,
+) -> bool:
+    """Whether a process's memory may have moved by ``min_bytes`` since its last USS read.
+
+    Its private pages grow only by pages it faults in (a copy-on-write copy, a new page, a page
+    locked in) and shrink with its RSS (pages freed or swapped out): with neither since the read,
+    its USS moved only as far as other processes let go of pages they shared with it, and the
+    read (a walk of its page tables, ~2.5 ms for a torch worker) would say what it said.
+    Unknown figures count as moved.
+    """
+    if rss is None or minflt is None or rss_at_read is None or minflt_at_read is None:
+        return True
+    return (minflt - minflt_at_read) * page_size >= min_bytes or abs(rss - rss_at_read) >= min_bytes
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float | None:

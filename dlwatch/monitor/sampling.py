@@ -20,6 +20,7 @@ from typing import Any, Iterable, NamedTuple
 from dlwatch._log import get_logger
 from dlwatch.collect import faultdump, procfs
 from dlwatch.collect.gpu import GpuProbe
+from dlwatch.collect.growth import moved_since
 from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.collect.system import SystemProbe, read_system
 from dlwatch.detect.base import View
@@ -37,6 +38,10 @@ HISTORY = 120  # samples kept per process (2 min at the default interval): memor
 FD_DETAIL_EVERY = 30  # polls between fd breakdowns when the count does not move (a readlink per fd)
 DISCOVER_EVERY = 5  # polls between scans for new child processes (workers also announce themselves)
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
+# ... read at that cadence only for a process whose memory moved by this much since its last read (pages
+# faulted in, RSS): a leak the detector judges (>= 1 MiB/s) moves 10x that between two reads; else every:
+MEM_MOVED_BYTES = 1 << 20
+MEM_DETAIL_MAX_AGE_S = 60.0
 # A process faulting in pages (copy-on-write copies, mlock, a growing heap) gets its USS read this
 # often instead, so that growth is seen in seconds; at most MEM_FAST_MAX processes a poll.
 MEM_FAST_EVERY_S = 2.0
@@ -60,6 +65,7 @@ class Tracked(TrackedProcess):
     detail_poll: int = -(10**9)
     crash: dict[str, Any] | None = None  # the stack a crashed process left in its crash file (faultdump)
     minflt_at_detail: int | None = None  # minor faults when USS was last read (see Sampler._faulting)
+    rss_at_detail: int | None = None  # RSS then (see growth.moved_since)
     files: procfs.ProcFiles | None = None  # its /proc files kept open while it is polled
 
     @property
@@ -202,7 +208,7 @@ class Sampler:
             if t.gone:
                 continue
             prev = t.last
-            detail = mem_detail
+            detail = mem_detail and self._memory_moved(t, prev, now)
             if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
                 detail, fast = True, fast + 1
             if t.files is None and self.files_budget > 0:
@@ -211,7 +217,7 @@ class Sampler:
             # USS & co. kept from prev between reads
             s = procfs.read_proc(t.pid, mem_detail=detail, carry=prev, files=t.files)
             if detail and s.uss_ts == s.ts:  # read now, not carried from prev
-                t.minflt_at_detail = s.minflt
+                t.minflt_at_detail, t.rss_at_detail = s.minflt, s.rss
             if not s.gone and self._wants_fd_detail(t, s):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
@@ -234,6 +240,20 @@ class Sampler:
                 log.debug("gpu_unavailable", reason=self.gpu.unavailable)
         self.last_gpus = self.gpu.sample()
         return Reading(now, hb, samples)
+
+    @staticmethod
+    def _memory_moved(t: Tracked, last: ProcSample | None, now: float) -> bool:
+        """The slow-cadence USS read of a process whose memory did not move is skipped, up to MEM_DETAIL_MAX_AGE_S."""
+        if last is None or last.uss_ts is None or now - last.uss_ts >= MEM_DETAIL_MAX_AGE_S:
+            return True
+        return moved_since(
+            last.rss,
+            last.minflt,
+            t.rss_at_detail,
+            t.minflt_at_detail,
+            page_size=procfs.PAGE_SIZE,
+            min_bytes=MEM_MOVED_BYTES,
+        )
 
     @staticmethod
     def _faulting(t: Tracked, now: float) -> bool:
