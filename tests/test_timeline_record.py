@@ -276,6 +276,28 @@ def test_any_value_in_any_field_gives_the_general_line(values, role, ts):
     assert timeline_record.sample_line(ts, None, procs, None, []) == general_line(ts, None, procs, None, [])[1]
 
 
+@settings(max_examples=300)
+@given(
+    items=st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from(["batches", "state", "data_wait_s", "password", "api_key", "x%sy", "a b", "é"]), text
+            ),
+            num_any,
+        ),
+        max_size=8,
+    ),
+)
+@example([("batches", 3), ("state", "body"), ("data_wait_s", 0.25), ("step_s", float("nan")), ("x", None)])
+@example([("token", "ghp_" + "Z" * 36), ("x%sy", 1), ("state", 'say "hi"\n\udcff')])
+def test_any_heartbeat_mapping_gives_the_general_line(items):
+    """The heartbeat's dict is written through a template per shape: any keys (secret-looking, not identifiers,
+    with a % in them) and any values give the line the general path gives."""
+    hb = {k: v for k, v in items if k is not None}
+    assert timeline_record.sample_line(1.0, hb, [], None, []) == general_line(1.0, hb, [], None, [])[1]
+    assert timeline_record.sample_line(1.0, hb, [], None, []) == general_line(1.0, hb, [], None, [])[1]  # cached
+
+
 def test_every_process_field_is_written():
     """A field added to ProcSample is written like the others (the byte comparison covers it)."""
     values = {f.name: 7 for f in dataclasses.fields(ProcSample)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import ipaddress
+import operator
 import os
 import resource
 import stat
@@ -141,6 +142,32 @@ def parse_stat(text: str) -> dict[str, object]:
     # field 52 (Linux >= 3.5): the wait status; meaningful for a zombie (its parent has not reaped it)
     if rest[0] == "Z" and len(rest) >= 50 and _digits(rest[49].lstrip("-")):
         out["exit_code"] = int(rest[49])
+    return out
+
+
+def _stat_fields(text: str) -> dict[str, object]:
+    """``parse_stat`` less ``ppid`` and ``starttime``, for a sample (read_proc, every poll): only the
+    first 20 fields split off (a zombie's exit status, field 52, is looked for in the whole line)."""
+    rpar = text.rfind(")")
+    lpar = text.find("(")
+    if rpar < 0 or lpar < 0 or rpar < lpar:
+        raise ValueError("malformed stat")
+    rest = text[rpar + 2 :].split(None, 20)
+    if len(rest) < 20:
+        raise ValueError("truncated stat")
+    state = rest[0]
+    out: dict[str, object] = {
+        "name": text[lpar + 1 : rpar],
+        "state": state,
+        "minflt": int(rest[7]),
+        "cpu_s": (int(rest[11]) + int(rest[12])) / CLK_TCK,
+        "num_threads": int(rest[17]),
+    }
+    int(rest[1]), int(rest[19])  # as parse_stat: a garbled ppid or starttime is a garbled stat
+    if state == "Z":
+        code = parse_stat(text).get("exit_code")
+        if code is not None:
+            out["exit_code"] = code
     return out
 
 
@@ -435,6 +462,7 @@ _CARRIED = (
     "vm_lck",
     "memlock_limit",
 )
+_carried = operator.attrgetter(*_CARRIED)
 
 
 def read_proc(
@@ -463,8 +491,7 @@ def read_proc(
     read = files.read if files is not None else (lambda name: _read(base + name))
     try:
         # name, state, cpu_s, num_threads, minflt and a zombie's exit_code: the sample's fields
-        fields = parse_stat(read("stat"))
-        del fields["ppid"], fields["starttime"]
+        fields = _stat_fields(read("stat"))
         try:
             fields["num_fds"] = files.num_fds() if files is not None else num_fds(pid)
         except PermissionError:
@@ -535,8 +562,7 @@ def read_proc(
     except (ValueError, PermissionError):
         pass  # a garbled or refused stat: keep what was read
     if carry is not None and "uss" not in fields:
-        for key in _CARRIED:
-            fields[key] = getattr(carry, key)
+        fields.update(zip(_CARRIED, _carried(carry)))
     return proc_sample(pid, ts, fields)
 
 

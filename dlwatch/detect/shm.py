@@ -28,7 +28,11 @@ class ShmPressure(Detector):
     def on_poll(self, view: View) -> Iterable[dict[str, Any]]:
         if view.system is None or not view.loader:
             return ()
-        held = th.held_shm_bytes((t.last, t.last_fds) for t in view.procs.values() if not t.gone)
+        procs = view.procs
+
+        def held() -> int:  # summed over every process only when free space is below the need
+            return th.held_shm_bytes((t.last, t.last_fds) for t in procs.values() if not t.gone)
+
         evidence = th.shm_pressure(view.system, view.loader, held_bytes=held, **self.thresholds)
         if not evidence:
             return ()

@@ -9,7 +9,7 @@ a timeline event ``{"event": "threshold", **evidence}``; the matcher in
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dlwatch.collect.growth import slope
 from dlwatch.model import FdSummary, ProcSample, SystemSample
@@ -140,7 +140,7 @@ def shm_pressure(
     system: SystemSample,
     need_bytes: int | Mapping[str, Any] | None = None,
     *,
-    held_bytes: int = 0,
+    held_bytes: int | Callable[[], int] = 0,
     need_factor: float = SHM_NEED_FACTOR,
 ) -> dict[str, Any] | None:
     """This job's batches in flight do not fit in /dev/shm: judged against the job's own need only.
@@ -149,7 +149,8 @@ def shm_pressure(
     report's ``loader`` dict, from which it is computed when that has ``batch_bytes``.
     ``held_bytes`` is what this job's processes already hold there
     (:func:`held_shm_bytes`): those bytes are counted as used in ``shm_free`` but are
-    the job's own batches in flight, which it reuses.
+    the job's own batches in flight, which it reuses.  A callable is asked only when they
+    could matter (free space below the need): the monitor sums them over every process.
 
     - ``smaller_than_need``: /dev/shm is smaller in total than the need;
     - ``free_below_need``: free space plus what the job holds (at most its need) is
@@ -170,6 +171,8 @@ def shm_pressure(
     if not total or total <= 0 or free is None or not need_bytes or need_bytes <= 0:
         return None
     need = int(need_bytes * need_factor)
+    if callable(held_bytes):
+        held_bytes = held_bytes() if free < need else 0  # with free >= need, what is held changes nothing
     held = max(0, int(held_bytes or 0))
     available = free + min(held, need)
     if total < need:

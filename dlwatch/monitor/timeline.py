@@ -207,6 +207,34 @@ def _object_text(obj: Any, role: Any = None) -> str:
     return f'{text}{", " if len(text) > 1 else ""}"role": {_text(role)}}}'
 
 
+_MAP_SHAPES: dict[tuple[tuple[Any, ...], tuple[type, ...]], Any] = {}  # (keys, value types) -> _Shape, or False
+
+
+def _mapping_text(mapping: Mapping[str, Any]) -> str:
+    """``json.dumps(_careful(mapping.items()))`` (the heartbeat's dict, every poll) through a template per
+    shape: its keys in order and each value's type, when every key is a plain identifier and every value
+    None, a number, a bool or text; any other mapping the record's way."""
+    keys = tuple(mapping)
+    values = tuple(mapping.values())
+    key = (keys, tuple(map(type, values)))
+    shape = _MAP_SHAPES.get(key)
+    if shape is None:
+        ok = all(type(k) is str and k.isidentifier() and _key_is_plain(k) for k in keys) and all(
+            t is _NONE or t in _CONVERT for t in key[1]
+        )
+        shape = _Shape(keys, key[1]) if ok else False
+        if len(_MAP_SHAPES) >= _MAX_SHAPES:
+            _MAP_SHAPES.clear()
+        _MAP_SHAPES[key] = shape
+    if not shape:
+        return json.dumps(_careful(mapping.items()))
+    if shape.convert:
+        values = list(values)  # type: ignore[assignment]
+        for i, c in shape.convert:
+            values[i] = c(values[i])  # type: ignore[index]
+    return shape.template % tuple(itertools.compress(values, shape.keep)) + "}"
+
+
 def sample_line(
     ts: float,
     heartbeat: Mapping[str, Any] | None,
@@ -217,7 +245,7 @@ def sample_line(
     """``encode(sample_record(ts, heartbeat, procs, system, gpus))``, written without the record."""
     out = ['{"kind": "sample", "ts": ', _float(ts) if type(ts) is float else json.dumps(ts)]
     if heartbeat is not None:
-        out += [', "heartbeat": ', json.dumps(_careful(heartbeat.items()))]
+        out += [', "heartbeat": ', _mapping_text(heartbeat)]
     out.append(', "procs": [')
     out.append(", ".join([_object_text(s, role) for s, role in procs]))
     out.append("]")

@@ -316,13 +316,23 @@ def parse(raw: bytes) -> Heartbeat | None:
 
 def _snapshot(fd: int) -> Heartbeat | None:
     """A consistent record read from ``fd`` at offset 0; None if short, foreign or torn on every try."""
+    got = _record(fd, None)
+    return got[1] if got is not None else None
+
+
+def _record(fd: int, last: tuple[bytes, Heartbeat] | None) -> tuple[bytes, Heartbeat] | None:
+    """:func:`_snapshot` with the bytes it parsed.  ``last``: bytes read before and what they parsed
+    to, given back as they are for the same bytes (a loop that made no progress since, as in a
+    stall, wrote nothing)."""
     for _ in range(20):
         raw = os.pread(fd, SIZE, 0)
+        if last is not None and raw == last[0]:
+            return last
         if len(raw) != SIZE or raw[:8] != MAGIC:
             return None
         hb = parse(raw)
         if hb is not None:
-            return hb
+            return raw, hb
         time.sleep(0.0005)
     return None
 
@@ -352,6 +362,7 @@ class HeartbeatReader:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd: int | None = None
+        self._last: tuple[bytes, Heartbeat] | None = None  # the last record's bytes and what they parsed to
 
     def read(self) -> Heartbeat | None:
         if self._fd is None:
@@ -360,9 +371,13 @@ class HeartbeatReader:
             except OSError:
                 return None
         try:
-            return _snapshot(self._fd)
+            got = _record(self._fd, self._last)
         except OSError:
             return None
+        if got is None:
+            return None
+        self._last = got
+        return got[1]
 
     def close(self) -> None:
         if self._fd is not None:
