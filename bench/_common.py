@@ -90,8 +90,10 @@ class Target:
 
 
 @contextlib.contextmanager
-def target(*args: str, ready_timeout: float = 60.0) -> Iterator[tuple[Target, list[str]]]:
-    t = Target(*args)
+def target(
+    *args: str, ready_timeout: float = 60.0, env: dict[str, str] | None = None
+) -> Iterator[tuple[Target, list[str]]]:
+    t = Target(*args, env=env)
     try:
         yield t, t.wait_ready(ready_timeout)
     finally:

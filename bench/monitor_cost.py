@@ -10,11 +10,17 @@ them (``_raw_proc_read`` per process, ``_raw_system_read`` once), so that the tw
 figures see the same machine load.
 
 ``python bench/monitor_cost.py --poll-only [--sizes 1,8,32] [--polls N] [--code DIR]``
-runs only the poll cost (a minute or less); ``--code DIR`` polls with another
-checkout's ``dlwatch`` (a tree exported from an older commit) for a before/after.
+runs only the poll cost (a minute, and the 1+32 share's 65 s); ``--code DIR`` polls with another
+checkout's ``dlwatch`` (a tree exported from an older commit); ``--before DIR [--rounds N]`` gives
+poll/raw of both trees, their helpers alternating on the same processes, and both shares.
 
-CPU share and RSS: a healthy training loop with 8 workers under ``dlwatch.watch``
-at the default poll interval; the monitor's utime+stime from /proc over a window.
+CPU share and RSS: a healthy training loop with 8 workers, and one with 32, under ``dlwatch.watch``
+at the default poll interval; the monitor's utime+stime from /proc over a window.  The 1+32 window
+is 65 s: a quiet process's USS is read again every 60 s (``MEM_DETAIL_MAX_AGE_S``), and that read
+(~2.5 ms a torch worker) belongs in the share.  ``--poll-only`` prints it too (``--share 0`` leaves
+it out, ``--share-window S`` changes the window).
+
+Targets: poll/raw <= 2.0 at 1+8; the monitor's CPU <= 0.5% of a core at 1+32.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any, Callable
 from bench._common import REPO, Target, median, proc_cpu_s, proc_status_kib, target
 
 STEADY_POLLS = 20
+SHARE_WORKERS = 32
+SHARE_WINDOW_S = 65.0  # longer than MEM_DETAIL_MAX_AGE_S: one refresh of every quiet process's USS falls in it
 
 
 def _cpu_us(fn: Callable[[], object], reps: int) -> float:
@@ -363,6 +371,36 @@ def poll_cost(sizes: tuple[int, ...], polls: int, code: str | None = None) -> di
     }
 
 
+def compare(sizes: tuple[int, ...], polls: int, trees: dict[str, str | None], rounds: int) -> dict[str, Any]:
+    """poll/raw of each tree (None: this checkout) on the same targets, the trees' helpers alternating
+    round by round: a before/after in one run, under the same load."""
+    got: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in trees}
+    with tempfile.TemporaryDirectory(prefix="dlwatch-bench-") as tmp:
+        targets: list[Target] = []
+        try:
+            targets = [Target("idle", str(n)) for n in sizes]
+            ready = [t.wait_ready(120) for t in targets]
+            for r in range(rounds):
+                for n, t, words in zip(sizes, targets, ready):
+                    for name, code in trees.items():
+                        run_dir = os.path.join(tmp, f"run-{n}-{r}-{name}")
+                        _write_config(run_dir, t.pid, n, tmp, [int(w) for w in words[1:]])
+                        out = subprocess.run(
+                            [sys.executable, "-m", "bench.monitor_cost", "--poll-helper", run_dir, str(polls)]
+                            + ([code] if code else []),
+                            capture_output=True,
+                            text=True,
+                            timeout=300,
+                            check=True,
+                            cwd=REPO,
+                        )
+                        got[name][n].append(median(json.loads(out.stdout)["poll_over_raw"]) or 0.0)
+        finally:
+            for t in targets:
+                t.kill()
+    return {name: {n: sorted(v) for n, v in rows.items()} for name, rows in got.items()}
+
+
 def _fit(xs: list[int], ys: list[float]) -> tuple[float, float, float]:
     """(slope, intercept, R²) of the least-squares line."""
     slope = _slope(xs, ys)
@@ -379,11 +417,16 @@ def _slope(xs: list[int], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
 
 
-def share(workers: int, window_s: float) -> dict[str, Any]:
-    """The monitor's CPU share and memory under a healthy training loop at the default interval."""
+def share(workers: int, window_s: float, code: str | None = None) -> dict[str, Any]:
+    """The monitor's CPU share and memory under a healthy training loop at the default interval
+    (``code``: the watch, and so its monitor, from another checkout)."""
     settle_s = 1.5
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(code)) if code else None
     with tempfile.TemporaryDirectory(prefix="dlwatch-bench-") as tmp:
-        with target("train", str(workers), str(settle_s + window_s + 2.0), tmp) as (t, words):
+        with target("train", str(workers), str(settle_s + window_s + 2.0), tmp, ready_timeout=120, env=env) as (
+            t,
+            words,
+        ):
             mon = int(words[0])
             time.sleep(settle_s)  # the start-up is measured on its own
             c0, w0 = proc_cpu_s(mon), time.monotonic()
@@ -418,7 +461,17 @@ def run(quick: bool) -> dict[str, Any]:
     return {
         "poll": poll_cost(sizes, 10 if quick else STEADY_POLLS),
         "share": share(8, 5.0 if quick else 20.0),
+        "share32": share(SHARE_WORKERS, 10.0 if quick else SHARE_WINDOW_S),
     }
+
+
+def share_line(s: dict[str, Any]) -> str:
+    return (
+        f"monitor CPU, 1+{s['workers']} workers (a healthy watched loop, default 1 s interval, {s['window_s']:.0f} s): "
+        f"{s['monitor_share_of_core'] * 100:.2f}% of a core (target <= 0.5%: "
+        f"{'met' if s['monitor_share_of_core'] <= 0.005 else 'NOT met'}); training process "
+        f"{s['main_share_of_core'] * 100:.1f}%; monitor RSS {s['monitor_rss_mib']:.1f} MiB"
+    )
 
 
 def _poll_only(argv: list[str]) -> None:
@@ -428,8 +481,27 @@ def _poll_only(argv: list[str]) -> None:
     ap.add_argument("--sizes", default="1,8,32", help="worker counts, comma-separated")
     ap.add_argument("--polls", type=int, default=STEADY_POLLS)
     ap.add_argument("--code", help="poll with this checkout's dlwatch (a tree exported from another commit)")
+    ap.add_argument("--before", help="an older tree: poll/raw of both, alternating on the same targets (--rounds)")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--share", type=int, default=SHARE_WORKERS, help="workers of the CPU-share run (0: none)")
+    ap.add_argument("--share-window", type=float, default=SHARE_WINDOW_S)
     args = ap.parse_args(argv)
-    p = poll_cost(tuple(int(x) for x in args.sizes.split(",")), args.polls, args.code)
+    sizes = tuple(int(x) for x in args.sizes.split(","))
+    if args.before:
+        c = compare(sizes, args.polls, {"before": args.before, "after": args.code}, args.rounds)
+        for n in sizes:
+            b, a = c["before"][n], c["after"][n]
+            print(
+                f"1+{n} poll/raw, {args.rounds} rounds alternating on the same processes: before {median(b):.2f} "
+                f"({' '.join(f'{x:.2f}' for x in b)}), after {median(a):.2f} ({' '.join(f'{x:.2f}' for x in a)})",
+                file=sys.stderr,
+            )
+        if args.share:
+            for name, code in (("before", args.before), ("after", args.code)):
+                print(f"{name}: " + share_line(share(args.share, args.share_window, code)), file=sys.stderr)
+        print(json.dumps(c, indent=1))
+        return
+    p = poll_cost(sizes, args.polls, args.code)
     for row in p["rows"]:
         print(
             f"1+{row['workers']} ({row['procs']} of {row['expected_procs']} tracked): poll {row['poll_us_median']:.0f} us = {row['poll_us_per_proc']:.1f} us/proc "
@@ -446,6 +518,15 @@ def _poll_only(argv: list[str]) -> None:
         f"{p['warm_fixed_us_smallest']:.0f} us",
         file=sys.stderr,
     )
+    for row in p["rows"]:
+        if row["workers"] == 8:
+            ratio = row["poll_over_raw_median"]
+            print(
+                f"poll/raw at 1+8: {ratio:.2f} (target <= 2.0: {'met' if ratio <= 2.0 else 'NOT met'})", file=sys.stderr
+            )
+    if args.share:
+        p["share"] = share(args.share, args.share_window, args.code)
+        print(share_line(p["share"]), file=sys.stderr)
     print(json.dumps(p, indent=1))
 
 

@@ -232,6 +232,18 @@ def rows(r: dict[str, Any]) -> list[Row]:
             _yes(s["monitor_share_of_core"] <= 0.01),
         )
     )
+    s32 = r["monitor"].get("share32")  # absent from runs before it was measured
+    if s32:
+        out.append(
+            (
+                f"Monitor CPU, 1+{s32['workers']} workers, default 1 s interval, {s32['window_s']:.0f} s",
+                f"{s32['monitor_share_of_core'] * 100:.2f}% of a core",
+                f"training process {s32['main_share_of_core'] * 100:.1f}%",
+                "-",
+                "<= 0.5%",
+                _yes(s32["monitor_share_of_core"] <= 0.005),
+            )
+        )
     out.append(
         (
             "Monitor RSS (peak)",
