@@ -39,8 +39,10 @@ FD_DETAIL_EVERY = 30  # polls between fd breakdowns when the count does not move
 DISCOVER_EVERY = 5  # polls between scans for new child processes (workers also announce themselves)
 MEM_DETAIL_EVERY_S = 10.0  # smaps_rollup costs ~2.4 ms a process
 # ... read at that cadence only for a process whose memory moved by this much since its last read (pages
-# faulted in, RSS): a leak the detector judges (>= 1 MiB/s) moves 10x that between two reads; else every:
-MEM_MOVED_BYTES = 1 << 20
+# faulted in, RSS): a leak the detector judges (>= 1 MiB/s) moves more than twice that between two reads,
+# while a healthy worker's churn (a shared-memory page or two per batch, freed once sent) takes a minute
+# or more to add up to it; else every:
+MEM_MOVED_BYTES = 4 << 20
 MEM_DETAIL_MAX_AGE_S = 60.0
 # A process faulting in pages (copy-on-write copies, mlock, a growing heap) gets its USS read this
 # often instead, so that growth is seen in seconds; at most MEM_FAST_MAX processes a poll.
