@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import textwrap
 
-from dlwatch.collect.source import read_source
+from dlwatch.collect.source import read_source, text_outlines
 from dlwatch.detect.lockowner import acquire_site, find_holder, regions
+
+OUTLINES = text_outlines(read_source)  # the files below are this test's own: parsed in-process
 
 DATASET = textwrap.dedent(
     """\
@@ -81,7 +83,7 @@ def test_the_refresher_idle_inside_the_lock_is_named(tmp_path):
     ds = tmp_path / "dataset.py"
     ds.write_text(DATASET)
     worker = [frame(ds, 9, "CachedSamples.__getitem__"), frame("/usr/lib/python3/torch/x.py", 1, "fetch")]
-    site = acquire_site(worker, read_source)
+    site = acquire_site(worker, OUTLINES)
     assert site == {
         "expr": "self.lock",
         "exprs": ["self.lock"],
@@ -103,7 +105,7 @@ def test_the_refresher_idle_inside_the_lock_is_named(tmp_path):
             idle="wait (threading.py)",
         ),
     ]
-    got = find_holder(site, threads, read_source)
+    got = find_holder(site, threads, OUTLINES)
     h = got["holder"]
     assert h["name"] == "cache-refresher" and h["line"] == 14 and h["function"] == "refresh"
     assert h["lock"] == "self.lock" and h["region_line"] == 13
@@ -117,32 +119,32 @@ def test_acquire_try_finally_release_and_a_wrapper_are_regions(tmp_path):
     assert ("self", 15) in kinds or ("self._lock", 22) in kinds
     # the worker waits inside the wrapper acquire(): its caller's `self.acquire()` takes the same lock
     worker = [frame(m, 9, "Metrics.acquire"), frame(m, 15, "Metrics.add")]
-    site = acquire_site(worker, read_source)
+    site = acquire_site(worker, OUTLINES)
     assert site["expr"] == "self._lock" and site["exprs"] == ["self._lock", "self"] and site["caller"]["line"] == 15
-    got = find_holder(site, [thread("metrics-flusher", frame(m, 17, "add"))], read_source)
+    got = find_holder(site, [thread("metrics-flusher", frame(m, 17, "add"))], OUTLINES)
     assert got["holder"]["name"] == "metrics-flusher" and got["holder"]["lock"] == "self"
     # ... and a holder inside the direct form's region of the wrapped lock is found from the same site
-    got = find_holder(site, [thread("flusher", frame(m, 24, "flush"))], read_source)
+    got = find_holder(site, [thread("flusher", frame(m, 24, "flush"))], OUTLINES)
     assert got["holder"]["name"] == "flusher" and got["holder"]["lock"] == "self._lock"
     # the direct form: _lock.acquire() ... finally: _lock.release()
-    site = acquire_site([frame(m, 22, "Metrics.flush")], read_source)
+    site = acquire_site([frame(m, 22, "Metrics.flush")], OUTLINES)
     assert site["expr"] == "self._lock"
-    got = find_holder(site, [thread("uploader", frame("/x/socket.py", 1, "send"), frame(m, 24, "flush"))], read_source)
+    got = find_holder(site, [thread("uploader", frame("/x/socket.py", 1, "send"), frame(m, 24, "flush"))], OUTLINES)
     assert got["holder"]["name"] == "uploader" and got["holder"]["line"] == 24
 
 
 def test_idle_threads_elsewhere_two_holders_and_unreadable_source_say_unknown(tmp_path):
     ds = tmp_path / "dataset.py"
     ds.write_text(DATASET)
-    site = acquire_site([frame(ds, 9, "CachedSamples.__getitem__")], read_source)
+    site = acquire_site([frame(ds, 9, "CachedSamples.__getitem__")], OUTLINES)
     idle = [thread("heartbeat", frame(ds, 18, "idle_elsewhere"), idle="wait (threading.py)")]
-    got = find_holder(site, idle, read_source)
+    got = find_holder(site, idle, OUTLINES)
     assert got["holder"] is None and got["alive"][0]["name"] == "heartbeat" and "no thread" in got["basis"]
     two = [thread("a", frame(ds, 14, "refresh")), thread("b", frame(ds, 15, "refresh"))]
-    got = find_holder(site, two, read_source)
+    got = find_holder(site, two, OUTLINES)
     assert got["holder"] is None and [c["name"] for c in got["candidates"]] == ["a", "b"]
     gone = {"expr": "self.lock", "filename": str(tmp_path / "missing.py"), "line": 9}
-    assert find_holder(gone, two, read_source)["holder"] is None
+    assert find_holder(gone, two, OUTLINES)["holder"] is None
 
 
 def test_source_is_read_only_as_a_regular_file_of_the_user(tmp_path):

@@ -25,7 +25,7 @@ from typing import Any
 from dlwatch.wire import events as events_mod
 from dlwatch.monitor import forensics
 from dlwatch.wire import heartbeat
-from dlwatch.collect import bounds, procfs, rundir
+from dlwatch.collect import bounds, procfs, rundir, source
 from dlwatch.collect.gpu import GpuProbe
 from dlwatch.detect import registry
 from dlwatch.collect.system import read_system
@@ -217,6 +217,7 @@ def gather(pid: int) -> tuple[dict[int, TrackedProcess], dict[str, Any]]:
     run_dir = find_run_dir(pid)
     run["found_run_dir"] = run_dir
     creds = rundir.target_creds(pid)
+    run["sources"] = _source_reader(pid)
     if run_dir and creds is None:
         notes.append(f"the run directory {run_dir} was not read: the target's uid could not be read")
     elif run_dir:
@@ -283,6 +284,17 @@ def gather(pid: int) -> tuple[dict[int, TrackedProcess], dict[str, Any]]:
         name = procfs.comm(child)
         procs[child] = TrackedProcess(child, "worker" if name == WORKER_COMM else "other")
     return procs, run
+
+
+def _source_reader(pid: int) -> source.SourceReader:
+    """The reader of the target's source files (the lock-owner judgement): the target's rights, taken
+    now (before the stacks are read, while the pid is the target's), one budget for the whole attach."""
+    creds = source.creds_of(pid)
+    if creds is None:
+        return source.SourceReader(
+            disabled="not read: the target's uids differ (a setuid program) or could not be read"
+        )
+    return source.SourceReader(creds)
 
 
 def _target_uid(watched: dict[str, Any]) -> int:
@@ -394,16 +406,16 @@ def write_attach_incident(
             *(n for n in dict.fromkeys(f"run directory file refused: {r}" for r in reader.refusals) if n not in have)
         )
     # never the run's own playbook directories: code-free, but the target's user wrote them
-    report = build.add_findings(report, ())
+    report = build.add_findings(report, (), sources=watched.get("sources") or _source_reader(pid))
     written, path = build.write_report(report, out_dir, extra_files=extra)
     return written, path
 
 
 def print_summary(report: dict[str, Any], path: str, file: Any) -> None:
-    from dlwatch.report.render import terminal_safe  # names and frames come from the target
+    from dlwatch.report.render import terminal_line  # names and frames come from the target
 
     def out(line: str) -> None:
-        print(terminal_safe(line), file=file)
+        print(terminal_line(line), file=file)  # one line each: a newline in a name cannot forge another
 
     out(f"pid {report['pid']}: {report.get('classification')} - {report.get('classification_reason') or ''}")
     for p in report["processes"]:

@@ -131,24 +131,30 @@ def _held_by_training_process(ctx: Context, workers: list[Any], main: Any) -> di
     libraries and dlwatch) must sit inside a region of a lock of the same name.
     """
     from dlwatch.detect.evidence import is_user_frame
-    from dlwatch.detect.lock_held import _source_reader
-    from dlwatch.detect.lockowner import acquire_site, held_in_stack
+    from dlwatch.detect.lock_held import _sources
+    from dlwatch.detect.lockowner import acquire_site, held_in_stack, site_files
 
     if main is None or ctx.classification != "deadlock":
         return None
-    reader = _source_reader(ctx)
-    cache: dict[str, Any] = {}
+    shared = []
     for p in workers:
         if p.get("status") != "blocked":
             continue
         frames = (main_thread_frames(p) or next(iter(threads(p)), []))[:MAX_FRAMES]
-        if not any(str(f.get("filename") or "").endswith(_SHARED_LOCKS) for f in frames):
-            continue
-        site = acquire_site(frames, reader, cache)
-        if site is None:
-            continue
-        own = [f for f in main_thread_frames(main) if is_user_frame(f)]
-        return held_in_stack(site, own, reader, cache)
+        if any(str(f.get("filename") or "").endswith(_SHARED_LOCKS) for f in frames):
+            shared.append(frames)
+    if not shared:
+        return None
+    own = [f for f in main_thread_frames(main) if is_user_frame(f)]
+    reader = _sources(ctx)
+    # the files of the first waiting worker's acquire site and of the training process's frames, read
+    # in one go within the report's budget (only their outlines come back)
+    paths = list(dict.fromkeys([*site_files(shared[0]), *(str(f["filename"]) for f in own if f.get("filename"))]))
+    outlines = reader.outlines(paths[: reader.budget.files]).get
+    for frames in shared:
+        site = acquire_site(frames, outlines)
+        if site is not None:
+            return held_in_stack(site, own, outlines)
     return None
 
 

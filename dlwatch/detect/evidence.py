@@ -183,11 +183,18 @@ _UNSET = object()
 
 
 class Context:
-    """One report as the matcher and the enrichers read it (built once per ``match`` call)."""
+    """One report as the matcher and the enrichers read it (built once per ``match`` call).
 
-    def __init__(self, report: Mapping[str, Any], playbooks: Sequence[Playbook]) -> None:
+    ``sources``: what may read the program's source files for this report (a
+    :class:`dlwatch.collect.source.SourceReader`, with the target's rights and one budget; None:
+    a reader for this process's own uid is made when one is first needed).  Nothing else here
+    reads the system."""
+
+    def __init__(self, report: Mapping[str, Any], playbooks: Sequence[Playbook], *, sources: Any = None) -> None:
         self.report = report
         self.playbooks = playbooks
+        self.sources = sources
+        self._once: dict[str, Any] = {}
         self.exception: Mapping[str, Any] | None = report.get("exception") or None
         exc = self.exception or {}
         self.text = exception_text(exc)
@@ -234,6 +241,12 @@ class Context:
         """The ``[thresholds]`` of a playbook among those being matched ({} when it is not loaded)."""
         pb = next((p for p in self.playbooks if p.id == playbook), None)
         return pb.thresholds if pb is not None else {}
+
+    def once(self, key: str, compute: Any) -> Any:
+        """``compute(self)``, computed once per report (a judgement several enrichers read)."""
+        if key not in self._once:
+            self._once[key] = compute(self)
+        return self._once[key]
 
     def fact(self, name: str) -> Any:
         """A failure's named fact about this report (computed once), or None when no failure provides it."""

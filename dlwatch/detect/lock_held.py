@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Mapping
 
-from dlwatch.collect.source import read_source
+from dlwatch.collect.source import SourceReader
 from dlwatch.detect.base import Detector, View
 from dlwatch.detect.evidence import Context, main_thread_frames, threads
-from dlwatch.detect.lockowner import acquire_site, find_holder
+from dlwatch.detect.lockowner import acquire_site, find_holder, site_files
 from dlwatch.detect.registry import Failure
 from dlwatch.wire import contract
 from dlwatch.wire.playbooks import Playbook
@@ -83,32 +83,43 @@ class ForkRecord(Detector):
         return ({"event": "observation", "signal": EVENT, "pids": ev.get("pids"), "forks": ev.get("forks")},)
 
 
-def _source_reader(ctx: Context) -> Any:
-    main = next((p for p in ctx.processes if p.get("role") == "main"), None)
-    uid = None
-    try:
-        uid = os.stat(f"/proc/{int(main['pid'])}").st_uid if main is not None else None
-    except (OSError, TypeError, ValueError, KeyError):
-        uid = None
-    owner = os.geteuid() if uid is None else uid
-    return lambda path: read_source(path, owner)
+def _sources(ctx: Context) -> SourceReader:
+    """The report's reader of source files: the caller's (``dlwatch attach``: the target's uid, one
+    budget for the whole attach), else one for this process's own uid (the monitor is the job's user)."""
+    if not isinstance(ctx.sources, SourceReader):
+        ctx.sources = SourceReader()
+    return ctx.sources
 
 
 def judge(ctx: Context) -> dict[str, Any] | None:
     """{"holder", "candidates", "alive", "basis", "site", "worker"} for the first worker waiting on
-    a lock whose fork was recorded; None when there is nothing to judge (no deadlock, no record)."""
+    a lock whose fork was recorded; None when there is nothing to judge (no deadlock, no record).
+
+    Judged once per report (the deriver and two enrichers ask); the source files it needs are read
+    together, once, through the report's :class:`SourceReader`, and only their outlines come back."""
+    return ctx.once("lock_held_at_fork", _judge)  # type: ignore[no-any-return]
+
+
+def _judge(ctx: Context) -> dict[str, Any] | None:
     if ctx.classification != "deadlock":
         return None
     records = [e for e in ctx.events if e.get("signal") == EVENT or e.get("event") == EVENT]
     if not records:
         return None
-    reader = _source_reader(ctx)
-    cache: dict[str, Any] = {}
-    for p in ctx.processes:
-        if p.get("role") != "worker" or p.get("status") != "blocked":
-            continue
-        frames = main_thread_frames(p) or next(iter(threads(p)), [])
-        site = acquire_site(frames, reader, cache)
+    blocked = [
+        (p, main_thread_frames(p) or next(iter(threads(p)), []))
+        for p in ctx.processes
+        if p.get("role") == "worker" and p.get("status") == "blocked"
+    ]
+    if not blocked:
+        return None
+    reader = _sources(ctx)
+    # the files any blocked worker's acquire site can be in, innermost first, read in one go
+    paths = list(dict.fromkeys(path for _p, frames in blocked for path in site_files(frames)))
+    got = reader.outlines(paths[: reader.budget.files])
+    outlines = got.get
+    for p, frames in blocked:
+        site = acquire_site(frames, outlines)
         if site is None:
             continue
         pid = p.get("pid")
@@ -117,9 +128,14 @@ def judge(ctx: Context) -> dict[str, Any] | None:
         pids = rec.get("pids") or []
         idx = pids.index(pid) if pid in pids else len(forks) - 1
         fork = forks[min(idx, len(forks) - 1)] if forks else []
-        got = find_holder(site, fork, reader, cache)
-        return {**got, "site": site, "worker": {"pid": pid, "worker_id": p.get("worker_id")}}
-    return None
+        found = find_holder(site, fork, outlines)
+        return {**found, "site": site, "worker": {"pid": pid, "worker_id": p.get("worker_id")}}
+    why = reader.basis()
+    if why is None:
+        return None
+    # no site found, and some source gave no outline: the deadlock's report says which and why
+    first = records[-1].get("forks") or [[]]
+    return {**find_holder(None, first[-1] if first else [], outlines), "basis": why, "site": None, "worker": None}
 
 
 def _derive(ctx: Context) -> list[dict[str, Any]]:

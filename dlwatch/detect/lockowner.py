@@ -12,26 +12,24 @@ a region of *the same lock expression in the same file*: the body of ``with X:``
 between ``X.acquire()`` and the ``X.release()`` of its ``try/finally``.  A thread idle at
 the fork *inside* such a region still held the lock (the seed's refresher waits on an Event
 inside ``with self.lock``).  Threads that were elsewhere are listed as alive at the fork,
-never named; with no thread in a region, or two, the holder is ``unknown``.  Pure: the
-source text comes through ``read_source``.
+never named; with no thread in a region, or two, the holder is ``unknown``.  Pure: what it
+needs of a source file comes as its *outline* (:mod:`dlwatch.collect.source`: the acquire sites
+and lock regions, read with the target's rights and within a budget), never as the file.
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Holder", "acquire_site", "find_holder", "held_in_stack"]
+from dlwatch.collect.source import Outline, Region, regions
+
+__all__ = ["Holder", "Outlines", "Region", "acquire_site", "find_holder", "held_in_stack", "regions"]
 
 _WRAPPERS = {"acquire", "__enter__", "lock", "_acquire", "_lock"}
 
-
-@dataclass(frozen=True)
-class Region:
-    expr: str  # the lock expression, as written ("self.lock")
-    start: int  # first line of the region (the with / acquire line)
-    end: int  # last line of it
+# the outline of a source file by its path (dlwatch.collect.source): None when it was not read
+Outlines = Callable[[str], "Outline | None"]
 
 
 @dataclass(frozen=True)
@@ -45,89 +43,31 @@ class Holder:
     idle: str | None  # what it was waiting on inside the region, if anything
 
 
-def _lock_expr(node: ast.AST) -> str | None:
-    try:
-        return ast.unparse(node)
-    except Exception:
-        return None
+MAX_SITE_FRAMES = 8  # frames of a worker's stack looked at for its acquire site, innermost first
 
 
-def _acquire_call(node: ast.AST) -> str | None:
-    """``X`` of a statement ``X.acquire(...)``."""
-    if isinstance(node, ast.Expr):
-        node = node.value
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "acquire":
-        return _lock_expr(node.func.value)
-    return None
+def site_files(frames: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The files :func:`acquire_site` may need the outline of, innermost first."""
+    return list(dict.fromkeys(str(f["filename"]) for f in _python_frames(frames)[:MAX_SITE_FRAMES]))
 
 
-def _release_in(stmts: Sequence[ast.stmt], expr: str) -> bool:
-    for s in stmts:
-        for n in ast.walk(s):
-            if (
-                isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Attribute)
-                and n.func.attr == "release"
-                and _lock_expr(n.func.value) == expr
-            ):
-                return True
-    return False
+def _python_frames(frames: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [
+        f
+        for f in frames
+        if f.get("filename") and isinstance(f.get("line"), int) and not isinstance(f["line"], bool) and f["line"] > 0
+    ]
 
 
-def regions(tree: ast.AST) -> list[Region]:
-    """Every ``with X:`` body and ``X.acquire(); try: ... finally: X.release()`` span in a module."""
-    out: list[Region] = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)):
-            for item in node.items:
-                expr = _lock_expr(item.context_expr)
-                if expr:
-                    out.append(Region(expr, node.lineno, node.end_lineno or node.lineno))
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            for i, stmt in enumerate(body):
-                expr = _acquire_call(stmt)
-                if expr is None:
-                    continue
-                nxt = body[i + 1] if i + 1 < len(body) else None
-                if isinstance(nxt, ast.Try) and _release_in(nxt.finalbody, expr):
-                    out.append(Region(expr, stmt.lineno, nxt.end_lineno or nxt.lineno))
-    return out
-
-
-def _site_expr(tree: ast.AST, line: int) -> str | None:
-    """The lock expression acquired on ``line``: ``with X:`` opening there, or ``X.acquire()`` on it."""
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno == line:
-            return _lock_expr(node.items[0].context_expr) if node.items else None
-        if isinstance(node, ast.Call) and getattr(node, "lineno", None) == line:
-            if isinstance(node.func, ast.Attribute) and node.func.attr == "acquire":
-                return _lock_expr(node.func.value)
-    return None
-
-
-def _parse(path: str, read_source: Callable[[str], str | None], cache: dict[str, Any]) -> ast.AST | None:
-    if path not in cache:
-        text = read_source(path)
-        try:
-            cache[path] = ast.parse(text) if text is not None else None
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            cache[path] = None
-    return cache[path]
-
-
-def acquire_site(
-    frames: Sequence[Mapping[str, Any]], read_source: Callable[[str], str | None], cache: dict[str, Any] | None = None
-) -> dict[str, Any] | None:
+def acquire_site(frames: Sequence[Mapping[str, Any]], outlines: Outlines) -> dict[str, Any] | None:
     """{"expr", "exprs", "filename", "line", "function"} of the lock a worker waits on, from its stack
     (innermost frame first; native frames skipped); None when no frame shows it."""
-    cache = {} if cache is None else cache
-    py = [f for f in frames if f.get("filename") and isinstance(f.get("line"), int) and f["line"] > 0]
-    for i, f in enumerate(py[:8]):
-        tree = _parse(str(f["filename"]), read_source, cache)
-        if tree is None:
+    py = _python_frames(frames)
+    for i, f in enumerate(py[:MAX_SITE_FRAMES]):
+        got = outlines(str(f["filename"]))
+        if got is None:
             continue
-        expr = _site_expr(tree, int(f["line"]))
+        expr = got.site(int(f["line"]))
         if expr is None:
             continue
         site = {
@@ -140,7 +80,7 @@ def acquire_site(
         if str(f.get("function") or "").rsplit(".", 1)[-1] in _WRAPPERS and i + 1 < len(py):
             # a wrapper (``def acquire(self): self._lock.acquire()``): its caller's ``self.acquire()``
             # takes the same lock; a holder may be inside a region of either expression
-            outer = acquire_site(py[i + 1 :], read_source, cache)
+            outer = acquire_site(py[i + 1 :], outlines)
             if outer is not None and outer["filename"] == f["filename"]:
                 site["exprs"] = [expr, *[e for e in outer["exprs"] if e != expr]]
                 site["caller"] = {"line": outer["line"], "function": outer["function"]}
@@ -149,15 +89,11 @@ def acquire_site(
 
 
 def find_holder(
-    site: Mapping[str, Any] | None,
-    threads: Sequence[Mapping[str, Any]],
-    read_source: Callable[[str], str | None],
-    cache: dict[str, Any] | None = None,
+    site: Mapping[str, Any] | None, threads: Sequence[Mapping[str, Any]], outlines: Outlines
 ) -> dict[str, Any]:
     """{"holder": Holder-as-dict or None, "candidates": [...], "alive": [...], "basis": str}.
 
     ``threads``: one fork's record (name, frames innermost first, idle)."""
-    cache = {} if cache is None else cache
     alive = [
         {
             "name": t.get("name"),
@@ -170,8 +106,8 @@ def find_holder(
         return {"holder": None, "candidates": [], "alive": alive, "basis": "the workers' wait shows no lock site"}
     expr, path = site["expr"], site["filename"]
     exprs = set(site.get("exprs") or (expr,))
-    tree = _parse(str(path), read_source, cache)
-    spans = [r for r in regions(tree) if r.expr in exprs] if tree is not None else []
+    got = outlines(str(path))
+    spans = [r for r in got.regions if r.expr in exprs] if got is not None else []
     found: list[Holder] = []
     for t in threads:
         for f in t.get("frames") or ():
@@ -207,35 +143,8 @@ def _last_name(expr: str) -> str:
     return expr.rsplit(".", 1)[-1].strip()
 
 
-_THREAD_LOCKS = ("threading.Lock", "threading.RLock", "threading.Semaphore", "threading.BoundedSemaphore")
-
-
-def _thread_lock(tree: ast.AST, expr: str) -> bool:
-    """Whether the module makes ``expr`` a threading lock (``lock = threading.Lock()``, or ``Lock()``
-    imported from threading): a lock each process has its own copy of, never the workers' shared one."""
-    from_threading = {
-        a.asname or a.name
-        for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and n.module == "threading"
-        for a in n.names
-    }
-    for n in ast.walk(tree):
-        if not isinstance(n, (ast.Assign, ast.AnnAssign)) or not isinstance(n.value, ast.Call):
-            continue
-        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-        if not any(_lock_expr(tg) == expr for tg in targets):
-            continue
-        made_by = _lock_expr(n.value.func) or ""
-        if made_by in _THREAD_LOCKS or made_by in from_threading:
-            return True
-    return False
-
-
 def held_in_stack(
-    site: Mapping[str, Any],
-    frames: Sequence[Mapping[str, Any]],
-    read_source: Callable[[str], str | None],
-    cache: dict[str, Any] | None = None,
+    site: Mapping[str, Any], frames: Sequence[Mapping[str, Any]], outlines: Outlines
 ) -> dict[str, Any] | None:
     """The frame of a live stack (innermost first) that sits inside a region of the lock the workers wait
     on, or None: {"function", "filename", "line", "lock", "region_line"}.
@@ -245,18 +154,17 @@ def held_in_stack(
     the training process does.  A region matches when its expression is the workers' own or ends in
     the same name, unless the module makes that name a threading lock (each process's own: never
     the one the workers share); the caller says which frames are the program's."""
-    cache = {} if cache is None else cache
     names = {_last_name(e) for e in (site.get("exprs") or (site.get("expr"),)) if e}
     for f in frames:
         if not isinstance(f.get("line"), int) or not f.get("filename"):
             continue
-        tree = _parse(str(f["filename"]), read_source, cache)
-        if tree is None:
+        got = outlines(str(f["filename"]))
+        if got is None:
             continue
         inside = [
             r
-            for r in regions(tree)
-            if _last_name(r.expr) in names and r.start <= f["line"] <= r.end and not _thread_lock(tree, r.expr)
+            for r in got.regions
+            if _last_name(r.expr) in names and r.start <= f["line"] <= r.end and r.expr not in got.thread_locks
         ]
         if inside:
             r = max(inside, key=lambda r: r.start)

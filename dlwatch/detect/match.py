@@ -30,9 +30,10 @@ __all__ = ["match", "errnos_in"]
 log = get_logger(__name__)
 
 
-def match(report: Mapping[str, Any], playbooks: Iterable[Playbook]) -> list[Finding]:
+def match(report: Mapping[str, Any], playbooks: Iterable[Playbook], *, sources: Any = None) -> list[Finding]:
+    """``sources``: the reader of the program's source files (see :class:`Context`)."""
     playbooks = tuple(playbooks)
-    ctx = Context(report, playbooks)
+    ctx = Context(report, playbooks, sources=sources)
     findings: list[tuple[float, int, Finding]] = []
     for order, pb in enumerate(playbooks):
         try:

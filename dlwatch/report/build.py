@@ -116,21 +116,31 @@ def add_findings(
     *,
     playbooks: Sequence[Any] | None = None,
     ignore: Iterable[str] = (),
+    sources: Any = None,
 ) -> Incident:
     """``report`` with its findings: playbooks matched (``playbooks`` when already loaded, else
     those of ``playbook_dirs``), and the job annotation of a rank that only waits for others.
 
+    ``sources``: the reader of the program's source files (a ``collect.source.SourceReader`` for
+    the target's uid: ``dlwatch attach``); by default one for this process's own uid.
+
     A playbook in ``ignore`` (the ``ignore`` option) makes no finding; the report says so.
     A failure here becomes a note, never a lost report.  A dict is also brought up to date in place.
     """
-    built = _judge(report.to_dict() if isinstance(report, Incident) else report, playbook_dirs, playbooks, ignore)
+    built = _judge(
+        report.to_dict() if isinstance(report, Incident) else report, playbook_dirs, playbooks, ignore, sources
+    )
     if isinstance(report, dict):
         _sync(report, built)
     return built
 
 
 def _judge(
-    report: dict[str, Any], playbook_dirs: Sequence[str], playbooks: Sequence[Any] | None, ignore: Iterable[str]
+    report: dict[str, Any],
+    playbook_dirs: Sequence[str],
+    playbooks: Sequence[Any] | None,
+    ignore: Iterable[str],
+    sources: Any = None,
 ) -> Incident:
     """The matcher and the job annotation work on the JSON object (``report``, changed in place)."""
     if not isinstance(report.get("notes"), list):
@@ -143,7 +153,11 @@ def _judge(
             playbooks = load_playbooks(tuple(playbook_dirs))
         skip = set(ignore)
         # advice playbooks are never matched into an incident: they belong to the run summary
-        findings = match(report, [pb for pb in playbooks if pb.id not in skip and not getattr(pb, "is_advice", False)])
+        findings = match(
+            report,
+            [pb for pb in playbooks if pb.id not in skip and not getattr(pb, "is_advice", False)],
+            sources=sources,
+        )
         report["findings"] = [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings]
         if skip:
             note = f"playbooks ignored for this run (the ignore option): {', '.join(sorted(skip))}"
