@@ -64,9 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args))
     except DlwatchError as exc:
         from dlwatch.redact import outbound
-        from dlwatch.report.render import terminal_safe  # messages name paths and pids a user chose
+        from dlwatch.report.render import terminal_line  # messages name paths and pids a user chose
 
-        print(terminal_safe(outbound(f"dlwatch: error: {exc}")), file=sys.stderr)
+        print(terminal_line(outbound(f"dlwatch: error: {exc}")), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

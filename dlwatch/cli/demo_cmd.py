@@ -432,7 +432,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float, *, ver
             print(f"cannot show {o.summary}: {exc}")
             return 1
         for line in summary_render.terminal_lines(outbound(data), verbose=verbose):
-            print(render.terminal_safe(line))
+            print(render.terminal_line(line))
         return _trailer(
             o.summary,
             "summary",
@@ -449,7 +449,7 @@ def _show_one(name: str, directory: str, report_dir: str, timeout: float, *, ver
         from dlwatch.report.jobview import job_lines
 
         for line in job_lines(outbound(o.job)):
-            print(render.terminal_safe(line))
+            print(render.terminal_line(line))
         print()
         print(f"see it again: dlwatch report --job {report_dir}")
         if not o.matched:

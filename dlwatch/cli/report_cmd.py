@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
                     help="it was not written by a complete dlwatch run; remove it",
                 ) from None
             for line in lines:
-                print(render.terminal_safe(line))
-            print(render.terminal_safe(f"  summary: {os.path.join(path, 'summary.md')}"))
+                print(render.terminal_line(line))
+            print(render.terminal_line(f"  summary: {os.path.join(path, 'summary.md')}"))
         return 0
     if args.job or args.job_id:
         return _job(args.target or default_dir, args.job_id, args.json)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         here = os.path.abspath(path)
         if os.path.commonpath([os.path.abspath(page), here]) != here:
             print(
-                render.terminal_safe(
+                render.terminal_line(
                     outbound(
                         f"dlwatch: warning: {path} is not yours (its owner could swap it for a link): nothing was written "
                         f"there; the page went to a private file instead"
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 file=sys.stderr,
             )
-        print(render.terminal_safe(outbound(page)))
+        print(render.terminal_line(outbound(page)))
         return 0
     if mode == "show":
         report = outbound(store.load_report(path))  # a report of an older dlwatch is shown redacted too
@@ -136,11 +136,11 @@ def run(args: argparse.Namespace) -> int:
                 ) from None
             for line in lines:
                 print(line)
-            print(render.terminal_safe(f"  report: {os.path.join(path, 'report.md')}"))
+            print(render.terminal_line(f"  report: {os.path.join(path, 'report.md')}"))
         return 0
     summaries, warnings = store.list_incidents(path)
     for w in warnings:
-        print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
+        print(render.terminal_line(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
     if args.json:
         json.dump(outbound([s.to_dict() for s in summaries]), sys.stdout, indent=2)  # older reports too
         print()
@@ -149,24 +149,24 @@ def run(args: argparse.Namespace) -> int:
             print(outbound(line))
         runs, run_warnings = store.list_runs(path)  # the run summaries too (--runs: those alone)
         for w in run_warnings:
-            print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
+            print(render.terminal_line(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
         if runs:
             print()
             for line in summary.list_lines(runs):
-                print(render.terminal_safe(line))
+                print(render.terminal_line(line))
     return 0
 
 
 def _list_runs(report_dir: str, as_json: bool) -> int:
     runs, warnings = store.list_runs(report_dir)
     for w in warnings:
-        print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
+        print(render.terminal_line(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
     if as_json:
         json.dump(outbound([r.to_dict() for r in runs]), sys.stdout, indent=2)
         print()
     else:
         for line in summary.list_lines(runs):
-            print(render.terminal_safe(line))
+            print(render.terminal_line(line))
     return 0
 
 
@@ -181,11 +181,11 @@ def _job(report_dir: str, job_id: str | None, as_json: bool) -> int:
         )
     view = outbound(job_view(report_dir, job_id))
     for w in view.get("warnings") or ():
-        print(render.terminal_safe(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
+        print(render.terminal_line(outbound(f"dlwatch: warning: {w}")), file=sys.stderr)
     if as_json:
         json.dump(view, sys.stdout, indent=2)
         print()
     else:
         for line in job_lines(view):
-            print(render.terminal_safe(line))
+            print(render.terminal_line(line))
     return 0

@@ -28,7 +28,7 @@ from dlwatch.collect.syscalls import category as syscall_category
 from dlwatch.wire.config import DEFAULT_REPORT_DIR
 from dlwatch.errors import UsageError
 from dlwatch.report import display
-from dlwatch.report.render import terminal_safe
+from dlwatch.report.render import terminal_line
 
 _CLEAR = "\x1b[H\x1b[2J"
 _HIDE_CURSOR, _SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
@@ -193,9 +193,9 @@ def frame_lines(pid: int, frame: Frame, *, width: int = 80, message: str = "", k
     if len(rows) > MAX_ROWS:
         lines.append(f"... {len(rows) - MAX_ROWS} more processes")
     lines.append("")
-    lines = [terminal_safe(line)[:width] for line in lines]
+    lines = [terminal_line(line)[:width] for line in lines]
     if message:  # a path may be longer than the screen is wide: wrapped, never cut
-        safe = terminal_safe(message)
+        safe = terminal_line(message)
         lines.extend(safe[i : i + width] for i in range(0, len(safe), width))
     if keys:
         lines.append("q quit   s write an attach incident now")

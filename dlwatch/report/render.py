@@ -17,6 +17,10 @@ from dlwatch.report.schema import Finding, Frame, Incident, RunSummary, Stack
 # reorder what a terminal shows: a report's text comes from the training program and
 # must not drive the terminal of whoever reads it.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# ... and, for one line of terminal output, the line breaks and the tab too: a newline in a
+# process name or a frame would start a line of the target's own ("finding: all-clear")
+_UNSAFE_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _BACKTICKS = re.compile("`+")
 
 
@@ -26,6 +30,19 @@ def terminal_safe(text: Any) -> str:
     return _UNSAFE.sub(
         lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text
     )
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def terminal_line(text: Any) -> str:
+    """``text`` as exactly one line of terminal output: every control character, newlines and tabs
+    included, shown as an escape (``\\n``, ``\\t``, ``\\x1b``).  The one helper every line that
+    ``dlwatch attach``, ``report`` and ``top`` print goes through: whatever part of it came from a
+    target (a process name, a frame, an exception, a path) cannot start a line of its own."""
+    return _UNSAFE_IN_LINE.sub(_escape, str(text))
 
 
 def fence(text: str) -> str:
@@ -319,14 +336,14 @@ HEADLINE_LINES = 6  # what happened, verdict, top finding, what to do: the first
 
 
 def wrap(text: str, width: int, indent: str = "", hang: str | None = None) -> list[str]:
-    """``text`` (made terminal-safe) as lines of at most ``width`` characters, broken between words:
+    """``text`` (made terminal-safe, on one line: ``terminal_line``) as lines of at most ``width`` characters, broken between words:
     the first line starts with ``indent``, the others with ``hang`` (default: ``indent`` and two spaces).
     A word longer than a line (a path) is the only thing ever broken inside."""
     import textwrap
 
     hang = indent + "  " if hang is None else hang
     lines = textwrap.wrap(
-        _NUMBER_UNIT.sub("\\1\u00a0\\2", terminal_safe(text)),  # "0.00 s" stays on one line
+        _NUMBER_UNIT.sub("\\1\u00a0\\2", terminal_line(text)),  # "0.00 s" stays on one line
         width=max(20, width),
         initial_indent=indent,
         subsequent_indent=hang,
@@ -457,12 +474,12 @@ def use_color(stream: Any, environ: Mapping[str, str] | None = None) -> bool:
 def terminal_view(
     r: Incident | Mapping[str, Any], *, color: bool = False, width: int = 100, verbose: bool = False
 ) -> Iterator[str]:
-    """``terminal_lines`` made safe to print (controls escaped), then coloured when asked.
+    """``terminal_lines`` made safe to print (controls escaped, one line each), then coloured when asked.
 
     A line indented deeper than the line it continues (a wrapped sentence) keeps that line's colour."""
     style = ""
     for i, line in enumerate(terminal_lines(r, width=width, verbose=verbose)):
-        safe = terminal_safe(line)
+        safe = terminal_line(line)
         if len(safe) > width:  # a table row: one screen wide; report.md has every word
             safe = safe[: width - 1] + "~"
         if not safe.startswith("    "):
@@ -491,9 +508,9 @@ def list_lines(summaries: Sequence[Any]) -> Iterable[str]:
     yield f"{'ID':<44} {'CREATED':<25} {'TRIGGER':<9} TOP FINDING"
     for s in summaries:
         if getattr(s, "damaged", None):
-            yield terminal_safe(f"{s.id:<44} {'-':<25} {'DAMAGED':<9} {s.damaged}")
+            yield terminal_line(f"{s.id:<44} {'-':<25} {'DAMAGED':<9} {s.damaged}")
         else:
-            yield terminal_safe(f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}")
+            yield terminal_line(f"{s.id:<44} {s.created_at:<25} {s.trigger:<9} {s.top_finding or '-'}")
 
 
 def loader_and_notes_md(r: Incident | RunSummary) -> Iterator[str]:
