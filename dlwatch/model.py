@@ -240,6 +240,16 @@ class StackDump(_ToDict):
     duration_s: float | None = None
     threads_omitted: int = 0  # threads left out to keep to collect.bounds
     cut_at_bytes: int | None = None  # the dump's input (py-spy's JSON, the dump file) was cut after this many bytes
+    memory_cut_bytes: int | None = None  # py-spy reached this memory limit and was stopped (report key only when set)
+    not_run: bool = False  # py-spy never ran for it: the dumps' time was spent while it waited its turn
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if out.get("memory_cut_bytes") is None:  # the keys of an older report, unless something was cut
+            out.pop("memory_cut_bytes", None)
+        if not out.get("not_run"):
+            out.pop("not_run", None)
+        return out
 
 
 # --------------------------------------------------------------------------- events and findings

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_FRAMES_PER_THREAD",
     "MAX_NAME_CHARS",
     "MAX_PATH_CHARS",
+    "MAX_PY_SPY_MEMORY_BYTES",
     "MAX_PY_SPY_OUTPUT_BYTES",
     "MAX_RAW_DUMP_BYTES",
     "MAX_THREADS_PER_PROCESS",
@@ -46,6 +47,10 @@ MAX_THREADS_PER_PROCESS = 64
 MAX_NAME_CHARS = 512  # a function or thread name (faulthandler itself cuts at 500)
 MAX_PATH_CHARS = 4096  # a file name (PATH_MAX)
 MAX_PY_SPY_OUTPUT_BYTES = 4 << 20  # py-spy's JSON for one process: 4,000 frames are ~1 MB
+# py-spy's own heap (RLIMIT_DATA: its private writable memory, not the target's libraries it maps
+# for --native, 440 MB of address space for a torch process): py-spy builds its whole answer before
+# writing any of it, and an honest dump needs a few MB
+MAX_PY_SPY_MEMORY_BYTES = 256 << 20
 MAX_DUMP_READ_BYTES = 1 << 20  # one read of a faulthandler dump file
 MAX_DUMP_BYTES_PER_PROCESS = 4 << 20  # every read of one process's dump file, in one request
 MAX_RAW_DUMP_BYTES = 256 << 10  # the copy of a faulthandler dump kept in the incident (stacks/<pid>.txt)
@@ -60,6 +65,7 @@ def limits() -> dict[str, int]:
         "name_chars": MAX_NAME_CHARS,
         "path_chars": MAX_PATH_CHARS,
         "py_spy_output_bytes": MAX_PY_SPY_OUTPUT_BYTES,
+        "py_spy_memory_bytes": MAX_PY_SPY_MEMORY_BYTES,
         "dump_read_bytes": MAX_DUMP_READ_BYTES,
         "dump_bytes_per_process": MAX_DUMP_BYTES_PER_PROCESS,
         "raw_dump_bytes": MAX_RAW_DUMP_BYTES,

@@ -62,7 +62,10 @@ _NATIVE = ("py-spy-native", ("--native",), "--native dump")
 _PLAIN = ("py-spy", (), "dump")
 _NONBLOCKING = ("py-spy-nonblocking", ("--nonblocking",), "--nonblocking dump")
 
-_MAX_PARALLEL = 32  # one py-spy per pid; beyond this, more threads only contend for 2-16 cores
+_MAX_PARALLEL = 32  # one py-spy per pid; never more at once, however big the machine
+_OVER_MEMORY = "memory"  # _run_once's reason for a py-spy stopped by its memory limit
+# what py-spy (Rust) says when an allocation fails under its RLIMIT_DATA
+_MEMORY_ERRORS = ("memory allocation of", "Out of memory", "Cannot allocate memory", "out of memory")
 _MAX_ERROR_CHARS = 300
 _MAX_STDERR_BYTES = 64 << 10  # py-spy's error text; more is a backtrace we drop anyway
 _OVER = "output"  # _run_once's reason for a py-spy whose output passed bounds.MAX_PY_SPY_OUTPUT_BYTES
@@ -377,13 +380,52 @@ def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[byte
     return b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr]), None
 
 
+def limited_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` run under a cap on its heap: ``RLIMIT_DATA`` set by ``/bin/sh`` right before it
+    execs py-spy (no Python runs between fork and exec: the parent may have threads).  The data
+    limit counts py-spy's private writable memory, not the target's libraries that ``--native``
+    maps (a torch process's are about 440 MB of address space): RLIMIT_AS would refuse those."""
+    if not os.path.exists("/bin/sh"):
+        return list(argv)
+    kib = str(bounds.MAX_PY_SPY_MEMORY_BYTES >> 10)
+    # a lower hard limit already in force stays (ulimit fails): py-spy runs under that one
+    return ["/bin/sh", "-c", 'ulimit -d "$1" 2>/dev/null; shift; exec "$@"', "sh", kib, *argv]
+
+
+def _out_of_memory(rc: int | None, err: bytes) -> bool:
+    text = err[-4096:].decode("utf-8", "replace")
+    return rc in (-signal.SIGABRT, 128 + signal.SIGABRT) or any(m in text for m in _MEMORY_ERRORS)
+
+
+def parallel_limit() -> int:
+    """How many py-spy may run at once here: two per usable CPU (each mostly waits on the target), no
+    more than a quarter of the available memory can hold at their memory limit, 32 at most, 1 at least."""
+    try:
+        from dlwatch.collect.system import usable_cpus
+
+        cpus = usable_cpus().get("usable") or os.cpu_count() or 1
+    except Exception:
+        cpus = os.cpu_count() or 1
+    by_cpu = max(2, int(2 * float(cpus)))
+    by_memory = _MAX_PARALLEL
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    by_memory = int(line.split()[1]) * 1024 // (4 * bounds.MAX_PY_SPY_MEMORY_BYTES)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(1, min(_MAX_PARALLEL, by_cpu, by_memory))
+
+
 def _run_once(
     exe: str, pid: int, extra: Sequence[str], timeout_s: float, was_stopped: bool
 ) -> tuple[int | str | None, bytes, bytes]:
     """One py-spy run; rc None = timed out, _OVER = its output passed the cap (either way killed,
     and the target resumed if we stopped it)."""
     proc = subprocess.Popen(
-        [exe, "dump", "--json", *extra, "--pid", str(pid)],
+        limited_argv([exe, "dump", "--json", *extra, "--pid", str(pid)]),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -397,6 +439,8 @@ def _run_once(
     try:
         out, err, stopped = _read_bounded(proc, timeout_s)
         if stopped is None:
+            if proc.returncode != 0 and _out_of_memory(proc.returncode, err):
+                return _OVER_MEMORY, out, err
             return proc.returncode, out, err
         _kill_group(proc)
         proc.wait()
@@ -456,6 +500,13 @@ def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0, py_spy:
             if rc is None:
                 failures.append(f"{label} timed out after {budget:.2f} s (killed)")
                 continue
+            if rc == _OVER_MEMORY:  # another mode would build the same answer: no retry
+                cut = done(
+                    "none",
+                    f"py-spy reached its memory limit ({bounds.MAX_PY_SPY_MEMORY_BYTES >> 20} MiB) on process "
+                    f"{pid} (very deep stacks, very many threads or very long names) and was stopped: not read",
+                )
+                return dataclasses.replace(cut, memory_cut_bytes=bounds.MAX_PY_SPY_MEMORY_BYTES)
             if rc == _OVER:  # another mode would read the same stacks: no retry
                 over = done(
                     "none",
@@ -483,15 +534,24 @@ def dump_stack(pid: int, *, native: bool = True, timeout_s: float = 5.0, py_spy:
 
 
 def dump_stacks(
-    pids: Iterable[int], *, native: bool = True, timeout_s: float = 5.0, py_spy: str | None = None
+    pids: Iterable[int],
+    *,
+    native: bool = True,
+    timeout_s: float = 5.0,
+    py_spy: str | None = None,
+    parallel: int | None = None,
 ) -> dict[int, StackDump]:
-    """``{pid: StackDump}`` for every pid, all dumped in parallel; never raises.
+    """``{pid: StackDump}`` for every pid, dumped ``parallel`` at a time (default
+    :func:`parallel_limit`, sized to this machine); never raises.
 
     Each pid gets one ``py-spy dump --json`` (``--native`` first when asked, then
-    plain, then ``--nonblocking``), all within ``timeout_s`` of wall time per pid;
-    a py-spy that does not finish is killed with its process group.  The
-    StackDump's ``error`` says why a better mode failed, or, with
-    ``source="none"``, why there is no stack and what to do about it.
+    plain, then ``--nonblocking``), all within ``timeout_s`` of wall time per pid,
+    each py-spy under a memory limit (``bounds.MAX_PY_SPY_MEMORY_BYTES``);
+    a py-spy that does not finish is killed with its process group.  A pid whose
+    turn comes more than ``2 * timeout_s`` after the first started is not dumped
+    (``not_run``: many hung py-spy at once would otherwise hold the caller for
+    ``timeout_s`` per round).  The StackDump's ``error`` says why a better mode
+    failed, or, with ``source="none"``, why there is no stack and what to do about it.
     ``py_spy`` overrides ``find_py_spy()``.
     """
     unique = list(dict.fromkeys(int(p) for p in pids))
@@ -503,6 +563,20 @@ def dump_stacks(
         return {pid: StackDump(pid=pid, source="none", error=reason) for pid in unique}
     if len(unique) == 1:
         return {unique[0]: dump_stack(unique[0], native=native, timeout_s=timeout_s, py_spy=exe)}
-    with ThreadPoolExecutor(max_workers=min(len(unique), _MAX_PARALLEL), thread_name_prefix="dlwatch-py-spy") as pool:
-        futures = {pid: pool.submit(dump_stack, pid, native=native, timeout_s=timeout_s, py_spy=exe) for pid in unique}
+    width = max(1, min(len(unique), parallel if parallel is not None else parallel_limit()))
+    deadline = time.monotonic() + 2 * timeout_s
+
+    def one(pid: int) -> StackDump:
+        if time.monotonic() > deadline:
+            return StackDump(
+                pid=pid,
+                source="none",
+                error=f"not dumped: the stack dumps' {2 * timeout_s:g} s were spent before its turn "
+                f"({width} py-spy at a time on this machine)",
+                not_run=True,
+            )
+        return dump_stack(pid, native=native, timeout_s=timeout_s, py_spy=exe)
+
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="dlwatch-py-spy") as pool:
+        futures = {pid: pool.submit(one, pid) for pid in unique}
         return {pid: fut.result() for pid, fut in futures.items()}

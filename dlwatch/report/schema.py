@@ -177,6 +177,8 @@ class Stack(Doc):
     duration_s: Any = None
     threads_omitted: Any = None
     cut_at_bytes: Any = None
+    memory_cut_bytes: Any = optional()  # py-spy reached its memory limit (collect.bounds) and was stopped
+    not_run: Any = optional()  # true: py-spy never ran for it (the dumps' time was spent first)
 
     def main_first(self) -> list[Thread]:
         return sorted(self.threads or (), key=lambda t: t.name != "MainThread")
@@ -241,6 +243,8 @@ class Rank(Doc):
     local_world_size: Any = None
     job_id: str | None = None
     job_id_source: Any = None
+    launched_at: Any = optional()  # a rank of a job: when its run was launched (dlwatch/wire/job.py)
+    run_id: Any = optional()  # a rank of a job: torchrun's run id, when it is not the job id
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -147,6 +147,18 @@ _STEPS: tuple[Callable[[dict[str, Any]], str | None], ...] = (
 )
 
 
+def _stack_pids(report: dict[str, Any], key: str) -> list[Any]:
+    """The pids whose stack has ``key`` set (py-spy stopped by its memory limit, or never run)."""
+    return sorted(
+        {
+            p.get("pid")
+            for p in report.get("processes") or ()
+            if isinstance(p, dict) and isinstance(p.get("stack"), dict) and p["stack"].get(key)
+        },
+        key=str,
+    )
+
+
 def bound_report(report: dict[str, Any]) -> None:
     """Bound ``report`` in place and set ``report["truncated"]`` (None when nothing was cut); never raises."""
     try:
@@ -169,12 +181,18 @@ def bound_report(report: dict[str, Any]) -> None:
             },
             key=str,
         )
+        memory_pids = _stack_pids(report, "memory_cut_bytes")
+        not_run_pids = _stack_pids(report, "not_run")
         truncated = {
             "frames_omitted": sum(int(t.get("frames_omitted") or 0) for t in threads),
             "threads_omitted": sum(int(s.get("threads_omitted") or 0) for s in stacks),
             "dumps_cut": cut_pids,
             "report": steps,
         }
+        if memory_pids:  # keys of an older report unless something was cut this way
+            truncated["py_spy_memory_cut"] = memory_pids
+        if not_run_pids:
+            truncated["stacks_not_run"] = not_run_pids
         if not any(truncated.values()):
             report["truncated"] = None
             return
@@ -184,6 +202,12 @@ def bound_report(report: dict[str, Any]) -> None:
             f"{truncated['frames_omitted']} stack frames" if truncated["frames_omitted"] else "",
             f"{truncated['threads_omitted']} threads" if truncated["threads_omitted"] else "",
             f"the dumps of pids {', '.join(map(str, cut_pids))} past their read cap" if cut_pids else "",
+            f"the stacks of pids {', '.join(map(str, memory_pids))} (py-spy reached its memory limit)"
+            if memory_pids
+            else "",
+            f"the stacks of pids {', '.join(map(str, not_run_pids))} (no time left for their py-spy)"
+            if not_run_pids
+            else "",
         ]
         what = ", ".join(p for p in parts if p)
         note = (
