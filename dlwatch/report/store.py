@@ -183,9 +183,19 @@ def read_regular(path: str, cap: int, *, dir_fd: int | None = None) -> bytes:
     With ``dir_fd`` the file is ``path``'s last component in that open directory (``path``
     names it in messages).
     """
+    return _read_open(_open_report_file(path, dir_fd), path, cap, head=False)[0]
+
+
+def read_head(path: str, cap: int, *, dir_fd: int | None = None) -> tuple[bytes, bool]:
+    """(the first ``cap`` bytes at most of ``path``, whether that is the whole file): the checks of
+    :func:`read_regular` but for the size, and never more than ``cap`` read."""
+    return _read_open(_open_report_file(path, dir_fd), path, cap, head=True)
+
+
+def _open_report_file(path: str, dir_fd: int | None) -> int:
     name = os.path.basename(path) if dir_fd is not None else path
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         raise NotFoundError(f"no report at {path}", help="run `dlwatch report` to list the incidents") from None
     except PermissionError:
@@ -194,11 +204,16 @@ def read_regular(path: str, cap: int, *, dir_fd: int | None = None) -> bytes:
         if exc.errno == errno.ELOOP:
             raise ReportError(f"{path} is a symbolic link; dlwatch writes none and does not follow it") from None
         raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _read_open(fd: int, path: str, cap: int, *, head: bool) -> tuple[bytes, bool]:
+    """Read the open ``fd`` (closed here): a regular file, up to ``cap`` bytes (past it: ReportError,
+    or with ``head`` the first ``cap`` bytes and False for "not the whole file")."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ReportError(f"{path} is not a regular file (a FIFO, device or directory); dlwatch writes none")
-        if st.st_size > cap:
+        if st.st_size > cap and not head:
             raise ReportError(f"{path} is {st.st_size} bytes, more than the {cap} a report can be")
         chunks, total = [], 0
         while total <= cap:
@@ -208,8 +223,10 @@ def read_regular(path: str, cap: int, *, dir_fd: int | None = None) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
         if total > cap:
+            if head:
+                return b"".join(chunks)[:cap], False
             raise ReportError(f"{path} grew past the {cap} bytes a report can be")
-        return b"".join(chunks)
+        return b"".join(chunks), True
     except OSError as exc:
         raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
@@ -288,6 +305,82 @@ def load_report(path: str, *, dir_fd: int | None = None) -> dict[str, Any]:
     return data
 
 
+LIST_READ_BYTES = 1 << 20  # of each report.json, to list it: its first keys (id ... findings) fit far below
+
+
+def _head_members(raw: bytes) -> dict[str, Any]:
+    """The complete top-level members at the start of a JSON object cut short (``raw`` is its first
+    bytes): parsed one by one, up to the first one the cut reaches.  Nothing after it is looked at."""
+    text = raw.decode("utf-8", "replace")
+    decoder = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    ws = " \t\r\n"
+    i = len(text) - len(text.lstrip(ws))
+    if not text.startswith("{", i):
+        raise ValueError("not a JSON object")
+    i += 1
+    while True:
+        while i < len(text) and text[i] in ws:
+            i += 1
+        if i >= len(text) or text[i] == "}":
+            return out
+        key, i = decoder.raw_decode(text, i)
+        while i < len(text) and text[i] in ws:
+            i += 1
+        if not isinstance(key, str) or not text.startswith(":", i):
+            return out
+        i += 1
+        while i < len(text) and text[i] in ws:
+            i += 1
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except ValueError:
+            return out  # the cut is inside this member: it and the rest are not known
+        if end >= len(text):
+            return out  # a number or a name may go on past the cut
+        out.setdefault(key, value)
+        i = end
+        while i < len(text) and text[i] in ws:
+            i += 1
+        if not text.startswith(",", i):
+            return out
+        i += 1
+
+
+def load_report_head(path: str, cap: int = LIST_READ_BYTES, *, dir_fd: int | None = None) -> dict[str, Any]:
+    """:func:`load_report`, reading at most ``cap`` bytes: a report.json longer than that gives the
+    members that fit before the cut (report.json's keys are in schema order: ``id``, ``created_at``,
+    ``trigger``, ``summary`` ... ``findings`` come first), with ``"_head_only": True``.  Listing a
+    64 MiB report.json costs what listing its first ``cap`` bytes does.  ReportError if damaged."""
+    if dir_fd is not None or os.path.isdir(path):
+        path = os.path.join(path, "report.json")
+    raw, whole = read_head(path, cap, dir_fd=dir_fd)
+    if whole:
+        data = _load_json_document(
+            path, raw, "report", "a dlwatch report", lambda d: all(k in d for k in REQUIRED_KEYS), SCHEMA_VERSION
+        )
+    else:
+        try:
+            head = _head_members(raw)
+        except (ValueError, RecursionError):
+            raise ReportError(
+                f"{path} is damaged (its start is no JSON object)", help="it was not written by dlwatch; remove it"
+            ) from None
+        data = _load_json_document(
+            path,
+            json.dumps(head).encode(),
+            "report",
+            "a dlwatch report",
+            lambda d: all(k in d for k in REQUIRED_KEYS),
+            SCHEMA_VERSION,
+        )
+        data["_head_only"] = True
+    problem = _type_problem(data)
+    if problem:
+        raise ReportError(f"{path} is damaged: {problem}", help="it was not written by dlwatch; remove it")
+    return data
+
+
 def load_incident(path: str, *, dir_fd: int | None = None) -> Incident:
     """:func:`load_report`, as the typed :class:`~dlwatch.report.schema.Incident`."""
     return Incident.from_dict(load_report(path, dir_fd=dir_fd))
@@ -341,7 +434,7 @@ def list_incidents(report_dir: str) -> tuple[list[IncidentSummary], list[str]]:
         except OSError:
             continue
         try:
-            data = load_report(path)
+            data = load_report_head(path)  # what the listing shows is at its start: a bounded read
         except (ReportError, NotFoundError) as exc:
             warnings.append(f"skipped {name}: {exc.message}")
             damaged.append(
