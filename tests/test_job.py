@@ -67,7 +67,7 @@ TORCHRUN_ENV = {
 
 
 def test_rank_info_under_torchrun() -> None:
-    info = rank_info(TORCHRUN_ENV)
+    info = rank_info(TORCHRUN_ENV, parent_started=1767225600.25)
     assert info == {
         "rank": 1,
         "local_rank": 1,
@@ -75,6 +75,9 @@ def test_rank_info_under_torchrun() -> None:
         "local_world_size": 2,
         "job_id": "f467e341-16cd-43d2-bc26-d80687b18339",
         "job_id_source": "TORCHELASTIC_RUN_ID",
+        # which run: torchrun's agent (the rank's parent) started then; the run id is the job id here
+        "launched_at": 1767225600.25,
+        "run_id": None,
     }
 
 

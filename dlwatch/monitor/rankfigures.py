@@ -55,6 +55,8 @@ class RankFiguresSink(Sink):
             "rank": self.rank.get("rank"),
             "local_rank": self.rank.get("local_rank"),
             "world_size": self.rank.get("world_size"),
+            "launched_at": self.rank.get("launched_at"),
+            "run_id": self.rank.get("run_id"),
             "host": self.host,
             "pid": self.pid,
             "started_at": state.started_at,

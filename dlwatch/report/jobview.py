@@ -10,8 +10,12 @@ rank is a straggler.
   process waits in a collective while its own loader is healthy, or whose exception
   is a collective's error, is a *waiting* rank; its DataLoader findings are dropped
   (the cause is elsewhere) and it points at ``dlwatch report --job``.
-- :func:`job_view` reads a report directory (incidents through ``store.load_report``,
-  rank figures through ``rankfigures.read_job_figures``) and merges the newest job.
+- :func:`job_view` reads a report directory (incidents through ``store.load_report_head``, a
+  bounded read, rank figures through ``rankfigures.read_job_figures``) and merges the newest job.
+  A job id can be reused (``DLWATCH_JOB_ID=$SLURM_JOB_ID`` for each ``srun``, a fixed
+  ``--rdzv-id``): the records of one id are split into runs by their ``launched_at`` and
+  ``run_id`` (:func:`split_runs`); the newest run is the job, an older one is a job of its own,
+  named ``ID@<launch time>``.
 - :func:`job_lines` renders it for the terminal.
 """
 
@@ -153,42 +157,130 @@ def _incident_entry(path: str, r: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# A run's records split by launch: those launched within SAME_LAUNCH_S of the one before are one launch
+# (one torchrun agent, one srun step's tasks on a node); launches follow each other within JOIN_GAP_S
+# in one run (the nodes of a step start within seconds), and a run never holds one rank twice.
+SAME_LAUNCH_S = 2.0
+JOIN_GAP_S = 60.0
+JOB_READ_BYTES = 4 << 20  # of each incident of a job: what dlwatch writes (report.json's cap), no more
+
+
+def _launch(rank: Any) -> tuple[float | None, str | None]:
+    """(launched_at, run_id) of a record's rank object (None, None for records of older dlwatch)."""
+    if not isinstance(rank, Mapping):
+        return None, None
+    at = _num(rank.get("launched_at"))
+    run_id = rank.get("run_id")
+    return at, run_id if isinstance(run_id, str) and run_id else None
+
+
+def split_runs(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The records of one job id (each with ``launched_at``, ``run_id``, ``rank``) grouped into runs.
+
+    Records of one run id are sorted by launch time and cut into launches (a gap over
+    ``SAME_LAUNCH_S``); consecutive launches are one run unless a gap over ``JOIN_GAP_S`` or a rank
+    in both says they are two.  Records of different run ids are different runs; records without a
+    launch time (older dlwatch) form one run of their own, first."""
+    known = sorted(
+        (r for r in records if r["launched_at"] is not None), key=lambda r: (r["run_id"] or "", r["launched_at"])
+    )
+    launches: list[dict[str, Any]] = []
+    for rec in known:
+        last = launches[-1] if launches else None
+        if last is None or last["run_id"] != rec["run_id"] or rec["launched_at"] - last["last"] > SAME_LAUNCH_S:
+            last = {"run_id": rec["run_id"], "first": rec["launched_at"], "records": []}
+            launches.append(last)
+        last["last"] = rec["launched_at"]
+        last["records"].append(rec)
+    runs: list[dict[str, Any]] = []
+    for launch in launches:
+        ranks = {r["rank"] for r in launch["records"] if r["rank"] is not None}
+        run = runs[-1] if runs else None
+        if (
+            run is None
+            or run["run_id"] != launch["run_id"]
+            or launch["first"] - run["last"] > JOIN_GAP_S
+            or run["ranks"] & ranks
+        ):
+            run = {"run_id": launch["run_id"], "ranks": set(), "records": []}
+            runs.append(run)
+        run["last"] = launch["last"]
+        run["ranks"] |= ranks
+        run["records"] += launch["records"]
+    unknown = [r for r in records if r["launched_at"] is None]
+    return ([unknown] if unknown else []) + [r["records"] for r in runs]
+
+
 def _jobs(report_dir: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     from dlwatch.report import rankfigures, store
 
     summaries, warnings = store.list_incidents(report_dir)
-    jobs: dict[str, dict[str, Any]] = {}
+    by_id: dict[str, list[dict[str, Any]]] = {}
 
-    def job(jid: str) -> dict[str, Any]:
-        return jobs.setdefault(jid, {"incidents": [], "figures": [], "newest": 0.0, "world_size": None})
+    def record(jid: str, kind: str, rank_obj: Any, rank: Any, item: dict[str, Any]) -> None:
+        at, run_id = _launch(rank_obj)
+        by_id.setdefault(jid, []).append(
+            {"kind": kind, "launched_at": at, "run_id": run_id, "rank": rank, "item": item}
+        )
 
     for s in summaries:
         if s.damaged:
             continue
-        try:
-            r = store.load_report(s.path)
-        except ReportError as exc:
+        try:  # a bounded read: the keys the view uses come first; a longer file is cut, not loaded whole
+            r = store.load_report_head(s.path, JOB_READ_BYTES)
+        except (ReportError, NotFoundError) as exc:
             warnings.append(f"skipped {s.id}: {exc.message}")
             continue
-        jid = (r.get("rank") or {}).get("job_id")
+        rank_obj = r.get("rank") or {}
+        jid = rank_obj.get("job_id")
         if not isinstance(jid, str) or not jid:
             continue
         entry = _incident_entry(s.path, r)
-        j = job(jid)
-        j["incidents"].append(entry)
-        j["newest"] = max(j["newest"], entry["created_ts"] or 0.0)
-        ws = (r.get("rank") or {}).get("world_size")
-        if isinstance(ws, int):
-            j["world_size"] = ws
+        entry["world_size"] = rank_obj.get("world_size")
+        record(jid, "incident", rank_obj, entry["rank"], entry)
     figs, fig_warnings = rankfigures.read_job_figures(report_dir)
     warnings += fig_warnings
     for f in figs:
-        j = job(f["job_id"])
-        j["figures"].append(f)
-        j["newest"] = max(j["newest"], float(f["updated_at"]))
-        if isinstance(f.get("world_size"), int):
-            j["world_size"] = f["world_size"]
+        record(f["job_id"], "figures", f, f.get("rank"), f)
+    jobs: dict[str, dict[str, Any]] = {}
+    for jid, records in by_id.items():
+        runs = []
+        for recs in split_runs(records):
+            j: dict[str, Any] = {
+                "job_id": jid,
+                "incidents": [],
+                "figures": [],
+                "newest": 0.0,
+                "world_size": None,
+                "launched_at": min((r["launched_at"] for r in recs if r["launched_at"] is not None), default=None),
+                "run_id": recs[0]["run_id"],
+            }
+            for rec in recs:
+                item = rec["item"]
+                if rec["kind"] == "incident":
+                    j["incidents"].append(item)
+                    j["newest"] = max(j["newest"], item["created_ts"] or 0.0)
+                else:
+                    j["figures"].append(item)
+                    j["newest"] = max(j["newest"], float(item["updated_at"]))
+                if isinstance(item.get("world_size"), int):
+                    j["world_size"] = item["world_size"]
+            runs.append(j)
+        runs.sort(key=lambda j: j["newest"])
+        for i, j in enumerate(runs):  # the newest run is the job id; an older one is a job of its own
+            key = jid if i == len(runs) - 1 else f"{jid}@{_run_label(j)}"
+            while key in jobs:
+                key += "'"
+            j["runs_of_id"] = len(runs)
+            jobs[key] = j
     return jobs, warnings
+
+
+def _run_label(j: Mapping[str, Any]) -> str:
+    at = j.get("launched_at")
+    if at is None:
+        return "launch-unknown"
+    return _dt.datetime.fromtimestamp(at, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = None) -> dict[str, Any]:
@@ -208,6 +300,8 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
         raise NotFoundError(f"no job {job_id!r} in {report_dir}", help="known jobs: " + ", ".join(sorted(jobs)[:20]))
     j = jobs[job_id]
     incidents = sorted(j["incidents"], key=lambda e: e["created_ts"] or 0.0)
+    for e in incidents:
+        e.pop("world_size", None)
     own = [e for e in incidents if not e["waiting"]]
     waiting = [e for e in incidents if e["waiting"]]
     origin = (
@@ -259,6 +353,14 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
         t["at"] = _iso(t["ts"])
     stragglers = straggler.judge(list(per_rank.values()), straggler.thresholds(playbooks))
     notes: list[str] = []
+    older = sorted((k for k, o in jobs.items() if o is not j and o["job_id"] == j["job_id"]), reverse=True)
+    if older:
+        notes.append(
+            f"job id {j['job_id']} was used by {len(older) + 1} runs; this is "
+            + ("the newest" if job_id == j["job_id"] else f"the one launched {_run_label(j)}")
+            + f"; the other runs are separate jobs: {', '.join(older[:5])}"
+            + (" ..." if len(older) > 5 else "")
+        )
     if origin is None and waiting:
         notes.append(
             "every incident of this job is a rank waiting in a collective: the rank that stalled first "
@@ -266,7 +368,8 @@ def job_view(report_dir: str, job_id: str | None = None, *, playbooks: Any = Non
             + (f"; ranks with nothing at all: {', '.join(map(str, missing))}" if missing else "")
         )
     return {
-        "job_id": job_id,
+        "job_id": j["job_id"],
+        "run": {"key": job_id, "launched_at": _iso(j["launched_at"]), "run_id": j["run_id"]},
         "world_size": world,
         "report_dir": report_dir,
         "origin": origin,
@@ -290,9 +393,12 @@ def _f(value: Any, fmt: str) -> str:
 
 
 def job_lines(v: Mapping[str, Any]) -> Iterator[str]:
-    """Plain lines (the caller passes each through ``render.terminal_safe``)."""
+    """Plain lines (the caller passes each through ``render.terminal_line``)."""
     world = v.get("world_size")
-    yield f"job {v.get('job_id')}" + (f"  ({world} ranks)" if world else "")
+    run = v.get("run") or {}
+    about = [f"{world} ranks" if world else "", f"launched {run['launched_at']}" if run.get("launched_at") else ""]
+    shown = ", ".join(a for a in about if a)
+    yield f"job {run.get('key') or v.get('job_id')}" + (f"  ({shown})" if shown else "")
     o = v.get("origin")
     if o:
         yield (
