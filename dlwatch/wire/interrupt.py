@@ -13,12 +13,20 @@ before the ``KeyboardInterrupt`` goes on, unchanged.
 A short wait costs nothing: the training process knows the smallest allowance that can apply
 (``MIN_ALLOWANCE_S``, or the user's explicit timeout) and tells the monitor nothing below
 ``SHARE`` of it.
+
+``ACK_TIMEOUT_S`` is what a Ctrl-C may cost in all, the monitor's stop at exit included (the
+README's "20 s at most"): :class:`ExitBudget` starts at the Ctrl-C, and the wait for the answer,
+the wait for the monitor to stop and the finishing child (when the monitor is gone) share it.  A
+stopped monitor (SIGSTOP, a debugger) can neither answer nor stop: the training process stops
+waiting for it as soon as it sees it stopped (:func:`is_stopped`), and kills it at exit rather than
+wait for a stop it cannot make.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 
 from dlwatch._fs import create_private
 
@@ -28,6 +36,9 @@ SHARE = 0.25  # of the stall allowance that applied: a wait this long is likely 
 MIN_ALLOWANCE_S = {"data": 60.0, "first": 300.0, "body": 300.0}
 ACK_TIMEOUT_S = 20.0  # the monitor's window (1 s) and stack dumps (5 s a process, in parallel), with room
 ACK_NAME = "interrupt-ack"
+
+STOP_RESERVE_S = 3.0  # of the budget, kept for the monitor's stop and the summary after the wait
+MIN_STEP_S = 0.5  # the least a step of the exit gets, however little of the budget is left
 
 WAITING = "waiting_for_data"
 BODY = "in_loop_body"
@@ -44,6 +55,38 @@ def worth_telling(where: str, first_batch: bool, waited_s: float, explicit_s: fl
     """Whether a wait of ``waited_s`` could reach ``SHARE`` of any allowance the monitor may apply."""
     allowance = explicit_s if explicit_s is not None else MIN_ALLOWANCE_S[kind(where, first_batch)]
     return waited_s >= SHARE * allowance
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` (the monitor: a child of the caller, so its pid is not reused while unreaped)
+    is stopped (state T, or t under a tracer): it cannot answer or exit until it is continued."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return False
+    fields = text[text.rfind(b")") + 2 :].split()
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
+class ExitBudget:
+    """What is left of one Ctrl-C's ``ACK_TIMEOUT_S`` (see the module docstring)."""
+
+    def __init__(self, total_s: float = ACK_TIMEOUT_S, now: float | None = None) -> None:
+        self.deadline = (time.monotonic() if now is None else now) + total_s
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def for_answer(self) -> float:
+        """The wait for the monitor's answer: the budget less what stopping the monitor needs."""
+        return max(0.0, self.left() - STOP_RESERVE_S)
+
+    def for_step(self, usual_s: float) -> float:
+        """A later step's wait (the monitor's stop, the finishing child): ``usual_s``, or what is left.
+        A budget already spent is of a Ctrl-C the program caught and went on after: ``usual_s``."""
+        left = self.left()
+        return usual_s if left <= 0 else min(usual_s, max(MIN_STEP_S, left))
 
 
 def ack_path(run_dir: str, seq: int) -> str:

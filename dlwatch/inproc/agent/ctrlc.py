@@ -52,6 +52,7 @@ class CtrlC:
             if monitor.poll() is not None:
                 return
             with HeldSigchld(quiet=True):  # a worker's death meanwhile is torch's to report, after this
+                budget = s.exit_budget = interrupt.ExitBudget()  # the answer and the stop at exit share it
                 self.seq += 1
                 seq = self.seq
                 frames, omitted = interrupted_frames(exc)
@@ -71,8 +72,13 @@ class CtrlC:
                     )
                     monitor.stdin.write(b"interrupt\n")  # type: ignore[union-attr]
                     monitor.stdin.flush()  # type: ignore[union-attr]
-                    deadline = time.monotonic() + interrupt.ACK_TIMEOUT_S
-                    while monitor.poll() is None and (left := deadline - time.monotonic()) > 0:
+                    deadline = time.monotonic() + budget.for_answer()
+                    # a stopped monitor (SIGSTOP) cannot answer: no wait for it
+                    while (
+                        monitor.poll() is None
+                        and (left := deadline - time.monotonic()) > 0
+                        and not interrupt.is_stopped(monitor.pid)
+                    ):
                         # a blocking wait on the FIFO: no wake-ups the monitor would read as this process's life
                         if fifo is not None:
                             if select.select([fifo], [], [], min(left, 5.0))[0]:

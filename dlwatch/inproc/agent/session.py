@@ -23,7 +23,7 @@ from dlwatch.inproc.agent.loaderinfo import loader_config, qualname
 from dlwatch.inproc.agent.warning import warn_program
 from dlwatch.inproc.worker_hook import allow_ptrace_from
 from dlwatch.redact import redact_argv
-from dlwatch.wire import events, reportdir
+from dlwatch.wire import events, interrupt, reportdir
 from dlwatch.wire.heartbeat import HeartbeatWriter
 from dlwatch.wire.job import rank_info
 from dlwatch.wire.reportdir import read_summary
@@ -43,6 +43,7 @@ class Session:
         self.events_path: str | None = None
         self.hb: HeartbeatWriter | None = None
         self.monitor: subprocess.Popen[bytes] | None = None
+        self.exit_budget: interrupt.ExitBudget | None = None  # what the last told Ctrl-C may still cost
         self.monitor_warned = False
         self.started_at = 0.0
         self.cpus: dict[str, Any] | None = None
@@ -215,9 +216,13 @@ class Session:
             except (OSError, ValueError):
                 pass
             try:
-                monitor.wait(MONITOR_STOP_TIMEOUT_S if alive else 0.1)
+                monitor.wait(self._stop_wait_s(monitor) if alive else 0.1)
             except subprocess.TimeoutExpired:
-                warn_program("monitor did not stop in time; killed it")
+                warn_program(
+                    "monitor is stopped (SIGSTOP) and cannot stop; killed it"
+                    if interrupt.is_stopped(monitor.pid)
+                    else "monitor did not stop in time; killed it"
+                )
                 monitor.kill()
                 monitor.wait()
                 alive = False
@@ -225,6 +230,14 @@ class Session:
                 self._monitor_lost(monitor.returncode, pending)
         # Watch.summary: read while the private run directory (which names the summary) is still there
         self._read_summary()
+
+    def _stop_wait_s(self, monitor: "subprocess.Popen[bytes]") -> float:
+        """How long to wait for the monitor to stop: none when it is stopped (it cannot exit until
+        continued), the rest of a Ctrl-C's budget after one (see dlwatch.wire.interrupt)."""
+        if interrupt.is_stopped(monitor.pid):
+            return 0.0
+        budget = self.exit_budget
+        return budget.for_step(MONITOR_STOP_TIMEOUT_S) if budget is not None else MONITOR_STOP_TIMEOUT_S
 
     def _monitor_lost(self, code: int | None, pending: dict[str, Any] | None) -> None:
         if not self.monitor_warned:
@@ -270,7 +283,8 @@ class Session:
                 close_fds=True,
             )
         try:
-            return child.wait(FINISH_TIMEOUT_S) == 0
+            budget = self.exit_budget  # after a Ctrl-C: what is left of its budget
+            return child.wait(budget.for_step(FINISH_TIMEOUT_S) if budget is not None else FINISH_TIMEOUT_S) == 0
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
