@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -656,3 +657,728 @@ def test_the_run_bootstrap_stays_silent_in_an_interpreter_it_does_not_belong_to(
     assert "dlwatch: warning" not in err and "OTHER DLWATCH IMPORTED" not in err, err
     # the program itself, whose interpreter the bootstrap belongs to, is still watched
     assert "HOOKED True" in out
+
+
+# =========================================================================== Hardening III (issue 29)
+# Items 1, 2, 4 and 5: root's attach reads only the target's own source, within one budget; py-spy
+# runs under a memory limit, a few at a time; signals check the process's credentials right before
+# they go out; one line of terminal output per line; job ids reused by two runs; a bounded listing; a
+# stopped monitor and Ctrl-C.  The job's owner (the adversary) is uid 2001; root runs dlwatch.
+
+VICTIM = 2001  # the job's owner: no passwd entry needed
+STACK_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stack_targets")
+LOCK_JOB = os.path.join(STACK_TARGETS, "lock_source_job.py")
+# runs a command and reports its wall time and the peak RSS of it and everything it waited for
+MEASURE = (
+    "import resource, subprocess, sys, time; t = time.monotonic(); "
+    "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+    "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr); "
+    "print('MEASURED', p.returncode, time.monotonic() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
+def _as_uid(uid, *argv):
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+
+
+def _python_for(uid: int) -> str:
+    """An interpreter ``uid`` can run (the targets need only the standard library)."""
+    for exe in (sys.executable, shutil.which("python3", path="/usr/bin:/usr/local/bin:/bin")):
+        if exe and subprocess.run(_as_uid(uid, exe, "-c", "pass"), capture_output=True, cwd="/").returncode == 0:
+            return exe
+    pytest.skip(f"no Python interpreter here that uid {uid} can run")
+
+
+def _shared_dir(owner: int = VICTIM) -> str:
+    d = tempfile.mkdtemp(prefix="dlwatch-h3-", dir="/tmp")
+    os.chmod(d, 0o755)
+    os.chown(d, owner, owner)
+    return d
+
+
+def _lock_job(report_dir: str, spec: dict, uid: int | None = VICTIM):
+    """Start lock_source_job.py (as ``uid``, or as this user with None): (Popen, main pid, worker pid)."""
+    argv = [sys.executable if uid is None else _python_for(uid), LOCK_JOB, report_dir, json.dumps(spec)]
+    job = subprocess.Popen(
+        argv if uid is None else _as_uid(uid, *argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        start_new_session=True,
+    )
+    line = job.stdout.readline()
+    if not line.startswith("READY"):
+        _stop(job)
+        pytest.fail(f"the job did not start: {line} {job.stderr.read()[-2000:]}")
+    _, main, worker = line.split()
+    # precondition: the worker sits on its lock (state S), as a deadlocked DataLoader worker does
+    from conftest import wait_for
+
+    assert wait_for(lambda: _state(int(worker)) == "S", 10), _state(int(worker))
+    return job, int(main), int(worker)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _stop(job) -> None:
+    kill_session(job.pid, set())
+    job.wait(timeout=10)
+    for stream in (job.stdout, job.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _attach(pid: int, out: str, *extra: str, env: dict | None = None) -> tuple[int, str, str, float, int]:
+    """Root's real `dlwatch attach` (py-spy on): (rc, stdout, stderr, wall s, peak RSS KiB of it and its children)."""
+    env = dict(os.environ, PYTHONPATH=REPO, DLWATCH_PLAYBOOKS="", **(env or {}))
+    rc, stdout, stderr = run_bounded(
+        [sys.executable, "-c", MEASURE, sys.executable, "-m", "dlwatch", "attach", str(pid), "--out", out, *extra],
+        env=env,
+        cwd="/",
+        timeout=180,
+    )
+    assert rc == 0, stderr[-3000:]
+    line = stdout[stdout.rindex("MEASURED ") :].split()
+    return int(line[1]), stdout[: stdout.rindex("MEASURED ")], stderr, float(line[2]), int(line[3])
+
+
+def _incident(out: str) -> tuple[str, dict]:
+    names = [n for n in os.listdir(out) if not n.startswith(".")]
+    assert len(names) == 1, names
+    with open(os.path.join(out, names[0], "report.json")) as f:
+        return os.path.join(out, names[0]), json.load(f)
+
+
+# --------------------------------------------------------------------------- item 1: the sources root's attach reads
+
+ROOT_ONLY_SOURCE = "import threading\n\n\nwith ROOT_ONLY_LOCK_NAME_7f3a:\n    pass\n"
+
+
+def test_root_attach_reads_no_root_only_source_and_opens_no_fifo(tmp_path):
+    """uid 2001's deadlocked job names, in its worker's stack, a root-only 0600 file (its `with` line at
+    the line the job chooses) and a FIFO; its fork record claims a thread sat inside that `with`.
+
+    Before: root parsed the root-only file (owned by root: accepted) and its lock expression reached
+    root's report.json/md/html as a lock-held-at-fork finding; the FIFO was opened for reading, which
+    released the job's writer blocked on it (a device node is opened the same way)."""
+    _need_two_uids()
+    shared = _shared_dir()
+    private = tempfile.mkdtemp(prefix="dlwatch-h3-root-", dir="/tmp")
+    os.chmod(private, 0o755)  # enterable, but the file is root's alone
+    secret = os.path.join(private, "rootonly.py")
+    with open(secret, "w") as f:
+        f.write(ROOT_ONLY_SOURCE)
+    os.chmod(secret, 0o600)
+    fifo = os.path.join(shared, "pipe.py")
+    os.mkfifo(fifo)
+    os.chown(fifo, VICTIM, VICTIM)
+    spec = {"frames": [[secret, 4], [fifo, 1]], "holder": [[secret, 5]], "fifo_writer": fifo}
+    job, main, worker = _lock_job(shared, spec)
+    try:
+        out = str(tmp_path / "out")
+        rc, stdout, _err, _wall, _rss = _attach(main, out, "--duration", "0.3")
+        path, report = _incident(out)
+        assert report["classification"] == "deadlock", report["classification_reason"]
+        for root, _dirs, files in os.walk(out):  # json, md, html, stacks: none holds the root-only line
+            for name in files:
+                with open(os.path.join(root, name), "rb") as f:
+                    assert b"ROOT_ONLY_LOCK_NAME" not in f.read(), name
+        assert "ROOT_ONLY_LOCK_NAME" not in stdout
+        assert not os.path.exists(fifo + ".opened"), "root's attach opened the job's FIFO"
+        assert [f["playbook"] for f in report["findings"]][:1] == ["worker-deadlock"]
+        evidence = report["findings"][0]["evidence"]
+        assert "owned by uid 0, not by the target's uid 2001" in evidence["holder"], evidence["holder"]
+        assert "pipe.py: not a regular file (not opened)" in evidence["holder"], evidence["holder"]
+    finally:
+        _stop(job)
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _big_source(path: str, size: int) -> None:
+    line = "a = b + c * d - e\n"
+    with open(path, "w") as f:
+        f.write(line * (size // len(line)))
+    os.chown(path, VICTIM, VICTIM)
+
+
+def test_root_attach_parses_no_big_source_and_stays_small(tmp_path):
+    """uid 2001's worker has 2 frames in 1 MiB files of its own (dense code: a parse tree of hundreds of
+    MB each).  Before: root's attach parsed both, kept both trees, and took ~0.65-1.4 GB and 17-20 s
+    here.  Now: a file over the per-file cap is refused before it is read, and what is parsed is parsed
+    in a child with a memory limit; root's attach stays at its usual size."""
+    _need_two_uids()
+    from dlwatch.collect.source import MAX_SOURCE_BYTES
+
+    shared = _shared_dir()
+    a, b = os.path.join(shared, "a.py"), os.path.join(shared, "b.py")
+    _big_source(a, 1 << 20)
+    _big_source(b, 1 << 20)
+    job, main, _worker = _lock_job(shared, {"frames": [[a, 10], [b, 20]], "holder": [[b, 21]]})
+    try:
+        out = str(tmp_path / "out")
+        _rc, _stdout, _err, _wall, rss_kib = _attach(main, out, "--duration", "0.3")
+        _path, report = _incident(out)
+        assert report["classification"] == "deadlock"
+        holder = report["findings"][0]["evidence"]["holder"]
+        assert f"more than the {MAX_SOURCE_BYTES} read of a source file" in holder, holder
+        assert rss_kib < 300 << 10, f"root's attach peaked at {rss_kib >> 10} MiB"
+    finally:
+        _stop(job)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+OWN_SOURCE = (
+    "import threading\n"
+    "LOCK = threading.Lock()\n"
+    "\n"
+    "def __getitem__(i):\n"
+    "    with LOCK:\n"
+    "        return i\n"
+    "\n"
+    "def refresh(release):\n"
+    "    with LOCK:\n"
+    "        release.wait()\n"
+)
+
+
+def test_root_attach_still_names_the_holder_from_the_targets_own_source(tmp_path):
+    """The look-alike that must keep working: the job's own dataset file (owned by uid 2001, small),
+    read with the job's rights in the reading child: the holder is named, as under the monitor."""
+    _need_two_uids()
+    shared = _shared_dir()
+    src = os.path.join(shared, "dataset.py")
+    with open(src, "w") as f:
+        f.write(OWN_SOURCE)
+    os.chown(src, VICTIM, VICTIM)
+    job, main, _worker = _lock_job(shared, {"frames": [[src, 5]], "holder": [[src, 10]]})
+    try:
+        out = str(tmp_path / "out")
+        _attach(main, out, "--duration", "0.3")
+        _path, report = _incident(out)
+        assert report["findings"][0]["playbook"] == "lock-held-at-fork", report["findings"]
+        evidence = report["findings"][0]["evidence"]
+        assert evidence["holder_thread"] == "lock-holder" and "`LOCK`" in evidence["lock"], evidence
+    finally:
+        _stop(job)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_source_files_are_checked_before_anything_is_opened_and_within_one_budget(tmp_path):
+    """open_source's refusals, each before a read (a device node and a FIFO are never opened), and one
+    reader's budget of files and bytes; the reader keeps no text, tree or outline once it answered."""
+    from dlwatch.collect import source
+
+    me = os.geteuid()
+    good = tmp_path / "good.py"
+    good.write_text(OWN_SOURCE)
+    assert source.open_source(str(good), me) == OWN_SOURCE.encode()
+    link = tmp_path / "link.py"
+    link.symlink_to(good)
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    checks = {str(link): "a symbolic link", str(fifo): "not a regular file (not opened)", "rel.py": "absolute"}
+    if me == 0:  # a character device node, made here: refused on its type, never opened
+        dev = tmp_path / "dev.py"
+        os.mknod(dev, 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+        checks[str(dev)] = "not a regular file (not opened)"
+        theirs = tmp_path / "theirs.py"
+        theirs.write_text(OWN_SOURCE)
+        os.chown(theirs, 12345, 12345)
+        checks[str(theirs)] = "owned by uid 12345"
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * (source.MAX_SOURCE_BYTES // 6 + 1))
+    checks[str(big)] = "more than the"
+    for path, why in checks.items():
+        with pytest.raises(source.Refused, match=re.escape(why)):
+            source.open_source(path, me)
+    # one reader, one budget: 3 files at most, two files' bytes in all
+    budget = source.SourceBudget(files=3, total_bytes=2 * len(OWN_SOURCE) + 10)
+    small = []
+    for i in range(5):
+        p = tmp_path / f"s{i}.py"
+        p.write_text(OWN_SOURCE)
+        small.append(str(p))
+    reader = source.SourceReader(budget=budget)
+    got = reader.outlines(small[:2])
+    assert got[small[0]] is not None and got[small[0]].site(5) == "LOCK" and got[small[1]] is not None
+    assert any(r.expr == "LOCK" and r.start == 9 for r in got[small[0]].regions)
+    got = reader.outlines(small[2:])
+    assert got[small[2]] is None and "bytes were spent" in reader.refusals[small[2]]  # the bytes are gone
+    assert got[small[3]] is None and "budget of 3 files" in reader.refusals[small[3]]
+    assert reader.bytes_read == 2 * len(OWN_SOURCE)
+    assert set(vars(reader)) == {"creds", "budget", "disabled", "refusals", "files_read", "bytes_read", "seconds_spent"}
+
+
+# --------------------------------------------------------------------------- item 2: py-spy's memory and numbers
+
+# 60 threads, each 800 frames deep in a function with a 2,000-character name: py-spy builds its whole
+# answer (over 100 MB of JSON) before it writes any of it
+FLOOD = r"""
+import sys, threading, time
+sys.setrecursionlimit(5000)
+threading.stack_size(32 << 20)
+name = "f" * 2000
+ns = {}
+exec(compile(f"def {name}(n):\n    if n == 0:\n        import time; time.sleep(600)\n    {name}(n - 1)\n",
+             "/srv/" + "d" * 200 + ".py", "exec"), ns)
+for i in range(60):
+    threading.Thread(target=ns[name], args=(800,), daemon=True).start()
+time.sleep(2)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_py_spy_runs_under_a_memory_limit_and_the_report_says_what_was_cut(tmp_path):
+    """A process whose stacks make py-spy's answer huge.  Before: py-spy grew to ~500 MB (911 MB in the
+    issue's shape) before its output cap could stop it.  Now: py-spy runs with RLIMIT_DATA, is stopped
+    at its limit, and the report's ``truncated`` names the pid."""
+    from dlwatch.collect import bounds
+
+    if not shutil.which("py-spy"):
+        pytest.skip("py-spy is not installed")
+    target = subprocess.Popen([sys.executable, "-c", FLOOD], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert target.stdout.readline().startswith("READY")
+        out = str(tmp_path / "out")
+        _rc, _stdout, _err, _wall, rss_kib = _attach(target.pid, out, "--duration", "0.2", "--no-native")
+        _path, report = _incident(out)
+        stack = next(p for p in report["processes"] if p["pid"] == target.pid)["stack"]
+        assert stack["source"] == "none" and stack["memory_cut_bytes"] == bounds.MAX_PY_SPY_MEMORY_BYTES, stack
+        assert "memory limit" in stack["error"]
+        assert report["truncated"]["py_spy_memory_cut"] == [target.pid]
+        assert report["truncated"]["limits"]["py_spy_memory_bytes"] == bounds.MAX_PY_SPY_MEMORY_BYTES
+        assert any("py-spy reached its memory limit" in n for n in report["notes"])
+        assert rss_kib < (bounds.MAX_PY_SPY_MEMORY_BYTES >> 10) + (128 << 10), f"peak {rss_kib >> 10} MiB"
+    finally:
+        _stop(target)
+
+
+SLEEPER = "import time; print('READY', flush=True); time.sleep(600)"
+
+
+def test_py_spy_runs_a_machine_sized_number_at_a_time(monkeypatch):
+    """Real py-spy on 6 real processes, 2 at a time: never more in flight; the default is sized to
+    this machine (two per usable CPU, at most what a quarter of the free memory holds at the limit)."""
+    from dlwatch.collect import stacks
+    from dlwatch.collect.system import usable_cpus
+
+    if not shutil.which("py-spy"):
+        pytest.skip("py-spy is not installed")
+    limit = stacks.parallel_limit()
+    assert 1 <= limit <= min(32, max(2, int(2 * (usable_cpus()["usable"] or 1))))
+    procs = [subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    lock = __import__("threading").Lock()
+    flight = {"now": 0, "most": 0}
+    real = stacks._run_once
+
+    def counted(*args, **kwargs):
+        with lock:
+            flight["now"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                flight["now"] -= 1
+
+    monkeypatch.setattr(stacks, "_run_once", counted)
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith("READY")
+        got = stacks.dump_stacks([p.pid for p in procs], native=False, timeout_s=10, parallel=2)
+        assert all(d.threads for d in got.values()), got
+        assert flight["most"] == 2, flight
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+
+def test_stack_dumps_left_for_lack_of_time_are_named_as_not_run():
+    """One py-spy at a time, 8 processes, a short budget: the ones whose turn came after the dumps'
+    time (2 x timeout) are not dumped, and say so (``not_run``, one reason)."""
+    from dlwatch.collect import stacks
+
+    if not shutil.which("py-spy"):
+        pytest.skip("py-spy is not installed")
+    procs = [subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True) for _ in range(8)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith("READY")
+        got = stacks.dump_stacks([p.pid for p in procs], native=True, timeout_s=0.05, parallel=1)
+        skipped = [d for d in got.values() if d.not_run]
+        if not skipped:
+            pytest.skip("precondition: py-spy answered 8 processes within 0.1 s here; nothing was left")
+        assert skipped[-1].pid == procs[-1].pid  # the queue's tail
+        for d in skipped:
+            assert d.source == "none" and "1 py-spy at a time on this machine" in d.error and not d.threads
+            assert d.to_dict()["not_run"] is True
+        done = [d for d in got.values() if not d.not_run]
+        assert done and all("not_run" not in d.to_dict() for d in done)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+
+# --------------------------------------------------------------------------- item 4: the final check before a signal
+
+# uid 2001's fake watched job (as FAKE_JOB above); its worker, once TRIGGER exists, execs a setuid-root
+# copy of sleep: same pid, same pidfd, real uid 2001, effective uid 0, no dump handler any more
+SETUID_JOB = r"""
+import faulthandler, json, mmap, os, signal, sys, time
+run_dir, trigger, setuid_sleep = sys.argv[1:4]
+os.makedirs(os.path.join(run_dir, "dumps"))
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+r, w = os.pipe()
+worker = os.fork()
+if worker == 0:
+    f = open(os.path.join(run_dir, "dumps", f"{os.getpid()}.txt"), "w")
+    faulthandler.register(signal.SIGRTMIN + 6, file=f, all_threads=True)
+    os.write(w, b"x")
+    while not os.path.exists(trigger):
+        time.sleep(0.005)
+    os.execv(setuid_sleep, ["sleep", "120"])
+os.read(r, 1)
+with open(os.path.join(run_dir, "heartbeat"), "wb") as f:
+    f.write(b"\0" * 4096)
+hb = open(os.path.join(run_dir, "heartbeat"), "r+b")
+m = mmap.mmap(hb.fileno(), 4096)
+with open(os.path.join(run_dir, "config.json"), "w") as f:
+    json.dump({"pid": os.getpid()}, f)
+with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
+    f.write(json.dumps({"event": "worker_registered", "ts": time.time(), "pid": worker, "worker_id": 0,
+                        "dump_path": os.path.join(run_dir, "dumps", f"{worker}.txt")}) + "\n")
+print("READY", worker, flush=True)
+time.sleep(300)
+"""
+
+# root's real `dlwatch attach`; right after attach has checked the worker (uid, relation, dump handler)
+# and read its dump file, and before the signal, the worker execs the setuid program: the hook makes
+# the window certain instead of a race
+SETUID_DRIVER = r"""
+import json, os, sys, time
+if sys.argv[5] == "no-pidfd":
+    del os.pidfd_open
+from dlwatch.cli import main
+from dlwatch.collect import rundir
+
+job_pid, worker, out, trigger = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+real_read_one = rundir.RunDirReader.read_one
+seen = {}
+
+
+def euid(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[2]) for l in f if l.startswith("Uid:"))
+
+
+def read_one(self, name):
+    data = real_read_one(self, name)
+    if name == f"dumps/{worker}.txt" and not seen:
+        before = os.stat(f"/proc/{worker}/exe").st_ino
+        open(trigger, "w").close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.stat(f"/proc/{worker}/exe").st_ino == before:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        seen["euid"] = euid(worker)
+    return data
+
+
+rundir.RunDirReader.read_one = read_one
+rc = main(["attach", str(job_pid), "--out", out, "--duration", "0.1", "--no-native", "--json"])
+alive = os.path.exists(f"/proc/{worker}")
+print("RESULT", json.dumps({"rc": rc, "euid_after_exec": seen.get("euid"), "alive": alive}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["pidfd", "no-pidfd"])
+def test_attach_never_signals_a_worker_that_became_a_setuid_program(tmp_path, mode):
+    """Before (with a pidfd): the pidfd still named the process, so root's dump signal killed the
+    setuid program uid 2001's worker had exec'd after attach's checks."""
+    _need_two_uids()
+    if mode == "pidfd" and not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open in this Python or kernel; the no-pidfd case covers the recheck")
+    shared = _shared_dir()
+    tools = tempfile.mkdtemp(prefix="dlwatch-h3-suid-", dir="/tmp")
+    os.chmod(tools, 0o755)
+    setuid_sleep = os.path.join(tools, "sleep")
+    shutil.copy(shutil.which("sleep"), setuid_sleep)
+    os.chmod(setuid_sleep, 0o4755)  # root's, setuid
+    run_dir = os.path.join(shared, ".runs", "20260101T000000-1-suid01")
+    os.makedirs(os.path.dirname(run_dir))
+    os.chown(os.path.dirname(run_dir), VICTIM, VICTIM)
+    trigger = os.path.join(tools, "go")
+    job = subprocess.Popen(
+        _as_uid(VICTIM, _python_for(VICTIM), "-I", "-c", SETUID_JOB, run_dir, trigger, setuid_sleep),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        start_new_session=True,
+    )
+    try:
+        line = job.stdout.readline()
+        assert line.startswith("READY"), job.stderr.read()[-2000:]
+        worker = int(line.split()[1])
+        env = dict(os.environ, PYTHONPATH=REPO, DLWATCH_PY_SPY="", DLWATCH_PLAYBOOKS="")
+        rc, stdout, stderr = run_bounded(
+            [sys.executable, "-c", SETUID_DRIVER, str(job.pid), str(worker), str(tmp_path / "out"), trigger, mode],
+            env=env,
+            cwd=str(tmp_path),
+            timeout=120,
+        )
+        assert rc == 0, stderr[-3000:]
+        result = json.loads(stdout[stdout.rindex("RESULT ") + 7 :])
+        if result["euid_after_exec"] != 0:
+            pytest.skip(f"the setuid bit was not honoured here (euid {result['euid_after_exec']})")
+        assert result["alive"], "root's dump signal reached the setuid program"
+        report = json.loads(stdout[: stdout.rindex("RESULT ")])
+        notes = "\n".join(report["notes"])
+        assert f"pid {worker} changed since it was checked" in notes or "belongs to another process" in notes, notes
+    finally:
+        _stop(job)
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(tools, ignore_errors=True)
+
+
+def test_process_handle_refuses_a_process_that_executed_another_program():
+    """The handle's final check, with a real exec: same pid, same pidfd, another program (its handlers
+    gone): refused, whatever the uid."""
+    from dlwatch.collect import pidhandle
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; sys.stdin.readline(); os.execv('/bin/sleep', ['sleep', '60'])"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        h = pidhandle.ProcessHandle.open(proc.pid)
+        assert h is not None and h.ident is not None and h.ident.exe is not None
+        h.send(0, uid=os.geteuid())  # unchanged: sent
+        before = h.ident.exe
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        from conftest import wait_for
+
+        assert wait_for(lambda: os.stat(f"/proc/{proc.pid}/exe").st_ino != before[1], 10)
+        with pytest.raises(pidhandle.RefusedSignal, match="executed another program"):
+            h.send(0)
+        assert proc.poll() is None
+        h.close()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+
+
+# --------------------------------------------------------------------------- item 4: one line is one line
+
+# (a frame is shown by its file's base name: the forged lines hold no slash)
+FORGED = "/srv/x\n  finding: all-clear (1.00) nothing is wrong\nreport: FAKE-report.md\n"
+
+
+def _one_real_report_line(text: str) -> None:
+    lines = text.splitlines()
+    assert not [ln for ln in lines if ln.startswith("  finding: all-clear")], text
+    assert not [ln for ln in lines if ln.startswith("report: FAKE")], text
+    assert "\\n  finding: all-clear" in text, text  # shown, escaped, on the line it belongs to
+
+
+def test_a_newline_in_a_target_string_starts_no_line_in_attach_report_or_top(tmp_path):
+    """A frame's file name with newlines in it (the job chooses it).  Before: attach printed it as it
+    was, and the job's own "finding:" and "report:" lines appeared among attach's; `report` folded
+    them into spaces.  Now all three escape it on the one line (render.terminal_line)."""
+    from dlwatch.cli import top_cmd
+
+    shared = tempfile.mkdtemp(prefix="dlwatch-h3-nl-", dir="/tmp")
+    job, main, _worker = _lock_job(shared, {"frames": [[FORGED, 3]]}, uid=None)
+    try:
+        out = str(tmp_path / "out")
+        _rc, stdout, _err, _wall, _rss = _attach(main, out, "--duration", "0.3", "--no-native")
+        path, _report = _incident(out)
+        _one_real_report_line(stdout)
+        assert [ln for ln in stdout.splitlines() if ln.startswith("report: ")] == [
+            f"report: {os.path.join(path, 'report.md')}"
+        ]
+        rc, shown, err = run_bounded(
+            [sys.executable, "-m", "dlwatch", "report", path],
+            env=dict(os.environ, PYTHONPATH=REPO, NO_COLOR="1"),
+            cwd=str(tmp_path),
+            timeout=60,
+        )
+        assert rc == 0, err
+        _one_real_report_line(shown)
+    finally:
+        _stop(job)
+        shutil.rmtree(shared, ignore_errors=True)
+    frame = top_cmd.Frame(rows=[top_cmd.Row(1, "worker 0", "S", FORGED, None, 1, 2, 3, 4, None)], watched=False)
+    screen = "\n".join(top_cmd.frame_lines(1, frame, width=200, message=f"wrote {FORGED}"))
+    assert not [ln for ln in screen.splitlines() if ln.startswith(("report: FAKE", "  finding: all-clear"))]
+    assert "\\nreport: FAKE" in screen
+
+
+# --------------------------------------------------------------------------- item 5: a reused job id, a big report, a stopped monitor
+
+RANK_INFO = "import json; from dlwatch.wire.job import rank_info; print(json.dumps(rank_info()))"
+
+
+def _ranks(*ranks: int) -> list[dict]:
+    """rank_info() of real processes launched together, one per rank, as a launcher would."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_INFO],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=REPO, WORLD_SIZE="2", RANK=str(r), DLWATCH_JOB_ID="job-7"),
+        )
+        for r in ranks
+    ]
+    return [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+
+
+def test_a_reused_job_id_keeps_two_runs_apart(tmp_path):
+    """Two unrelated runs with DLWATCH_JOB_ID=job-7: an older one whose rank 1 stalled, a newer one
+    whose rank 0 stalled (rank 1 waiting for it).  Before: one job view, "stalled first: rank 1" (the
+    older run's).  Now: the newer run is the job; the older is a job of its own, `job-7@<launch>`."""
+    import time
+
+    from dlwatch.report import jobview, store
+    from test_job import DEADLOCK_FINDING, _stall_report, _write
+
+    old = _ranks(1)
+    time.sleep(3)  # more than a launch's spread (2 s): the next run is another launch
+    new = _ranks(0, 1)
+    launches = [r.get("launched_at") for r in old + new]
+    if None not in launches and (launches[1] - launches[0] <= 2.0 or abs(launches[2] - launches[1]) > 2.0):
+        pytest.skip(f"precondition: the launches were not apart and together as staged: {launches}")
+    rdir = str(tmp_path / "r")
+    store.prepare_report_dir(rdir)
+    now = time.time()
+
+    def incident(rank_obj, *, waiting, created, last_batch):
+        r = _stall_report(
+            rank_obj["rank"],
+            "job-7",
+            main_frames_waiting="collective: all_reduce" if waiting else "queue get",
+            classification="main-blocked" if waiting else "deadlock",
+            findings=() if waiting else (DEADLOCK_FINDING,),
+            last_batch_ts=last_batch,
+            created=created,
+        )
+        r["rank"] = rank_obj
+        _write(rdir, r)
+
+    incident(old[0], waiting=False, created=now - 600, last_batch=now - 700)  # the older run: rank 1
+    incident(new[0], waiting=False, created=now - 5, last_batch=now - 60)  # the newer run: rank 0 ...
+    incident(new[1], waiting=True, created=now - 4, last_batch=now - 50)  # ... and rank 1 waiting for it
+    v = jobview.job_view(rdir)
+    assert v["job_id"] == "job-7" and v["origin"]["rank"] == 0, v["origin"]
+    assert [e["rank"] for e in v["incidents"]] == [0, 1]
+    older = [k for k in v["other_jobs"] if k.startswith("job-7@")]
+    assert len(older) == 1 and any("used by 2 runs" in n for n in v["notes"]), (v["other_jobs"], v["notes"])
+    w = jobview.job_view(rdir, older[0])
+    assert w["origin"]["rank"] == 1 and [e["rank"] for e in w["incidents"]] == [1]
+    text = "\n".join(jobview.job_lines(v))
+    assert "stalled first: rank 0" in text and "stalled first: rank 1" not in text
+
+
+# `dlwatch report DIR` in a process whose address space is capped far below what loading a 60 MiB
+# report.json whole takes (2.7 GB for 64 MiB in the issue): a listing that reads whole files fails
+LIST_CAPPED = r"""
+import resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))
+sys.argv = ["dlwatch", "report", sys.argv[1]]
+runpy.run_module("dlwatch", run_name="__main__")
+"""
+
+
+def test_listing_reads_a_bounded_head_of_each_report(tmp_path):
+    from dlwatch.report import build, store
+    from test_job import DEADLOCK_FINDING, _stall_report
+
+    rdir = str(tmp_path / "r")
+    store.prepare_report_dir(rdir)
+    r = _stall_report(0, "j", main_frames_waiting="queue get", classification="deadlock", findings=(DEADLOCK_FINDING,))
+    path = build.write(r, rdir)
+    with open(os.path.join(path, "report.json")) as f:
+        doc = json.load(f)
+    # after every key the listing shows: 6 million small objects (about 1.3 GB once parsed)
+    with open(os.path.join(path, "report.json"), "w") as f:
+        f.write(json.dumps(doc)[:-1] + ', "padding": [' + ", ".join(['{"k": 0}'] * 6_000_000) + "]}")
+    size = os.path.getsize(os.path.join(path, "report.json"))
+    assert 48 << 20 < size < store.MAX_REPORT_BYTES, size
+    rc, out, err = run_bounded(
+        [sys.executable, "-c", LIST_CAPPED, rdir], env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path)
+    )
+    assert rc == 0, err[-2000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith(doc["id"]))
+    assert line.split()[1:] == [doc["created_at"], "stall", "worker-deadlock"], line
+    head = store.load_report_head(path)
+    assert head["_head_only"] is True and "padding" not in head and head["findings"][0]["playbook"] == "worker-deadlock"
+
+
+INTERRUPTED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets", "interrupt.py")
+
+
+def test_a_stopped_monitor_costs_ctrl_c_no_more_than_its_budget(tmp_path):
+    """The monitor is SIGSTOPped; the user presses Ctrl-C after a long wait.  Before: the program took
+    30.5-31 s to exit (20 s waiting for an answer that cannot come, then 10 s for a stop that cannot
+    happen).  Now it sees the monitor stopped, kills it at exit, and the run summary is still written."""
+    import signal
+    import time
+
+    import psutil
+
+    from dlwatch.wire import interrupt
+
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([REPO, os.path.dirname(INTERRUPTED)]),
+        DLWATCH_DIR=str(tmp_path / "r"),
+        DLWATCH_STALL_TIMEOUT="8",
+        DLWATCH_BODY_TIMEOUT="8",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, INTERRUPTED, "plain", "body"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("READY"):
+                break
+        monitors = [c for c in psutil.Process(proc.pid).children() if "dlwatch.monitor.loop" in " ".join(c.cmdline())]
+        assert len(monitors) == 1
+        time.sleep(3)  # past a quarter of the 8 s allowance: the Ctrl-C is worth an interrupt incident
+        os.kill(monitors[0].pid, signal.SIGSTOP)
+        pressed = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=90)
+        took = time.monotonic() - pressed
+        assert proc.returncode == -signal.SIGINT, err
+        assert took < interrupt.ACK_TIMEOUT_S, f"Ctrl-C took {took:.1f} s with the monitor stopped"
+        assert "monitor is stopped (SIGSTOP) and cannot stop; killed it" in err, err
+        runs = os.listdir(tmp_path / "r" / "runs")
+        with open(tmp_path / "r" / "runs" / runs[0] / "summary.json") as f:
+            assert json.load(f)["ended"] == "interrupted"
+    finally:
+        kill_session(proc.pid, set())
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
