@@ -256,6 +256,11 @@ def text_outlines(read: Callable[[str], str | None]) -> Callable[[str], Outline 
 # --------------------------------------------------------------------------- opening one file
 
 
+NOT_A_FILE = "not an absolute path"  # "<string>", "<frozen ...>": code without a file
+MISSING = "no such file"
+_QUIET = (NOT_A_FILE, MISSING)  # no file to speak of: not worth a line in the judgement's basis
+
+
 class Refused(Exception):
     """A source file not read; the message says why (it goes into the judgement's basis)."""
 
@@ -268,12 +273,16 @@ def open_source(path: str, uid: int, *, allow_root: bool = False, cap: int = MAX
     """The bytes of ``path``: a regular file owned by ``uid`` (or root, with ``allow_root``) of at most
     ``cap`` bytes.  Refused (raised) for anything else, before anything is opened for reading."""
     if not path or not os.path.isabs(path) or "\0" in path:
-        raise Refused("not an absolute path")
+        raise Refused(NOT_A_FILE)
     try:
         # O_PATH opens nothing: a FIFO, a device node or a socket is only looked at
         pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise Refused("a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror or "unreadable")
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise Refused(MISSING) from None
+        raise Refused(
+            "a symbolic link (not followed)" if exc.errno == errno.ELOOP else exc.strerror or "unreadable"
+        ) from None
     try:
         st = os.fstat(pfd)
         if stat.S_ISLNK(st.st_mode):  # O_PATH | O_NOFOLLOW gives the link itself
@@ -429,6 +438,8 @@ class SourceReader:
         t0 = time.monotonic()
         try:
             answer = self._in_child(wanted, left_s)
+        except OSError as exc:  # no pipe or no fork (EMFILE, EAGAIN): nothing read, never raised
+            answer = {p: {"refused": f"not read: the reader could not start ({exc.strerror or exc})"} for p in wanted}
         finally:
             self.seconds_spent += time.monotonic() - t0
         for p in wanted:
@@ -495,10 +506,11 @@ class SourceReader:
 
     def basis(self) -> str | None:
         """One line on the files that gave no outline, for the judgement's basis; None when all did."""
-        if not self.refusals:
+        told = [(p, why) for p, why in self.refusals.items() if why not in _QUIET]
+        if not told:
             return None
-        shown = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in list(self.refusals.items())[:3])
-        more = f" (and {len(self.refusals) - 3} more)" if len(self.refusals) > 3 else ""
+        shown = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in told[:3])
+        more = f" (and {len(told) - 3} more)" if len(told) > 3 else ""
         return f"source not read: {shown}{more}"
 
 
