@@ -1,7 +1,14 @@
-"""`dlwatch attach` on the two cases of issue 18 item 4: wall time, peak RSS, report size.
+"""`dlwatch attach` on the two cases of issue 18 item 4, and issue 29's source and listing cases:
+wall time, peak RSS, report size.
 
 Run alone: ``python bench/attach_bounds.py flood [--workers 8] [--mib 4] [--as-nobody] [--code DIR]``
-or ``python bench/attach_bounds.py deep [--workers 4] [--depth 4000] [--code DIR]`` (10-40 s each).
+or ``python bench/attach_bounds.py deep [--workers 4] [--depth 4000] [--code DIR]`` (10-40 s each),
+``python bench/attach_bounds.py source [--frames 2] [--kib 1024] [--before DIR]`` (root's attach on a
+uid-2001 job whose deadlocked worker's frames name FRAMES files of KIB KiB of its own, dense code:
+the lock-owner judgement's source reading), ``python bench/attach_bounds.py listing [--mib 60]
+[--before DIR]`` (``dlwatch report DIR`` listing one incident whose report.json is padded to MIB MiB).
+``--before DIR`` runs the same case with another checkout (a tree exported from an older commit) too
+and prints both side by side with the ratios.
 ``flood``: fake workers answer the dump signal with MIB MiB of frames each (py-spy disabled, so
 the faulthandler files are read).  ``deep``: a real DataLoader whose workers hang DEPTH frames
 deep, attached with real py-spy (--native first).  ``--code DIR`` runs the attach of another checkout of dlwatch (a tree
@@ -138,15 +145,127 @@ def measure_deep(workers: int, depth: int, code: str) -> dict:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+LOCK_JOB = os.path.join(REPO, "tests", "stack_targets", "lock_source_job.py")
+VICTIM = 2001
+
+
+def measure_source(frames: int, kib: int, code: str) -> dict:
+    """Root's attach on a uid-2001 deadlocked job whose worker's frames name FRAMES big files of its own."""
+    shared = tempfile.mkdtemp(prefix="dlwatch-src-", dir="/tmp")
+    out_dir = tempfile.mkdtemp(prefix="dlwatch-src-out-")
+    os.chmod(shared, 0o755)
+    os.chown(shared, VICTIM, VICTIM)
+    line = "a = b + c * d - e\n"
+    paths = []
+    for i in range(frames):
+        path = os.path.join(shared, f"f{i}.py")
+        with open(path, "w") as f:
+            f.write(line * ((kib << 10) // len(line)))
+        os.chown(path, VICTIM, VICTIM)
+        paths.append(path)
+    spec = {"frames": [[p, 10 + i] for i, p in enumerate(paths)], "holder": [[paths[-1], 11]]}
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    job = subprocess.Popen(
+        ["setpriv", f"--reuid={VICTIM}", f"--regid={VICTIM}", "--clear-groups", py, LOCK_JOB, shared, json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd="/",
+    )
+    try:
+        main_pid = int(job.stdout.readline().split()[1])
+        time.sleep(0.5)  # the worker on its lock
+        env = dict(os.environ, DLWATCH_PLAYBOOKS="")
+        return {"frames": frames, "kib": kib, "code": code, **_attach(main_pid, out_dir, code, env)}
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+        job.stdout.close()
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def measure_listing(mib: int, code: str) -> dict:
+    """``dlwatch report DIR`` over one incident whose report.json is padded to MIB MiB (after its keys)."""
+    rdir = tempfile.mkdtemp(prefix="dlwatch-list-")
+    try:
+        made = subprocess.run(
+            [sys.executable, "-c", MAKE_BIG_REPORT, rdir, str(mib)],
+            env=dict(os.environ, PYTHONPATH=REPO),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        size = int(made.stdout.split()[-1])
+        done = subprocess.run(
+            [sys.executable, "-c", WRAP, sys.executable, "-m", "dlwatch", "report", rdir],
+            env=dict(os.environ, PYTHONPATH=code),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd="/",
+        )
+        fields = done.stderr.strip().splitlines()[-1].split()
+        return {
+            "report_json_bytes": size,
+            "code": code,
+            "list_wall_s": round(float(fields[1]), 2),
+            "list_peak_rss_mb": round(int(fields[3]) / 1024, 1),
+            "list_rc": int(fields[5]),
+        }
+    finally:
+        shutil.rmtree(rdir, ignore_errors=True)
+
+
+MAKE_BIG_REPORT = r"""
+import json, os, sys, time
+from dlwatch.report import build, store
+rdir, mib = sys.argv[1], int(sys.argv[2])
+store.prepare_report_dir(rdir)
+r = store.skeleton(trigger="stall", pid=100, now=time.time())
+r["findings"] = [{"playbook": "worker-deadlock", "title": "DataLoader workers deadlocked", "confidence": 0.9,
+                  "evidence": {}, "remediation": ""}]
+path = build.write(r, rdir)
+doc = json.load(open(os.path.join(path, "report.json")))
+n = (mib << 20) // 10
+with open(os.path.join(path, "report.json"), "w") as f:
+    f.write(json.dumps(doc)[:-1] + ', "padding": [' + ", ".join(['{"k": 0}'] * n) + "]}")
+print(os.path.getsize(os.path.join(path, "report.json")))
+"""
+
+
+def _side_by_side(case: str, before: dict, after: dict) -> dict:
+    keys = {"source": ("attach_wall_s", "attach_peak_rss_mb"), "listing": ("list_wall_s", "list_peak_rss_mb")}[case]
+    ratios = {k: round(before[k] / after[k], 1) if after.get(k) else None for k in keys}
+    return {"before": before, "after": after, "before/after": ratios}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=["flood", "deep"])
+    ap.add_argument("case", choices=["flood", "deep", "source", "listing"])
+    ap.add_argument("--frames", type=int, default=2)
+    ap.add_argument("--kib", type=int, default=1024)
+    ap.add_argument("--before", default=None, help="another checkout to measure too, side by side")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--mib", type=int, default=4)
     ap.add_argument("--depth", type=int, default=4000)
     ap.add_argument("--code", default=REPO, help="the dlwatch checkout whose attach runs (default: this one)")
     ap.add_argument("--as-nobody", action="store_true")
     a = ap.parse_args()
+    if a.case in ("source", "listing"):
+        run = {
+            "source": lambda code: measure_source(a.frames, a.kib, code),
+            "listing": lambda code: measure_listing(a.mib if a.mib != 4 else 60, code),
+        }[a.case]
+        after = run(os.path.abspath(a.code))
+        if a.before:
+            print(json.dumps(_side_by_side(a.case, run(os.path.abspath(a.before)), after)))
+        else:
+            print(json.dumps(after))
+        return
     if a.case == "flood":
         print(json.dumps(measure(a.workers or 8, a.mib, os.path.abspath(a.code), a.as_nobody)))
     else:
