@@ -6,7 +6,9 @@ or ``python bench/attach_bounds.py deep [--workers 4] [--depth 4000] [--code DIR
 ``python bench/attach_bounds.py source [--frames 2] [--kib 1024] [--before DIR]`` (root's attach on a
 uid-2001 job whose deadlocked worker's frames name FRAMES files of KIB KiB of its own, dense code:
 the lock-owner judgement's source reading), ``python bench/attach_bounds.py listing [--mib 60]
-[--before DIR]`` (``dlwatch report DIR`` listing one incident whose report.json is padded to MIB MiB).
+[--before DIR]`` (``dlwatch report DIR`` listing one incident whose report.json is padded to MIB MiB),
+``python bench/attach_bounds.py pyspy [--threads 100] [--depth 1000] [--name-chars 2000] [--before DIR]``
+(root's attach, real py-spy, on one process whose stacks make py-spy's answer huge).
 ``--before DIR`` runs the same case with another checkout (a tree exported from an older commit) too
 and prints both side by side with the ratios.
 ``flood``: fake workers answer the dump signal with MIB MiB of frames each (py-spy disabled, so
@@ -237,15 +239,91 @@ print(os.path.getsize(os.path.join(path, "report.json")))
 """
 
 
+FLOOD = r"""
+import sys, threading, time
+sys.setrecursionlimit(5000)
+threading.stack_size(32 << 20)
+threads, depth, chars = map(int, sys.argv[1:4])
+name = "f" * chars
+ns = {}
+exec(compile(f"def {name}(n):\n    if n == 0:\n        import time; time.sleep(600)\n    {name}(n - 1)\n",
+             "/srv/" + "d" * 200 + ".py", "exec"), ns)
+for i in range(threads):
+    threading.Thread(target=ns[name], args=(depth,), daemon=True).start()
+time.sleep(2)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def measure_pyspy(threads: int, depth: int, chars: int, code: str) -> dict:
+    """Root's attach (real py-spy, --no-native) on one process of THREADS threads DEPTH frames deep in a
+    function with a CHARS-character name: py-spy's answer is huge before any of it is written."""
+    out_dir = tempfile.mkdtemp(prefix="dlwatch-pyspy-out-")
+    job = subprocess.Popen(
+        [sys.executable, "-c", FLOOD, str(threads), str(depth), str(chars)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        job.stdout.readline()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                WRAP,
+                sys.executable,
+                "-m",
+                "dlwatch",
+                "attach",
+                str(job.pid),
+                "--out",
+                out_dir,
+                "--duration",
+                "0.2",
+                "--no-native",
+            ],
+            env=dict(os.environ, PYTHONPATH=code, DLWATCH_PLAYBOOKS=""),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd="/",
+        )
+        fields = done.stderr.strip().splitlines()[-1].split()
+        return {
+            "threads": threads,
+            "depth": depth,
+            "name_chars": chars,
+            "code": code,
+            "attach_wall_s": round(float(fields[1]), 2),
+            "attach_peak_rss_mb": round(int(fields[3]) / 1024, 1),  # the largest of attach and its py-spy
+        }
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+        job.stdout.close()
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def _side_by_side(case: str, before: dict, after: dict) -> dict:
-    keys = {"source": ("attach_wall_s", "attach_peak_rss_mb"), "listing": ("list_wall_s", "list_peak_rss_mb")}[case]
+    keys = {
+        "source": ("attach_wall_s", "attach_peak_rss_mb"),
+        "pyspy": ("attach_wall_s", "attach_peak_rss_mb"),
+        "listing": ("list_wall_s", "list_peak_rss_mb"),
+    }[case]
     ratios = {k: round(before[k] / after[k], 1) if after.get(k) else None for k in keys}
     return {"before": before, "after": after, "before/after": ratios}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=["flood", "deep", "source", "listing"])
+    ap.add_argument("case", choices=["flood", "deep", "source", "listing", "pyspy"])
+    ap.add_argument("--threads", type=int, default=100)
+    ap.add_argument("--name-chars", type=int, default=2000)
     ap.add_argument("--frames", type=int, default=2)
     ap.add_argument("--kib", type=int, default=1024)
     ap.add_argument("--before", default=None, help="another checkout to measure too, side by side")
@@ -255,10 +333,11 @@ def main() -> None:
     ap.add_argument("--code", default=REPO, help="the dlwatch checkout whose attach runs (default: this one)")
     ap.add_argument("--as-nobody", action="store_true")
     a = ap.parse_args()
-    if a.case in ("source", "listing"):
+    if a.case in ("source", "listing", "pyspy"):
         run = {
             "source": lambda code: measure_source(a.frames, a.kib, code),
             "listing": lambda code: measure_listing(a.mib if a.mib != 4 else 60, code),
+            "pyspy": lambda code: measure_pyspy(a.threads, a.depth if a.depth != 4000 else 1000, a.name_chars, code),
         }[a.case]
         after = run(os.path.abspath(a.code))
         if a.before:
