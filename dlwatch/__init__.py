@@ -12,11 +12,21 @@ at this level (``_fs``, ``_log``, ``_regex``, ``_spawn``, ``_version``, ``errors
 ``model``) are leaf helpers every side shares.
 """
 
-from __future__ import annotations
+# `python -m dlwatch`: this is the first code of dlwatch that runs, with the working directory first on
+# sys.path; nothing may be imported before it is taken off (dlwatch/_entry.py; so no __future__ import)
+import sys as _sys
 
-from typing import TYPE_CHECKING, Any
+if _sys.argv[:1] == ["-m"]:
+    from dlwatch import _entry
 
-from dlwatch._version import __version__
+    if _entry.running_as_main_module():
+        _entry.isolate()
+    del _entry
+del _sys
+
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+from dlwatch._version import __version__  # noqa: E402
 
 __all__ = ["watch", "Watch", "DlwatchWarning", "__version__"]
 

@@ -28,7 +28,7 @@ import dlwatch
 
 PKG_DIR = os.path.dirname(os.path.abspath(dlwatch.__file__))
 
-SHARED = {"_fs", "_log", "_regex", "_spawn", "_version", "errors", "redact", "model"}
+SHARED = {"_entry", "_fs", "_log", "_regex", "_spawn", "_version", "errors", "redact", "model"}
 LAYERS = ["shared", "wire", "collect", "detect", "report", "monitor", "cli"]
 FORBIDDEN_FOR_INPROC = {"monitor", "detect", "report", "cli"}
 MAY_IMPORT_INPROC = {"dlwatch", "dlwatch.cli.run_cmd"}
