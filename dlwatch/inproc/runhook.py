@@ -25,6 +25,7 @@ import sys
 import threading
 from typing import Any, Iterator
 
+from dlwatch.inproc import ownimports
 from dlwatch.inproc.frames import _hidden_files, strip_own_frames, user_stacklevel
 from dlwatch.inproc.proxy import IteratorProxy
 
@@ -70,6 +71,7 @@ def install() -> None:
     if _installed or disabled():
         return
     _installed = True
+    ownimports.install()  # now, before Python puts the program's directory first on sys.path
     sys.excepthook = _ExceptHook(sys.excepthook)
     mod = sys.modules.get(TARGET_MODULE)
     if mod is not None and hasattr(mod, "DataLoader"):
