@@ -109,9 +109,13 @@ def test_bad_prometheus_options_are_clear_errors(tmp_path, monkeypatch) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         prom_options({"DLWATCH_PROM_FILE": str(tmp_path / "nope" / "d.prom")})
     assert prom_options({}) == {"file": None, "port": None}  # nothing by default
+    # the training process fails open (issue 29): the bad variable is left off, with the same line to warn
+    problems: list[str] = []
+    assert prom_options({"DLWATCH_PROM_PORT": "99999"}, problems=problems) == {"file": None, "port": None}
+    assert len(problems) == 1 and "DLWATCH_PROM_PORT must be a TCP port number" in problems[0]
     monkeypatch.setenv("DLWATCH_PROM_PORT", "99999")
-    with pytest.raises(ValueError, match="DLWATCH_PROM_PORT"):
-        dlwatch.watch([1, 2, 3])
+    with pytest.warns(dlwatch.DlwatchWarning, match="DLWATCH_PROM_PORT must be a TCP port number"):
+        assert dlwatch.watch([1, 2, 3])._prometheus == {"file": None, "port": None}
 
 
 def _free_port() -> int:

@@ -369,12 +369,13 @@ def test_bad_keep_runs_keyword_names_the_keyword(value, kind):
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "true", "2e3", "ten"])
-def test_bad_keep_runs_variable_names_the_variable(value):
-    with pytest.raises(ValueError) as info:
-        config.resolve(environ={"DLWATCH_KEEP_RUNS": value})
-    msg = str(info.value)
+def test_bad_keep_runs_variable_falls_back_naming_the_variable(value):
+    """Fail open on the environment (issue 29): the default applies, and the one line to warn names the variable."""
+    options = config.resolve(environ={"DLWATCH_KEEP_RUNS": value})
+    assert options.keep_runs == 200 and "keep_runs" not in options.from_env
+    (msg,) = options.problems
     assert "\n" not in msg and "keep_runs must be a whole number" in msg
-    assert msg.endswith("(environment variable DLWATCH_KEEP_RUNS)")
+    assert msg.startswith(f"DLWATCH_KEEP_RUNS={value!r} is ignored: ") and msg.endswith("the default (200) applies")
 
 
 def test_keep_runs_precedence_default_and_to_dict():
@@ -400,7 +401,8 @@ def _cli(args, cwd, timeout=120, **extra):
     [
         (["--keep-runs", "-1"], {}, "keep_runs must be a whole number >= 0 (0 keeps all), got '-1' (--keep-runs)"),
         (["--keep-runs", "2.5"], {}, "got '2.5' (--keep-runs)"),
-        ([], {"DLWATCH_KEEP_RUNS": "lots"}, "got 'lots' (environment variable DLWATCH_KEEP_RUNS)"),
+        # a bad DLWATCH_KEEP_RUNS no longer stops the program: tests/test_hardening.py (issue 29, item 6)
+        (["--keep-runs", "lots"], {"DLWATCH_KEEP_RUNS": "7"}, "got 'lots' (--keep-runs)"),
     ],
 )
 def test_run_bad_keep_runs_one_line_exit_2(tmp_path, args, extra, text):

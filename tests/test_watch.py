@@ -298,9 +298,10 @@ def test_disable_switch_and_options(tmp_path, monkeypatch, no_leftovers):
         dlwatch.watch(dl, enabled="maybe")
     with pytest.raises(TypeError, match="expected a DataLoader or another iterable"):
         dlwatch.watch(42)
-    monkeypatch.setenv("DLWATCH_STALL_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="DLWATCH_STALL_TIMEOUT"):
-        dlwatch.watch(dl)
+    monkeypatch.setenv("DLWATCH_STALL_TIMEOUT", "soon")  # the environment fails open (issue 29): the default
+    assert dlwatch.watch(dl).options.stall_timeout is None
+    with pytest.raises(ValueError, match="stall_timeout"):  # the argument does not
+        dlwatch.watch(dl, stall_timeout="soon")
 
 
 def test_rng_fingerprints_only_for_the_first_worker_generations(tmp_path, no_leftovers):

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    playbooks = load_playbooks(args.dir)
+    playbooks = load_playbooks(args.dir, strict_env=True)  # the command that shows them says what is wrong
     if args.id is None:
         if args.json:
             json.dump(

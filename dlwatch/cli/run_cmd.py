@@ -83,7 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    """The environment the program runs with: dlwatch's options, and the bootstrap first on PYTHONPATH."""
+    """The environment the program runs with: dlwatch's options, and the bootstrap first on PYTHONPATH.
+
+    The options given here are checked now (a bad one is a usage error, one line, before the
+    program starts); a bad DLWATCH_* value of the environment is not: the program runs with the
+    default, and its watch warns once (fail open, see dlwatch/wire/config.py)."""
     env = dict(environ)
     options = {
         "report_dir": args.report_dir,
@@ -93,29 +97,27 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
         "ignore": args.ignore,
         "keep_runs": args.keep_runs,
     }
-    for name, value in options.items():
-        if value is not None:
-            if name == "report_dir":  # ranks and helpers may run in another directory
-                value = os.path.abspath(value)
-            env[config.ENV[name]] = str(value)
-    try:  # every option checked now, one line, before the program starts
-        resolved = config.resolve(environ=env)
+    given = {name: value for name, value in options.items() if value is not None}
+    try:
+        resolved = config.resolve(**given, environ=env, labels={name: "--" + name.replace("_", "-") for name in given})
     except (ValueError, TypeError) as exc:
-        msg = str(exc).replace("dlwatch.watch: ", "").replace("keyword argument", "option")
-        for name, value in options.items():  # name the flag the user gave, not the variable it travels in
-            if value is not None:
-                msg = msg.replace(f"(environment variable {config.ENV[name]})", f"(--{name.replace('_', '-')})")
-        raise UsageError(msg) from None
-    if resolved.ignored_playbooks:
+        raise UsageError(str(exc).replace("dlwatch.watch: ", "")) from None
+    if "ignore" in given and resolved.ignored_playbooks:
         from dlwatch.wire.playbooks import load_playbooks
 
         known = {pb.id for pb in load_playbooks(resolved.playbooks)}
         unknown = sorted(set(resolved.ignored_playbooks) - known)
         if unknown:
             raise UsageError(f"--ignore names no known playbook: {', '.join(unknown)} (see `dlwatch playbooks`)")
+    for name, value in given.items():
+        if name == "report_dir":  # ranks and helpers may run in another directory
+            value = _absolute(value)
+        env[config.ENV[name]] = str(value)
     if env.get(config.ENV["report_dir"]) is None:  # the default, fixed here: ranks may chdir
-        env[config.ENV["report_dir"]] = os.path.abspath(config.DEFAULT_REPORT_DIR)
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != BOOT_DIR]
+        default = _absolute(config.DEFAULT_REPORT_DIR)
+        if os.path.isabs(default):  # else the working directory is gone: the watch falls back, with its warning
+            env[config.ENV["report_dir"]] = default
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and _absolute(p) != BOOT_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR, *path])
     # the bootstrap acts only where `import dlwatch` finds this package (another Python is left alone)
     env[PACKAGE_ENV] = os.path.dirname(os.path.dirname(BOOT_DIR))  # the dlwatch package directory
@@ -125,6 +127,14 @@ def program_env(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
 
     env.setdefault(PROGRAM_RUN_ENV, new_run_id())  # the shape (and UTC) of a run id
     return env
+
+
+def _absolute(path: str) -> str:
+    """``os.path.abspath``, or ``path`` as it is where the working directory was removed (as python does)."""
+    try:
+        return os.path.abspath(path)
+    except OSError:
+        return path
 
 
 def program_argv(args: argparse.Namespace) -> list[str]:

@@ -5,7 +5,8 @@ turns each file into a frozen :class:`Playbook`.  It judges nothing: the
 matcher in :mod:`dlwatch.detect.match` evaluates the signals against a report.
 A malformed file is a :class:`~dlwatch.errors.PlaybookError` naming the file
 and the field; a playbook directory that does not exist is a
-:class:`~dlwatch.errors.NotFoundError` naming the directory.
+:class:`~dlwatch.errors.NotFoundError` naming the directory; except in a directory
+that ``DLWATCH_PLAYBOOKS`` names, which is skipped instead (see :func:`load_playbooks`).
 
 Search order, later overriding earlier by ``id``: the shipped playbooks, the
 directories in ``DLWATCH_PLAYBOOKS`` (``os.pathsep``-separated), then
@@ -183,24 +184,39 @@ MAX_PLAYBOOK_BYTES = 1 << 20
 MAX_PLAYBOOK_FILES = 256  # user playbook files in all the directories of one load
 
 
-def load_playbooks(extra_dirs: Sequence[str] = ()) -> tuple[Playbook, ...]:
+def load_playbooks(
+    extra_dirs: Sequence[str] = (), *, problems: list[str] | None = None, strict_env: bool = False
+) -> tuple[Playbook, ...]:
     """Shipped playbooks, then ``$DLWATCH_PLAYBOOKS``, then ``extra_dirs``; a later id overrides.
 
     At most MAX_PLAYBOOK_FILES user files in all, each at most MAX_PLAYBOOK_BYTES: more is a
-    PlaybookError before anything is parsed."""
+    PlaybookError before anything is parsed.  A directory of ``extra_dirs`` (an argument) that
+    does not exist or holds a malformed file is an error; a directory of ``$DLWATCH_PLAYBOOKS``
+    (also when it comes again in ``extra_dirs``) is skipped instead, and why goes into
+    ``problems`` (a missing one silently: ``config.resolve`` says so), unless ``strict_env``
+    (``dlwatch playbooks``, where the user checks them): the environment never stops a program."""
     by_id: dict[str, Playbook] = {}
     for pb in load_dir(builtin_dir(), builtin=True):
         by_id[pb.id] = pb
     left = MAX_PLAYBOOK_FILES
-    for directory in [*_env_dirs(), *extra_dirs]:
+    env_dirs = _env_dirs()
+    for directory in [*env_dirs, *(d for d in extra_dirs if strict_env or str(d) not in env_dirs)]:
+        from_env = str(directory) in env_dirs
         path = Path(os.path.expanduser(str(directory)))
-        if not path.is_dir():
-            where = f" (from ${ENV_VAR})" if str(directory) in _env_dirs() else ""
-            raise NotFoundError(
-                f"playbook directory {str(directory)!r} does not exist{where}",
-                help="create it or remove it from the playbook search path",
-            )
-        loaded = load_dir(path, max_files=left)
+        try:
+            if not path.is_dir():
+                where = f" (from ${ENV_VAR})" if from_env else ""
+                raise NotFoundError(
+                    f"playbook directory {str(directory)!r} does not exist{where}",
+                    help="create it or remove it from the playbook search path",
+                )
+            loaded = load_dir(path, max_files=left)
+        except (PlaybookError, NotFoundError, OSError) as exc:
+            if strict_env or not from_env:
+                raise
+            if problems is not None and not isinstance(exc, NotFoundError):
+                problems.append(f"{ENV_VAR}: playbook directory {str(directory)!r} is ignored: {exc}")
+            continue
         left -= len(loaded)
         for pb in loaded:
             by_id[pb.id] = pb  # dict keeps the first position of an overridden id

@@ -35,9 +35,10 @@ def _boot() -> None:
     import os
     import sys
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    # this directory holds nothing else the program should import: take it off the path again
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    here = os.path.dirname(os.path.abspath(__file__))  # absolute: PYTHONPATH's entries are made so at start
+    # this directory holds nothing else the program should import: take it off the path again (relative
+    # entries are not it: never resolved here, where the working directory may be gone, as python allows)
+    sys.path[:] = [p for p in sys.path if not (os.path.isabs(p) and os.path.normpath(p) == here)]
     try:
         if _belongs(os.path.dirname(os.path.dirname(here))):  # dlwatch/ (this is dlwatch/inproc/_boot)
             from dlwatch.inproc import runhook

@@ -2,8 +2,10 @@
 
 A check that runs in the training process declares the playbook it serves and the thresholds it
 reads from that playbook (``PLAYBOOK`` and ``THRESHOLDS`` in its module: the batch-shape probe,
-the RNG check); nothing here names a failure.  Bad input (a malformed playbook, an unknown id to
-ignore, a bad Prometheus setting) raises here, when the watch is made, naming the fix.
+the RNG check); nothing here names a failure.  Bad input given as an argument (a malformed playbook,
+an unknown id to ignore) raises here, when the watch is made, naming the fix; a bad ``DLWATCH_*``
+environment value is left for its default with one warning per value and process (fail open: an
+environment set for a whole cluster must not stop every job).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from dlwatch.inproc.agent.warning import warn_env
 from dlwatch.wire import config
 
 
@@ -27,6 +30,7 @@ class Settings:
     __slots__ = ("options", "ignored", "advice_pbs", "prometheus", "_thresholds")
 
     def __init__(self, **options: Any) -> None:
+        # a bad argument raises; a bad DLWATCH_* value is dropped for the default (options.problems)
         self.options = config.resolve(**options)
         self.ignored = frozenset(self.options.ignored_playbooks)
         self.advice_pbs: dict[str, Any] = {}  # preflight playbooks by id (titles and thresholds)
@@ -36,13 +40,10 @@ class Settings:
             return
         from dlwatch.wire.playbooks import load_playbooks
 
-        loaded = load_playbooks(self.options.playbooks)  # a malformed file: PlaybookError now
-        unknown = sorted(self.ignored - {pb.id for pb in loaded})
-        if unknown:
-            raise ValueError(
-                f"dlwatch.watch: ignore names no known playbook: {', '.join(unknown)} "
-                f"(see `dlwatch playbooks` for the ids)"
-            )
+        env_problems: list[str] = []  # more bad DLWATCH_* values, left out: one warning each (warn_env)
+        loaded = load_playbooks(self.options.playbooks, problems=env_problems)  # a malformed file: PlaybookError
+        self.options = config.known_ignored(self.options, (pb.id for pb in loaded))  # an unknown id: ValueError
+        self.ignored = frozenset(self.options.ignored_playbooks)
         self.advice_pbs = {pb.id: pb for pb in loaded if pb.is_advice}
         by_id = {pb.id: pb for pb in loaded}
         for check in _checks():
@@ -53,7 +54,8 @@ class Settings:
                 }
         from dlwatch.wire.config import prom_options
 
-        self.prometheus = prom_options()  # a bad DLWATCH_PROM_* value: ValueError now, naming the fix
+        self.prometheus = prom_options(problems=env_problems)  # a bad DLWATCH_PROM_* value: left off
+        warn_env((*self.options.problems, *env_problems))
 
     def threshold(self, check: ModuleType, name: str) -> float:
         """One of the thresholds ``check`` declares, as its playbook sets it (the check's default without one)."""
