@@ -28,6 +28,9 @@ module exists to prevent.
 import os
 import sys
 
+if False:  # typing only (no import at run time: see above)
+    import types
+
 # dlwatch's dependencies (pyproject.toml), and the optional ones it imports when present
 DEPENDENCIES = ("psutil", "structlog", "re2", "pynvml", "tomli", "prometheus_client")
 
@@ -36,7 +39,7 @@ def running_as_main_module() -> bool:
     """Whether this process is ``python -m dlwatch`` (or ``-m dlwatch.<module>``), still finding its module."""
     if sys.argv[:1] != ["-m"]:  # runpy sets argv[0] to "-m" only while it imports the -m module's packages
         return False
-    frame = sys._getframe()
+    frame: "types.FrameType | None" = sys._getframe()
     while frame is not None:
         code = frame.f_code
         if code.co_name == "_run_module_as_main" and frame.f_globals.get("__name__") == "runpy":
@@ -78,14 +81,14 @@ def _is_cwd_entry(entry: object, cwd: "str | None") -> bool:
         return True
 
 
-def without_cwd(path: "list[object]", cwd: "str | None") -> "list[object]":
+def without_cwd(path: "list[str]", cwd: "str | None") -> "list[str]":
     """``path`` without its entries that name the working directory ``cwd`` (''/relative ones included)."""
     return [entry for entry in path if not _is_cwd_entry(entry, cwd)]
 
 
-def isolated_path(path: "list[object]", cwd: "str | None", user_site: "str | None") -> "list[object]":
+def isolated_path(path: "list[str]", cwd: "str | None", user_site: "str | None") -> "list[str]":
     """``path`` without the working directory and the user site; dependencies found only there come last."""
-    kept: "list[object]" = []
+    kept: "list[str]" = []
     dropped: "list[str]" = []
     for entry in without_cwd(path, cwd):
         if user_site and isinstance(entry, str) and os.path.isabs(entry) and os.path.normpath(entry) == user_site:

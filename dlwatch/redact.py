@@ -30,10 +30,12 @@ A *secret name* is any key / option name that contains, case-insensitively,
 one of: ``token``, ``secret``, ``password``, ``passwd``, ``api_key``,
 ``apikey``, ``api-key``, ``credential``, ``passphrase``, ``signature``
 (``X-Amz-Signature``, ``X-Goog-Signature``), ``cookie``, ``authorization``, or
-that ends in one of :data:`SECRET_SUFFIXES` (``_pass``; ``-`` and ``.`` read as
-``_``: ``db_pass``, ``redis.pass``), or that is exactly (leading
+that ends in one of :data:`SECRET_SUFFIXES` (``_pass``, ``_account_key``; ``-`` and ``.`` read as
+``_``: ``db_pass``, ``redis.pass``; but not a pass of :data:`PASS_NOT_PASSWORD`:
+``forward_pass``, ``first_pass``), or that is exactly (leading
 dashes dropped, ``-`` read as ``_``) one of ``pass``, ``pw``, ``pwd``, ``sig``
-(SAS tokens), or, as an option only, ``--key`` / ``--auth`` (``key=`` and
+(SAS tokens), ``accountkey``/``account_key``, ``sharedaccesskey``/``shared_access_key``
+(Azure connection strings: ``...;AccountKey=***;...``), or, as an option only, ``--key`` / ``--auth`` (``key=`` and
 ``key:`` are S3 object keys, partitions and dict keys far more often).  Name characters are letters, digits,
 ``_``, ``.`` and ``-``.  The rule is applied as written, with no exceptions
 for "harmless-looking" names: ``--tokenizer-path x`` becomes
@@ -68,11 +70,26 @@ The value of a secret name is redacted in these forms:
    base64 characters (the shape of an AWS secret access key).
 6. ``-pVALUE`` / ``-p VALUE`` in the command of a client of :data:`PASSWORD_P_CLIENTS`
    (``mysql``, ``mysqldump``, ``mariadb`` ...; the command runs from the client word
-   to ``;``, ``|``, ``&`` or a newline).  A bare ``-p`` (a prompt) stays.
+   to ``;``, ``|``, ``&`` or a newline).  A bare ``-p`` (a prompt) stays.  In ``sshpass``'s
+   command only sshpass's own options count (``sshpass -p *** ssh -p 2222 host``: the
+   second ``-p`` is ssh's port).
+7. ``-u USER:VALUE``, ``-uUSER:VALUE``, ``--user USER:VALUE`` (and the proxy's ``-U`` /
+   ``--proxy-user``) in the command of a client of :data:`USER_PASSWORD_CLIENTS`
+   (``curl``): the part after the first ``:`` (``curl -u alice:***``; ``-u alice`` prompts
+   and stays).
+8. ``response=VALUE`` when VALUE (quoted or not) is 32, 40, 64 or 128 hex digits: the
+   request digest of HTTP Digest authentication (``response="***"``).
+9. A Weights & Biases API key, 40 hex digits (``local-`` in front for a local server), after
+   the name ``WANDB_API_KEY`` with only quotes, brackets, blanks or ``=``/``:`` between
+   (``os.environ["WANDB_API_KEY"] = "***"``, ``WANDB_API_KEY ***``) or in the command
+   ``wandb login ...`` / the call ``wandb.login(...)``.  Other 40-hex strings (git commits,
+   SHA-1 sums) stay.
 
 Names containing ``authorization`` keep a scheme word of :data:`AUTH_SCHEMES` in
 front of the masked credentials (``Authorization: Basic ***``, ``token ***``),
-whatever the credentials look like.  In the ``name: VALUE`` form, names
+whatever the credentials look like; a value that is one plain word of letters under
+20 characters is no credential (``authorization: required`` stays), and Digest's
+parameters stay but for its ``response`` (rule 8).  In the ``name: VALUE`` form, names
 containing ``cookie`` (``Cookie:``, ``Set-Cookie:``) mask the rest of the line, every
 ``;``-separated pair of it.
 
@@ -98,8 +115,9 @@ is at least 20 chars long), the body of private key blocks
 (``-----BEGIN ... PRIVATE KEY-----`` ... ``-----END ... PRIVATE KEY-----``; an
 unterminated block is redacted to the end of the text), and the password in
 URL credentials (``scheme://user:pw@host`` -> ``scheme://user:***@host``; the
-password may hold raw ``/`` and ``@``: it ends at the first ``@`` followed by a
-host and the end of the authority; at most 5 digits followed by ``/``, ``?`` or
+password may hold raw ``/`` and ``@``: it ends at the last ``@`` of the URL followed by a
+host and the end of the authority, so an ``@`` later in the path is masked with it
+rather than a password cut short; at most 5 digits followed by ``/``, ``?`` or
 ``#`` are a port, not a password: ``http://host:8080/x@y.z`` stays).
 
 Nothing else is changed: text without any of the above is returned
@@ -113,17 +131,19 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 __all__ = [
     "AUTH_SCHEMES",
     "MASK",
     "OPTION_ONLY_NAMES",
     "PASSWORD_P_CLIENTS",
+    "PASS_NOT_PASSWORD",
     "SECRET_NAMES",
     "SECRET_SUFFIXES",
     "SECRET_WORDS",
     "TOKEN_PATTERNS",
+    "USER_PASSWORD_CLIENTS",
     "is_secret_name",
     "outbound",
     "redact",
@@ -148,12 +168,40 @@ SECRET_WORDS: tuple[str, ...] = (
     "authorization",  # Authorization, Proxy-Authorization (the scheme word stays visible)
 )
 # Names that are secret only on their own (as substrings they are everywhere: "compass", "keyboard", "author").
-SECRET_NAMES = frozenset({"pass", "pw", "pwd", "key", "auth", "sig"})
+# AccountKey and SharedAccessKey are the keys of Azure connection strings ("...;AccountKey=...;").
+SECRET_NAMES = frozenset(
+    {"pass", "pw", "pwd", "key", "auth", "sig", "accountkey", "account_key", "sharedaccesskey", "shared_access_key"}
+)
 # ... and of those, names that are secret only as options (--key, --auth): "key=" and "key:" are
 # S3 object keys, Hive partitions and dict keys far more often than credentials.
 OPTION_ONLY_NAMES = frozenset({"key", "auth"})
-# Name endings that are secret after a separator: db_pass, MYSQL_ROOT_PASS, redis.pass ("bypass" is not).
-SECRET_SUFFIXES: tuple[str, ...] = ("_pass",)
+# Name endings that are secret after a separator: db_pass, MYSQL_ROOT_PASS, redis.pass ("bypass" is not),
+# AZURE_STORAGE_ACCOUNT_KEY.
+SECRET_SUFFIXES: tuple[str, ...] = ("_pass", "_account_key")
+# ... but a pass through the data or the network, not a password: forward_pass, first_pass, num_pass.
+PASS_NOT_PASSWORD: frozenset[str] = frozenset(
+    {
+        "forward",
+        "backward",
+        "first",
+        "second",
+        "third",
+        "last",
+        "final",
+        "next",
+        "single",
+        "multi",
+        "double",
+        "one",
+        "two",
+        "each",
+        "full",
+        "fast",
+        "warmup",
+        "num",
+        "n",
+    }
+)
 # Command-line clients whose "-p" option carries the password itself ("mysql -uroot -pS3cret",
 # "mysqldump -p S3cret db"); the command word may carry a path ("/usr/bin/mysql").
 PASSWORD_P_CLIENTS: tuple[str, ...] = (
@@ -178,6 +226,8 @@ PASSWORD_P_CLIENTS: tuple[str, ...] = (
     "mariadb-backup",
     "mariabackup",
 )
+# Clients whose -u/--user (and -U/--proxy-user) option carries "user:password" ("curl -u alice:pw").
+USER_PASSWORD_CLIENTS: tuple[str, ...] = ("curl",)
 # Authorization schemes kept visible in front of the masked credentials ("Authorization: Basic ***").
 AUTH_SCHEMES: tuple[str, ...] = (
     "basic",
@@ -224,8 +274,10 @@ _PRIVATE_KEY_RE = re.compile(
 # they are): it ends at the first "@" followed by a host and the end of the authority.
 # A "password" of at most 5 digits followed by "/", "?" or "#" is a port and a path
 # ("http://host:8080/x@y.z"), not credentials.
+# The last such "@" of the URL is taken (greedy): a password holding "@" and then "/" ("p@ss/w0rd")
+# is masked whole, never cut at the "@" that a "host" ("ss") and a "/" happen to follow.
 _URL_CRED_RE = re.compile(
-    r"(://[^\s/:@]*:)(?![0-9]{0,5}[/?#])((?:(?!://)[^\s]){1,256}?)(@)(?=[A-Za-z0-9.\[\]_-]+(?::[0-9]*)?(?:[/?#\s'\")\]},;]|\Z))"
+    r"(://[^\s/:@]*:)(?![0-9]{0,5}[/?#])((?:(?!://)[^\s]){1,256})(@)(?=[A-Za-z0-9.\[\]_-]+(?::[0-9]*)?(?:[/?#\s'\")\]},;]|\Z))"
 )
 # Each key form is a cheap "head" (name + separator) and a value pattern that is
 # only tried, and only consumed, when the name is a secret name.  A non-secret
@@ -240,6 +292,7 @@ _ARG_BARE = r"""[^\s'"](?:[^\s'"]|['"](?![\s,;)\]}]|\Z))*"""
 _ARG_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"|(?!--[A-Za-z])(?!-[ \t\n]|-\Z)" + _ARG_BARE)
 # Authorization: an optional scheme word (kept) and the credentials.
 _AUTH_SCHEME_RE = re.compile(r"(?i:" + "|".join(re.escape(s) for s in AUTH_SCHEMES) + r")[ \t]+(?=\S)")
+_PARAM_RE = re.compile(r"[\w-]+=")
 _AUTH_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"|(?:" + _AUTH_SCHEME_RE.pattern + ")?" + _BARE)
 # Cookie: / Set-Cookie: as a header line: every pair of the list, to the end of the line (or quote).
 _COOKIE_LINE_VALUE_RE = re.compile(_DQ + "|" + _SQ + r"""|[^\s'"<](?:[^\n'"]*[^\s'"])?""")
@@ -250,6 +303,29 @@ _P_CLIENT_RE = re.compile(
     + r")(?![\w.-])"
 )
 _COMMAND_END_RE = re.compile(r"[;|&\n]")
+# "curl -u alice:pw", "curl -ualice:pw", "curl --user alice:pw" (and the proxy's -U/--proxy-user):
+# the part after the first ":" is the password ("curl -u alice" prompts for it: nothing to mask)
+_U_CLIENT_RE = re.compile(
+    r"(?<![\w.-])(?:" + "|".join(re.escape(c) for c in USER_PASSWORD_CLIENTS) + r")(?:\.exe)?(?![\w.-])"
+)
+_U_OPTION_RE = re.compile(
+    r"""(?<![^\s'"])(?:-[uU][ \t]*|--(?:proxy-)?user(?:[ \t]+|=))(?P<v>""" + _DQ + "|" + _SQ + r"""|[^\s'"]\S*)"""
+)
+# "sshpass -p pw ssh host": only sshpass's own options, up to the command it runs (whose -p is a port)
+_SSHPASS_RE = re.compile(r"(?<![\w.-])sshpass(?![\w.-])")
+_WORD_RE = re.compile(_DQ + "|" + _SQ + r"|[^\s'\"]\S*|\S")
+# HTTP Digest: response="<hex digest>" (32, 40, 64 or 128 hex digits: MD5, SHA-1, SHA-256, SHA-512)
+_DIGEST_RESPONSE_RE = re.compile(
+    r"(?<![\w.-])(?i:response)[ \t]*=[ \t]*(?P<q>[\"']?)(?P<v>[0-9a-fA-F]{32}(?:[0-9a-fA-F]{8}|[0-9a-fA-F]{32}|[0-9a-fA-F]{96})?)(?![0-9A-Za-z])"
+)
+# A Weights & Biases API key: 40 hex digits (a local server's with "local-" in front), recognised where
+# it follows the name WANDB_API_KEY (any quotes, brackets or blanks between) or in `wandb login` /
+# `wandb.login(...)`; elsewhere 40 hex digits are a git commit or a SHA-1 and stay.
+_WANDB_KEY = r"(?:local-)?[0-9a-fA-F]{40}(?![0-9A-Za-z_-])"
+_WANDB_AFTER_NAME_RE = re.compile(r"(?i:wandb_api_key)(?P<sep>[^\w\n]{1,16}?)(?<![0-9A-Za-z_-])" + _WANDB_KEY)
+_WANDB_LOGIN_RE = re.compile(r"(?<![\w.-])wandb(?:[ \t]+login(?![\w.-])|\.login[ \t]*\()")
+_WANDB_KEY_RE = re.compile(r"(?<![0-9A-Za-z_-])" + _WANDB_KEY)
+_LOGIN_END_RE = re.compile(r"[;|&\n)]")
 _P_OPTION_RE = re.compile(
     r"""(?<![^\s'"])-p(?:(?P<glued>"""
     + _DQ
@@ -326,8 +402,9 @@ def is_secret_name(name: object) -> bool:
         return True
     bare = low.lstrip("-")
     norm = bare.replace("-", "_")
-    if norm.replace(".", "_").endswith(SECRET_SUFFIXES):
-        return True
+    dotted = norm.replace(".", "_")
+    if dotted.endswith(SECRET_SUFFIXES):
+        return not (dotted.endswith("_pass") and dotted[: -len("_pass")].rsplit("_", 1)[-1] in PASS_NOT_PASSWORD)
     return norm in SECRET_NAMES and (bare != low or norm not in OPTION_ONLY_NAMES)
 
 
@@ -377,10 +454,15 @@ def _mask_auth(v: re.Match[str]) -> str:
     inner = value[1:] if q else value
     m = _AUTH_SCHEME_RE.match(inner)
     if m is None:
-        return value if inner.lower() in AUTH_SCHEMES else _mask_value(value)
+        bare = inner[:-1] if q and inner.endswith(q) else inner
+        if inner.lower() in AUTH_SCHEMES or (bare.isalpha() and len(bare) < 20):  # "authorization: required"
+            return value
+        return _mask_value(value)
     rest = inner[m.end() :]
     if rest[:1] == "<":  # "Bearer <token>": a placeholder
         return value
+    if m.group(0).rstrip().lower() == "digest" and _PARAM_RE.match(rest):
+        return value  # Digest's parameters (username, realm, uri...) are not secret; its response is masked alone
     closed = bool(q) and (_DQ_CLOSED_RE if q == '"' else _SQ_CLOSED_RE).fullmatch(value) is not None
     return q + inner[: m.end()] + MASK + (q if closed else "")
 
@@ -482,6 +564,101 @@ def _mask_p_options(text: str) -> str:
     return "".join(out)
 
 
+def _commands(
+    text: str, client_rx: re.Pattern[str], end_rx: re.Pattern[str] = _COMMAND_END_RE
+) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each command of a client: from after its word to ; | & or a newline (linear)."""
+    pos = 0
+    while True:
+        c = client_rx.search(text, pos)
+        if c is None:
+            return
+        e = end_rx.search(text, c.end())
+        stop = e.start() if e is not None else len(text)
+        yield c.end(), stop
+        pos = stop + 1 if e is not None else len(text) + 1
+        if pos > len(text):
+            return
+
+
+def _splice(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` with each (start, end) replaced, spans in order and not overlapping."""
+    if not spans:
+        return text
+    out: list[str] = []
+    last = 0
+    for start, end, new in spans:
+        out.append(text[last:start])
+        out.append(new)
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _after_colon(value: str) -> str | None:
+    """'alice:pw' -> 'alice:***' (quotes kept); None where there is no password to mask."""
+    q = value[:1] if value[:1] in ("'", '"') else ""
+    inner = value[1:] if q else value
+    closed = bool(q) and inner.endswith(q)
+    if closed:
+        inner = inner[:-1]
+    user, colon, password = inner.partition(":")
+    if not colon or not password or _is_exempt(password):
+        return None
+    return q + user + ":" + MASK + (q if closed else "")
+
+
+def _mask_u_options(text: str) -> str:
+    """The password of ``-u user:pw`` / ``--user user:pw`` in the command of a USER_PASSWORD_CLIENTS client."""
+    spans: list[tuple[int, int, str]] = []
+    for start, stop in _commands(text, _U_CLIENT_RE):
+        for m in _U_OPTION_RE.finditer(text, start, stop):
+            masked = _after_colon(m.group("v"))
+            if masked is not None:
+                spans.append((m.start("v"), m.end("v"), masked))
+    return _splice(text, spans)
+
+
+def _mask_sshpass(text: str) -> str:
+    """``sshpass -p pw`` / ``-ppw``: sshpass's options end at the command it runs (``ssh -p 22`` is a port)."""
+    spans: list[tuple[int, int, str]] = []
+    for start, stop in _commands(text, _SSHPASS_RE):
+        skip = False
+        for w in _WORD_RE.finditer(text, start, stop):
+            word = w.group(0)
+            if skip:  # the value of -f, -d or -P
+                skip = False
+                continue
+            if not word.startswith("-"):
+                break  # the command sshpass runs
+            if word == "-p":
+                v = _WORD_RE.search(text, w.end(), stop)
+                if v is not None and not _is_exempt(v.group(0)):
+                    spans.append((v.start(), v.end(), _mask_arg_text(v.group(0))))
+                break
+            if word.startswith("-p"):
+                if not _is_exempt(word[2:]):
+                    spans.append((w.start() + 2, w.end(), _mask_arg_text(word[2:])))
+                break
+            skip = word in ("-f", "-d", "-P")
+    return _splice(text, spans)
+
+
+def _mask_wandb(text: str) -> str:
+    """A W&B API key after the name WANDB_API_KEY, and in ``wandb login ...`` / ``wandb.login(...)``."""
+    if "wandb" not in text.lower():
+        return text
+    text = _WANDB_AFTER_NAME_RE.sub(lambda m: m.group(0)[: m.end("sep") - m.start(0)] + MASK, text)
+    spans: list[tuple[int, int, str]] = []
+    for start, stop in _commands(text, _WANDB_LOGIN_RE, _LOGIN_END_RE):
+        spans.extend((k.start(), k.end(), MASK) for k in _WANDB_KEY_RE.finditer(text, start, stop))
+    return _splice(text, spans)
+
+
+def _sub_digest(m: re.Match[str]) -> str:
+    return m.group(0)[: m.start("v") - m.start(0)] + MASK
+
+
 def _sub_bearer(m: re.Match[str]) -> str:
     value = m.group("value")
     if value.isalpha() and len(value) < 20:  # "the bearer ofsomething" prose
@@ -506,6 +683,11 @@ def _redact(text: str) -> str:
     if "-" in text:
         text = _scan(text, _SPACED_OPT_HEAD_RE, _OPTION_FORM)
         text = _mask_p_options(text)
+        text = _mask_u_options(text)
+        text = _mask_sshpass(text)
+    if "=" in text:
+        text = _DIGEST_RESPONSE_RE.sub(_sub_digest, text)
+    text = _mask_wandb(text)
     if "=" in text or ":" in text:
         text = _scan(text, _AWS_SECRET_HEAD_RE, _AWS_FORM)
     for rx in _TOKEN_RES:
@@ -527,7 +709,7 @@ _MAX_PASSES = 4
 _GATE_RE = re.compile(
     "|".join(re.escape(w) for w in (*SECRET_WORDS, *SECRET_NAMES))
     + r"|://|private key|akia|asia|aiza|ya29\.|hf_|gh[pousr]_|github_pat_|gl[a-z]{1,4}-|xox[abprs]-"
-    + r"|sk-|[sr]k_|sg\.|npm_|pypi-|eyj|bearer|basic|mysql|maria"
+    + r"|sk-|[sr]k_|sg\.|npm_|pypi-|eyj|bearer|basic|mysql|maria|curl|response|wandb"
 )
 
 
@@ -569,6 +751,10 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
       true/false/none/null literal.
     * ``--secret-name=VALUE`` and ``SECRET_NAME=VALUE`` (one element): everything
       after the first ``=`` becomes ``***`` (same exemptions).
+    * the command-bound forms of :func:`redact` across elements: ``-p PW`` / ``-pPW`` of a
+      :data:`PASSWORD_P_CLIENTS` client and of ``sshpass`` (its own options only),
+      ``-u USER:PW`` / ``--user USER:PW`` of a :data:`USER_PASSWORD_CLIENTS` client, a W&B key
+      in ``wandb login``; the command ends at an element ``;``, ``|``, ``&&`` ...
     * every other element goes through :func:`redact` (positional tokens,
       URL credentials, ...).
 
@@ -581,10 +767,18 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
         return []
     out: list[Any] = []
     mask_next = False
+    command = ""  # the client whose options are being read: "p", "sshpass", "user", "wandb", "wandb login"
+    pending = ""  # what the previous element asked of this one: "mask", "after-colon", "skip"
     for item in items:
         try:
             if not isinstance(item, str):
                 out.append(item)
+                mask_next = False
+                command = pending = ""
+                continue
+            masked, command, pending = _argv_command(item, command, pending)
+            if masked is not None:
+                out.append(masked)
                 mask_next = False
                 continue
             if mask_next and not _LONG_OPT_RE.match(item):
@@ -604,6 +798,51 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
         except Exception:  # pragma: no cover - defensive
             out.append(MASK)
     return out
+
+
+_ARGV_SEPARATORS = frozenset({";", "|", "||", "&", "&&"})
+
+
+def _argv_command(item: str, command: str, pending: str) -> tuple[str | None, str, str]:
+    """One element of a command line in the command it belongs to: (the element masked, or None to
+    leave it to the other rules; the command now; what the next element is)."""
+    if pending == "mask":
+        return (item if _is_exempt(item) or item.startswith("--") else MASK), command, ""
+    if pending == "after-colon":
+        return _after_colon(item) or item, command, ""
+    if pending == "skip":
+        return item, command, ""
+    if item in _ARGV_SEPARATORS:
+        return None, "", ""
+    word = item.rsplit("/", 1)[-1]
+    if word in PASSWORD_P_CLIENTS:
+        return None, "p", ""
+    if word == "sshpass":
+        return None, "sshpass", ""
+    if word in USER_PASSWORD_CLIENTS or word.removesuffix(".exe") in USER_PASSWORD_CLIENTS:
+        return None, "user", ""
+    if word == "wandb":
+        return None, "wandb", ""
+    if command == "wandb":
+        return None, ("wandb login" if item == "login" else ""), ""
+    if command == "wandb login":
+        return (MASK if _WANDB_KEY_RE.fullmatch(item) else None), command, ""
+    if command in ("p", "sshpass") and item.startswith("-p"):
+        if item == "-p":
+            return None, command, "mask"
+        return ("-p" + (item[2:] if _is_exempt(item[2:]) else MASK)), command, ""
+    if command == "sshpass":
+        if item in ("-f", "-d", "-P"):
+            return None, command, "skip"
+        return None, (command if item.startswith("-") else ""), ""  # the command sshpass runs begins
+    if command == "user":
+        if item in ("-u", "-U", "--user", "--proxy-user"):
+            return None, command, "after-colon"
+        for opt in ("--user=", "--proxy-user=", "-u", "-U"):
+            if item.startswith(opt) and len(item) > len(opt):
+                masked = _after_colon(item[len(opt) :])
+                return (item[: len(opt)] + masked if masked else None), command, ""
+    return None, command, ""
 
 
 _MAX_DEPTH = 200
