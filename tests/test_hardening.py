@@ -1382,3 +1382,386 @@ def test_a_stopped_monitor_costs_ctrl_c_no_more_than_its_budget(tmp_path):
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+# =========================================================================== Hardening III (issue 29): items 3, 6, 7
+# Each section below performs one attack of the issue's review for real; on the code before the
+# change, each test fails.  (The other items of issue 29 have sections of their own.)
+
+# --------------------------------------------------------------------------- issue 29 item 3: entry points and the cwd
+
+# A module planted in the working directory: it leaves a marker (the uid it ran as), then loads the
+# real module in its place, so the program that imported it still works and every later import of
+# the same run is seen too.
+PLANTED_SHIM = """
+import sys as _s, os as _o
+with open({marks!r} + "/" + __name__, "w") as _f:
+    _f.write(str(_o.getuid()))
+import importlib.machinery as _m, importlib.util as _u
+_here = _o.path.dirname(_o.path.abspath(__file__))
+_spec = _m.PathFinder.find_spec(__name__, [p for p in _s.path if p and _o.path.abspath(p) != _here])
+if _spec is None:
+    raise ModuleNotFoundError("No module named %r" % __name__, name=__name__)
+_mod = _u.module_from_spec(_spec)
+_s.modules[__name__] = _mod
+_spec.loader.exec_module(_mod)
+"""
+
+
+# dlwatch's dependencies, required and optional (pyproject.toml), by the names they are imported as
+DLWATCH_DEPENDENCIES = ("psutil", "structlog", "re2", "_re2", "pynvml", "tomli", "prometheus_client")
+
+
+def _startup_modules() -> set[str]:
+    """What this Python has imported before it runs any program: imported before the working directory
+    is on the path, so a file there can never stand in for them."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
+    return set(out.stdout.split())
+
+
+def plant_every_module(directory, marks) -> set[str]:
+    """A shim for every standard-library module and every dependency of dlwatch, in ``directory``,
+    owned by the second uid where the test may hand files over (the job owner planted them)."""
+    names = (set(sys.stdlib_module_names) | set(DLWATCH_DEPENDENCIES)) - (
+        _startup_modules() | set(sys.builtin_module_names) | {"__main__", "sitecustomize", "usercustomize"}
+    )
+    os.makedirs(marks, exist_ok=True)
+    os.chmod(marks, 0o1777)  # the shims run as whoever imports them
+    for name in names:
+        path = os.path.join(directory, name + ".py")
+        with open(path, "w") as f:
+            f.write(PLANTED_SHIM.format(marks=str(marks)))
+        if os.geteuid() == 0:
+            os.chown(path, NOBODY, NOBODY)
+    return names
+
+
+def planted_that_ran(marks) -> set[str]:
+    return set(os.listdir(marks))
+
+
+def _clear(marks) -> None:
+    for name in os.listdir(marks):
+        os.unlink(os.path.join(marks, name))
+
+
+def _cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLWATCH_")}
+    env["PYTHONPATH"] = REPO  # this tree's dlwatch, whatever the environment has installed
+    env.update(extra)
+    return env
+
+
+def test_python_m_dlwatch_imports_nothing_from_the_working_directory(tmp_path):
+    """Item 3: root runs ``python -m dlwatch VERB`` in a job owner's directory where a module stands in for
+    every standard-library module and every dependency.  None of them may run, for any verb: before,
+    ``typing``, ``json``, ``argparse``, ``subprocess``, ``re2`` ... ran as root from there."""
+    job = tmp_path / "owner-dir"
+    job.mkdir()
+    marks = tmp_path / "marks"
+    planted = plant_every_module(str(job), str(marks))
+    if os.geteuid() == 0:
+        os.chown(job, NOBODY, NOBODY)
+    assert {"json", "typing", "argparse", "subprocess", "re2", "psutil"} <= planted
+    (tmp_path / "reports").mkdir(mode=0o700)
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('program ran')\n")
+    target = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('READY', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        start_new_session=True,
+    )
+    try:
+        assert target.stdout.readline().strip() == "READY"
+        # the shims are live: a plain python in that directory runs them
+        subprocess.run([sys.executable, "-c", "import json, argparse"], cwd=str(job), timeout=60, check=True)
+        assert {"json", "argparse"} <= planted_that_ran(str(marks))
+        _clear(str(marks))
+        out = str(tmp_path / "reports")
+        verbs = {
+            "--version": ["--version"],
+            "playbooks": ["playbooks"],
+            "report": ["report", "--dir", out],
+            "attach": ["attach", str(target.pid), "--no-native", "--duration", "0.2", "--out", out],
+            "top": ["top", str(target.pid), "--once", "--out", out],
+            "demo --list": ["demo", "--list"],
+            "run": ["run", "--report-dir", out, str(prog)],
+        }
+        ran = {}
+        for verb, args in verbs.items():
+            rc, stdout, err = run_bounded(
+                [sys.executable, "-m", "dlwatch", *args], env=_cli_env(), cwd=str(job), timeout=120
+            )
+            assert rc in (0, 4), (verb, rc, err[-2000:])  # 4: attach/top on a process dlwatch does not watch
+            ran[verb] = sorted(planted_that_ran(str(marks)))
+            _clear(str(marks))
+        assert "program ran" in stdout  # the last verb, run: the program did run
+        assert ran == {verb: [] for verb in verbs}, ran
+    finally:
+        kill_session(target.pid, set())
+        target.stdout.close()
+        target.wait()
+
+
+JOB_MODULE = """
+import sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Lazy(Dataset):
+    \"\"\"Imports the program's own modules from the working directory lazily, as datasets do.\"\"\"
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import jobhelper  # first imported here, under dlwatch's iteration (0 workers: the main process)
+
+        if torch.utils.data.get_worker_info() is not None:
+            import jobpayload  # only in the worker: torch imports it in the main process to unpickle a batch
+
+            return jobpayload.Payload(jobhelper.double(i))
+        return jobhelper.double(i)
+
+
+def collate(items):
+    return items
+
+
+seen = []
+for workers in (0, 2):
+    loader = DataLoader(Lazy(), batch_size=2, num_workers=workers, collate_fn=collate,
+                        multiprocessing_context="fork" if workers else None)
+    for batch in loader:
+        seen.append([getattr(x, "value", x) for x in batch])
+print("JOB", seen, type(batch[0]).__module__, sys.path[0] == __import__("os").getcwd(), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_dlwatch_run_m_imports_nothing_planted_that_bare_python_m_does_not(tmp_path):
+    """Item 3: in a world-writable directory where another user planted a module for every standard-library
+    module and every dependency, root runs a job with ``python -m job``, ``dlwatch run -m job`` and
+    ``python -m dlwatch run -m job``.  Under dlwatch, nothing planted may run that the bare job does not
+    run itself (before: ``re2``, ``resource``, ``tomllib``, imported by dlwatch's watch inside the program);
+    the job's own lazy imports from that directory (in its dataset, and torch unpickling a batch whose
+    class lives there) still work, and the job is watched."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # like /tmp: anyone may leave a file
+    marks = tmp_path / "marks"
+    plant_every_module(str(shared), str(marks))
+    (shared / "job.py").write_text(JOB_MODULE)
+    (shared / "jobhelper.py").write_text("def double(i):\n    return 2 * i\n")
+    (shared / "jobpayload.py").write_text(
+        "class Payload:\n    def __init__(self, value):\n        self.value = value\n"
+    )
+    reports = tmp_path / "reports"
+    env = _cli_env(DLWATCH_DIR=str(reports))
+    dlwatch_cmd = os.path.join(os.path.dirname(sys.executable), "dlwatch")
+    forms = {
+        "bare": [sys.executable, "-m", "job"],
+        "dlwatch run -m": [dlwatch_cmd, "run", "-m", "job"],
+        "python -m dlwatch run -m": [sys.executable, "-m", "dlwatch", "run", "-m", "job"],
+    }
+    ran, out = {}, {}
+    for form, argv in forms.items():
+        rc, stdout, err = run_bounded(argv, env=env, cwd=str(shared), timeout=240)
+        assert rc == 0, (form, err[-3000:])
+        out[form] = [line for line in stdout.splitlines() if line.startswith("JOB ")]
+        ran[form] = planted_that_ran(str(marks))
+        _clear(str(marks))
+    assert out["bare"] == ["JOB [[0, 2], [4, 6], [0, 2], [4, 6]] jobpayload True"], out
+    assert ran["bare"], "the planted modules never ran: the test would prove nothing"
+    for form in ("dlwatch run -m", "python -m dlwatch run -m"):
+        assert out[form] == out["bare"], (form, out)  # the program saw what bare python -m gives it
+        assert ran[form] <= ran["bare"], (form, sorted(ran[form] - ran["bare"]))
+        assert "re2" not in ran[form]
+    assert len(os.listdir(reports / "runs")) >= 2  # both dlwatch runs watched the job
+
+
+# --------------------------------------------------------------------------- issue 29 item 6: fail open on the environment
+
+# Every DLWATCH_* variable dlwatch reads, each set to a bad or hostile value (DLWATCH_DIR aside: it names the
+# report directory the test reads; a directory that cannot be used falls back, see test_security).  "{...}"
+# values are filled in by the test.  The first nine are checked: each gets exactly one warning and its default.
+BAD_ENVIRONMENT = {
+    "DLWATCH_POLL_INTERVAL": "nan",
+    "DLWATCH_STALL_TIMEOUT": "soon --password hunter2-0123456789",  # a secret in a bad value: the warning masks it
+    "DLWATCH_BODY_TIMEOUT": "-1",
+    "DLWATCH_KEEP_RUNS": "lots",
+    "DLWATCH_ENABLED": "maybe",
+    "DLWATCH_IGNORE": "no-such-playbook,Not An Id!,rng-duplication",
+    "DLWATCH_PLAYBOOKS": "{missing}" + os.pathsep + "{malformed}",
+    "DLWATCH_PROM_PORT": "abc",
+    "DLWATCH_PROM_FILE": "{missing}/metrics.prom",
+    # read as text or as a yes/no word: any value is valid, a hostile one must not stop the program either
+    "DLWATCH_JOB_ID": "job\nwith a newline/../../and more",
+    "DLWATCH_PROGRAM_RUN": "../../run\nid",
+    "DLWATCH_PY_SPY": "/nonexistent/py-spy",
+    "DLWATCH_HTML": "perhaps",
+    "DLWATCH_QUIET": "perhaps",
+    "DLWATCH_DISABLE": "perhaps",
+    "DLWATCH_RUN_PACKAGE": "/nonexistent",
+}
+WARNED = {
+    "DLWATCH_POLL_INTERVAL": "DLWATCH_POLL_INTERVAL='nan' is ignored: ",
+    "DLWATCH_STALL_TIMEOUT": "DLWATCH_STALL_TIMEOUT='soon --password ***' is ignored: ",
+    "DLWATCH_BODY_TIMEOUT": "DLWATCH_BODY_TIMEOUT='-1' is ignored: ",
+    "DLWATCH_KEEP_RUNS": "DLWATCH_KEEP_RUNS='lots' is ignored: ",
+    "DLWATCH_ENABLED": "DLWATCH_ENABLED='maybe' is ignored: ",
+    "DLWATCH_IGNORE": "DLWATCH_IGNORE names no known playbook: no-such-playbook ",
+    "DLWATCH_IGNORE entry": "DLWATCH_IGNORE: ignore entry 'Not' is not a playbook id",
+    "DLWATCH_PLAYBOOKS": "DLWATCH_PLAYBOOKS: playbook directory '{missing}' does not exist",
+    "DLWATCH_PLAYBOOKS malformed": "DLWATCH_PLAYBOOKS: playbook directory '{malformed}' is ignored: playbook ",
+    "DLWATCH_PROM_PORT": "DLWATCH_PROM_PORT must be a TCP port number (1-65535), got 'abc'",
+    "DLWATCH_PROM_FILE": "DLWATCH_PROM_FILE: directory '{missing}' does not exist",
+}
+BAD_ENV_PROGRAM = """
+import json, sys
+from torch.utils.data import DataLoader
+dl = DataLoader(list(range(6)), batch_size=3, num_workers=1)
+if sys.argv[1] == "watch":
+    import dlwatch
+    for epoch in range(2):  # two watches: each warning still comes once
+        with dlwatch.watch(dl) as batches:
+            print("BATCHES", [b.tolist() for b in batches], flush=True)
+    w = dlwatch.watch(dl)
+    print("OPTIONS", json.dumps({**w.options.to_dict(), "prometheus": w._prometheus}), flush=True)
+else:
+    for epoch in range(2):
+        print("BATCHES", [b.tolist() for b in dl], flush=True)
+"""
+
+
+def _bad_environment(tmp_path) -> tuple[dict[str, str], dict[str, str]]:
+    malformed = tmp_path / "malformed"
+    malformed.mkdir()
+    (malformed / "bad.toml").write_text('id = "x"\ntitle = "t"\n[[signals]]\nexception_text = "("\nconfidence = 0.5\n')
+    fill = {"missing": str(tmp_path / "missing"), "malformed": str(malformed)}
+    env = {k: v.format(**fill) for k, v in BAD_ENVIRONMENT.items()}
+    return env, {k: v.format(**fill) for k, v in WARNED.items()}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["watch", "dlwatch run"])
+def test_bad_environment_values_warn_once_and_the_program_runs(tmp_path, form):
+    """Item 6: with every DLWATCH_* variable set to a bad or hostile value (as an environment set for a whole
+    cluster may be), the program runs as bare: same batches, exit code 0, and each bad value is one warning
+    (redacted) and its default.  Before, the first of them raised into the program under watch(), and
+    stopped `dlwatch run` before the program started."""
+    script = tmp_path / "prog.py"
+    script.write_text(BAD_ENV_PROGRAM)
+    bad, warned = _bad_environment(tmp_path)
+    reports = tmp_path / "reports"
+    clean = _cli_env(DLWATCH_DIR=str(reports))
+    rc, bare_out, bare_err = run_bounded(
+        [sys.executable, str(script), "bare"], env=clean, cwd=str(tmp_path), timeout=120
+    )
+    assert rc == 0, bare_err
+    if form == "watch":
+        argv = [sys.executable, str(script), "watch"]
+    else:
+        argv = [sys.executable, "-m", "dlwatch", "run", str(script), "bare"]
+    rc, out, err = run_bounded(argv, env={**clean, **bad}, cwd=str(tmp_path), timeout=240)
+    assert rc == 0, err[-3000:]
+    batches = [line for line in out.splitlines() if line.startswith("BATCHES")]
+    assert batches == [line for line in bare_out.splitlines() if line.startswith("BATCHES")], out
+    assert "Traceback" not in err, err[-3000:]
+    for name, line in warned.items():
+        assert err.count("DlwatchWarning: dlwatch: " + line) == 1, (name, line, err[-4000:])
+    assert "hunter2-0123456789" not in err + out
+    if form == "watch":
+        (options,) = [line for line in out.splitlines() if line.startswith("OPTIONS")]
+        got = json.loads(options[len("OPTIONS ") :])
+        assert got["poll_interval"] == 1.0 and got["stall_timeout"] is None and got["body_timeout"] is None
+        assert got["keep_runs"] == 200 and got["enabled"] is True and got["ignore"] == ["rng-duplication"]
+        assert got["playbooks"] == [bad["DLWATCH_PLAYBOOKS"].split(os.pathsep)[1]]  # kept: its error is a warning
+        assert got["prometheus"] == {"file": None, "port": None}
+    # watched, with the defaults: a run summary per watch (two), or one for the program under dlwatch run
+    assert len(os.listdir(reports / "runs")) == (2 if form == "watch" else 1)
+
+
+def test_a_bad_argument_still_raises_as_a_bad_dataloader_argument_does(tmp_path, monkeypatch):
+    """Item 6, the other half: what the program's own code (or `dlwatch run`'s user) passes explicitly is
+    checked at the call; the environment's value of the same option does not make it pass."""
+    import dlwatch
+    from dlwatch.errors import PlaybookError
+
+    bad, _ = _bad_environment(tmp_path)
+    for name, value in bad.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DLWATCH_DISABLE")
+    for kwargs, kind in [
+        ({"poll_interval": float("nan")}, ValueError),
+        ({"stall_timeout": "soon"}, ValueError),
+        ({"keep_runs": "lots"}, ValueError),
+        ({"enabled": "maybe"}, TypeError),
+        ({"ignore": ["no-such-playbook"]}, ValueError),
+        ({"playbooks": [str(tmp_path / "missing")]}, ValueError),
+        ({"playbooks": [str(tmp_path / "malformed")]}, PlaybookError),
+    ]:
+        with pytest.raises(kind):
+            dlwatch.watch([1, 2], report_dir=tmp_path / "r", **kwargs)
+    assert not (tmp_path / "r").exists()  # nothing started
+    (tmp_path / "prog.py").write_text("print('ran')\n")
+    rc, out, err = run_bounded(
+        [sys.executable, "-m", "dlwatch", "run", "--poll-interval", "nan", "prog.py"],
+        env=_cli_env(),
+        cwd=str(tmp_path),
+        timeout=60,
+    )
+    assert (
+        rc == 2
+        and err.startswith("dlwatch: error: poll_interval must be a finite number")
+        and "(--poll-interval)" in err
+    )
+
+
+DELETED_CWD_PROGRAM = """
+import os, sys
+try:
+    os.getcwd()
+    where = "cwd exists"
+except OSError as exc:
+    where = f"cwd gone ({type(exc).__name__})"
+print("PROGRAM", sys.argv[1:], where, flush=True)
+"""
+
+
+@pytest.mark.parametrize("form", ["dlwatch", "python -m dlwatch"])
+def test_dlwatch_run_in_a_removed_working_directory_runs_the_program_as_bare(tmp_path, form):
+    """Item 6: `dlwatch run /abs/script.py` from a working directory that was removed (DLWATCH_DIR unset)
+    runs the program as `python /abs/script.py` does.  Before: a FileNotFoundError traceback, exit code 1,
+    the program never started."""
+    script = tmp_path / "prog.py"
+    script.write_text(DELETED_CWD_PROGRAM)
+    gone = tmp_path / "gone"
+    dlwatch_cmd = (
+        [os.path.join(os.path.dirname(sys.executable), "dlwatch")]
+        if form == "dlwatch"
+        else [sys.executable, "-m", "dlwatch"]
+    )
+    results = []
+    for argv in ([sys.executable, str(script), "a", "b"], [*dlwatch_cmd, "run", str(script), "a", "b"]):
+        gone.mkdir()
+        results.append(
+            run_bounded(
+                ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone), *argv],
+                env=_cli_env(),
+                cwd=str(tmp_path),
+                timeout=120,
+            )
+        )
+    bare, run = results
+    assert bare == (0, "PROGRAM ['a', 'b'] cwd gone (FileNotFoundError)\n", ""), bare
+    assert run == bare, run

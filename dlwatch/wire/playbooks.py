@@ -185,23 +185,29 @@ MAX_PLAYBOOK_FILES = 256  # user playbook files in all the directories of one lo
 
 
 def load_playbooks(
-    extra_dirs: Sequence[str] = (), *, problems: list[str] | None = None, strict_env: bool = False
+    extra_dirs: Sequence[str] = (),
+    *,
+    problems: list[str] | None = None,
+    strict_env: bool = False,
+    extra_strict: bool = False,
 ) -> tuple[Playbook, ...]:
     """Shipped playbooks, then ``$DLWATCH_PLAYBOOKS``, then ``extra_dirs``; a later id overrides.
 
     At most MAX_PLAYBOOK_FILES user files in all, each at most MAX_PLAYBOOK_BYTES: more is a
     PlaybookError before anything is parsed.  A directory of ``extra_dirs`` (an argument) that
     does not exist or holds a malformed file is an error; a directory of ``$DLWATCH_PLAYBOOKS``
-    (also when it comes again in ``extra_dirs``) is skipped instead, and why goes into
-    ``problems`` (a missing one silently: ``config.resolve`` says so), unless ``strict_env``
-    (``dlwatch playbooks``, where the user checks them): the environment never stops a program."""
+    is skipped instead, and why goes into ``problems`` (a missing one silently: ``config.resolve``
+    says so), unless ``strict_env`` (``dlwatch playbooks``, where the user checks them): the
+    environment never stops a program.  A directory of ``extra_dirs`` that the variable names too
+    came from it (a run's options, resolved from the environment) and is read as the variable's,
+    once, unless ``extra_strict`` says ``extra_dirs`` are the caller's arguments."""
     by_id: dict[str, Playbook] = {}
     for pb in load_dir(builtin_dir(), builtin=True):
         by_id[pb.id] = pb
     left = MAX_PLAYBOOK_FILES
     env_dirs = _env_dirs()
-    for directory in [*env_dirs, *(d for d in extra_dirs if strict_env or str(d) not in env_dirs)]:
-        from_env = str(directory) in env_dirs
+    extra = [(d, False) for d in extra_dirs if extra_strict or strict_env or str(d) not in env_dirs]
+    for directory, from_env in [*((d, True) for d in env_dirs), *extra]:
         path = Path(os.path.expanduser(str(directory)))
         try:
             if not path.is_dir():

@@ -41,7 +41,9 @@ class Settings:
         from dlwatch.wire.playbooks import load_playbooks
 
         env_problems: list[str] = []  # more bad DLWATCH_* values, left out: one warning each (warn_env)
-        loaded = load_playbooks(self.options.playbooks, problems=env_problems)  # a malformed file: PlaybookError
+        # the watch's own playbooks= argument strictly; the variable's directories leniently, by the loader
+        explicit = () if "playbooks" in self.options.from_env else self.options.playbooks
+        loaded = load_playbooks(explicit, problems=env_problems, extra_strict=True)  # malformed: PlaybookError
         self.options = config.known_ignored(self.options, (pb.id for pb in loaded))  # an unknown id: ValueError
         self.ignored = frozenset(self.options.ignored_playbooks)
         self.advice_pbs = {pb.id: pb for pb in loaded if pb.is_advice}
