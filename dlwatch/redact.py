@@ -316,7 +316,7 @@ _SSHPASS_RE = re.compile(r"(?<![\w.-])sshpass(?![\w.-])")
 _WORD_RE = re.compile(_DQ + "|" + _SQ + r"|[^\s'\"]\S*|\S")
 # HTTP Digest: response="<hex digest>" (32, 40, 64 or 128 hex digits: MD5, SHA-1, SHA-256, SHA-512)
 _DIGEST_RESPONSE_RE = re.compile(
-    r"(?<![\w.-])(?i:response)[ \t]*=[ \t]*(?P<q>[\"']?)(?P<v>[0-9a-fA-F]{32}(?:[0-9a-fA-F]{8}|[0-9a-fA-F]{32}|[0-9a-fA-F]{96})?)(?![0-9A-Za-z])"
+    r"(?<![\w.-])(?i:response)[ \t]*=[ \t]*(?P<q>\\{0,4}[\"']?)(?P<v>[0-9a-fA-F]{32}(?:[0-9a-fA-F]{8}|[0-9a-fA-F]{32}|[0-9a-fA-F]{96})?)(?![0-9A-Za-z])"
 )
 # A Weights & Biases API key: 40 hex digits (a local server's with "local-" in front), recognised where
 # it follows the name WANDB_API_KEY (any quotes, brackets or blanks between) or in `wandb login` /
@@ -622,7 +622,12 @@ def _mask_u_options(text: str) -> str:
 def _mask_sshpass(text: str) -> str:
     """``sshpass -p pw`` / ``-ppw``: sshpass's options end at the command it runs (``ssh -p 22`` is a port)."""
     spans: list[tuple[int, int, str]] = []
-    for start, stop in _commands(text, _SSHPASS_RE):
+    stop = -1
+    for c in _SSHPASS_RE.finditer(text):  # each sshpass, also a second one before the command ends
+        if c.end() > stop:  # (sshpass words of one command share its end: one search each command)
+            e = _COMMAND_END_RE.search(text, c.end())
+            stop = e.start() if e is not None else len(text)
+        start = c.end()
         skip = False
         for w in _WORD_RE.finditer(text, start, stop):
             word = w.group(0)
@@ -670,7 +675,22 @@ def _sub_url(m: re.Match[str]) -> str:
     return m.group(1) + MASK + m.group(3)
 
 
+# A line break written as an escape ("\\n" in a repr, a JSON string or a log line of them): the text after
+# it starts a line as much as after a real one (a client word, "--password" at the start of the line).
+_ESCAPED_BREAK_RE = re.compile(r"(\\+[nrt])")
+
+
 def _redact(text: str) -> str:
+    text = _redact_text(text)
+    if "\\" in text and _ESCAPED_BREAK_RE.search(text):
+        # the rules again on each escaped line: the whole text first (a quoted value holding an escape is
+        # masked whole), then line by line for what only a line start shows
+        parts = _ESCAPED_BREAK_RE.split(text)
+        text = "".join(part if i % 2 else _redact_text(part) for i, part in enumerate(parts))
+    return text
+
+
+def _redact_text(text: str) -> str:
     if "PRIVATE KEY" in text:
         text = _PRIVATE_KEY_RE.sub(lambda m: m.group(1) + MASK + m.group(3), text)
     if "://" in text:
@@ -814,6 +834,15 @@ def _argv_command(item: str, command: str, pending: str) -> tuple[str | None, st
         return item, command, ""
     if item in _ARGV_SEPARATORS:
         return None, "", ""
+    if command == "wandb key":  # WANDB_API_KEY in an element before: the key may follow after "=" or quotes
+        core = item.strip("'\"[](){}=:,; ")
+        if not core:
+            return None, command, ""
+        if _WANDB_KEY_RE.fullmatch(core):
+            return item.replace(core, MASK), "", ""
+        command = ""
+    if "wandb_api_key" in item.lower() and not _WANDB_KEY_RE.search(item):
+        return None, "wandb key", ""
     word = item.rsplit("/", 1)[-1]
     if word in PASSWORD_P_CLIENTS:
         return None, "p", ""

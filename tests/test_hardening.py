@@ -11,13 +11,23 @@ import json
 import os
 import re
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from conftest import REPO, kill_session, run_bounded
+from dlwatch._fs import write_json
+from dlwatch.redact import redact, redact_argv
+from dlwatch.report import build, store
+from dlwatch.wire import config, events
+from dlwatch.wire.job import rank_info
+from test_redact_everywhere import detect_secrets_findings, everything_written, printed_by_attach, warned
 from test_security import NOBODY, _as_nobody, _need_two_uids
 
 # --------------------------------------------------------------------------- item 1: attach signals a recycled pid
@@ -1765,3 +1775,242 @@ def test_dlwatch_run_in_a_removed_working_directory_runs_the_program_as_bare(tmp
     bare, run = results
     assert bare == (0, "PROGRAM ['a', 'b'] cwd gone (FileNotFoundError)\n", ""), bare
     assert run == bare, run
+
+
+# --------------------------------------------------------------------------- issue 29 item 7: six real-world secret shapes
+
+_ALNUM = string.ascii_letters + string.digits
+_HEX = "0123456789abcdef"
+SECRET_BODY = st.text(_ALNUM, min_size=20, max_size=40)
+AZURE_KEY = st.text(_ALNUM + "+/", min_size=40, max_size=86)  # an account key is 88 base64 characters, "==" last
+DIGEST = st.sampled_from([32, 40, 64, 128]).flatmap(lambda n: st.text(_HEX, min_size=n, max_size=n))
+WANDB_KEY = st.text(_HEX, min_size=40, max_size=40)
+# a URL password holding "@" and then "/" (the review's leak showed what followed the first "@")
+URL_PASSWORD = st.tuples(*[st.text(_ALNUM, min_size=8, max_size=16)] * 3).map(lambda t: f"{t[0]}@{t[1]}/{t[2]}")
+
+# (template, body): "{s}" is where the body goes; each as the review met it
+SHAPES_29 = {
+    "azure-account-key": (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={s}==;EndpointSuffix=core.windows.net",
+        AZURE_KEY,
+    ),
+    "curl-user": ("curl -s -u alice:{s} https://example.invalid/data", SECRET_BODY),
+    "sshpass": ("sshpass -p {s} ssh -p 2222 build@example.invalid", SECRET_BODY),
+    "digest-response": (
+        'Authorization: Digest username="alice", realm="data", nonce="abc", uri="/x", response="{s}", opaque="o"',
+        DIGEST,
+    ),
+    "url-password-at-slash": ("postgresql://alice:{s}@db.example.invalid:5432/train", URL_PASSWORD),
+    "wandb-after-name": ('os.environ["WANDB_API_KEY"] = "{s}"', WANDB_KEY),
+    "wandb-login": ("wandb login --relogin {s}", WANDB_KEY),
+}
+
+
+def secret_parts(body: str) -> list[str]:
+    """What must appear nowhere: the body, and each piece of a URL password between its "@" and "/"."""
+    return [body, *(p for p in re.split(r"[@/]", body) if len(p) >= 8 and p != body)]
+
+
+def _plant_argv(d: str, report: dict, text: str) -> None:
+    argv = ["python", "train.py", "--hook", text, *text.split(" ")]  # one element, and as a shell splits it
+    write_json(os.path.join(d, "run", "config.json"), {"argv": redact_argv(argv)})  # as the watch writes it
+    report["processes"].append(build.process_entry(1, "main", name="python", cmdline=argv))  # as read from /proc
+
+
+def _plant_env(d: str, report: dict, text: str) -> str:
+    report["rank"] = rank_info({"DLWATCH_JOB_ID": text, "RANK": "0", "WORLD_SIZE": "2"})
+    problems = config.resolve(environ={"DLWATCH_STALL_TIMEOUT": text}).problems  # a bad value: warned about
+    return warned_text(problems[0])
+
+
+def _plant_exception(d: str, report: dict, text: str) -> str:
+    report["exception"] = {"type": "builtins.ValueError", "message": text, "traceback": f"  line 3\n    {text}\n"}
+    events.emit(os.path.join(d, "run", "events.jsonl"), "exception", text=text)
+    return ""
+
+
+def _plant_warning(d: str, report: dict, text: str) -> str:
+    return warned_text(text)
+
+
+def _plant_dataset_repr(d: str, report: dict, text: str) -> str:
+    report["loader"] = {"dataset": f"Planted({text})", "num_workers": 2}
+    write_json(os.path.join(d, "run", "loader.json"), {"loader": {"dataset": f"Planted({text})"}})
+    return ""
+
+
+CHANNELS_29 = {
+    "argv": _plant_argv,
+    "env": _plant_env,
+    "exception": _plant_exception,
+    "warning": _plant_warning,
+    "dataset-repr": _plant_dataset_repr,
+}
+
+
+def warned_text(text: str) -> str:
+    """What reaches the program's stderr when dlwatch warns with ``text`` (see test_redact_everywhere.warned)."""
+    return warned(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=st.sampled_from(sorted(SHAPES_29)), channel=st.sampled_from(sorted(CHANNELS_29)), data=st.data())
+def test_each_new_shape_in_each_channel_is_redacted(shape, channel, data):
+    """Item 7: each of the six shapes, with a random body, planted in the program's argv, the environment,
+    exception text, a warning and a dataset's repr, then written and printed the way the watch, the monitor
+    and `dlwatch attach` do: no part of the body anywhere, and detect-secrets finds nothing."""
+    template, body_strategy = SHAPES_29[shape]
+    body = data.draw(body_strategy, label="body")
+    text = template.format(s=body)
+    d = tempfile.mkdtemp()
+    try:
+        os.mkdir(os.path.join(d, "run"), 0o700)
+        report = store.skeleton(trigger="exception", pid=1234, now=time.time())
+        printed = CHANNELS_29[channel](d, report, text) or ""
+        path = build.write(report, os.path.join(d, "r"))
+        out = everything_written(d) + printed_by_attach(report, path) + printed
+        assert [p for p in secret_parts(body) if p in out] == [], (shape, channel, text)
+        assert detect_secrets_findings(out) == [], (shape, channel, text)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+SECRETS_PROGRAM = """
+import json, sys, threading
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+texts = json.loads(sys.argv[3])
+
+
+class Planted(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("bad sample in " + repr(self))  # the dataset's repr in a worker's exception
+        return i
+
+    def __repr__(self):
+        return "Planted(" + " | ".join(texts) + ")"
+
+
+stop = threading.Event()
+threading.Thread(target=stop.wait, name=" ".join(texts), daemon=True).start()  # named in the fork warning
+loader = DataLoader(Planted(), batch_size=2, num_workers=1, multiprocessing_context="fork")
+try:
+    if sys.argv[1] == "watch":
+        import dlwatch
+
+        with dlwatch.watch(loader, report_dir=sys.argv[2], poll_interval=0.2) as batches:
+            for b in batches:
+                pass
+    else:
+        for b in loader:
+            pass
+except ValueError:
+    print("CAUGHT", flush=True)
+stop.set()
+"""
+
+
+def _distinctive(body: str) -> bool:
+    """A body that cannot turn up in a report by chance (a run of zeros is in every timestamp)."""
+    return all(len(set(part)) >= 5 for part in re.split(r"[@/]", body))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("form", ["watch", "dlwatch run"])
+@settings(max_examples=2, deadline=None, phases=[Phase.generate])  # real runs: two each, never shrunk
+@given(
+    bodies=st.fixed_dictionaries(
+        {name: strategy.filter(_distinctive) for name, (_t, strategy) in SHAPES_29.items()}
+    ).filter(lambda b: len(set(b.values())) == len(b))
+)
+def test_the_new_shapes_planted_in_a_real_run_reach_nothing_written_or_printed(form, bodies):
+    """Item 7, performed for real: a program gets all six shapes in its argv (each as one argument, and as a
+    shell splits it), in the environment (DLWATCH_JOB_ID, and a bad DLWATCH_STALL_TIMEOUT that dlwatch warns
+    about), in a thread's name (the fork warning), in its dataset's repr and so in the exception a worker
+    raises.  dlwatch writes the exception incident, the run summary and their pages, and warns: no part of
+    any body is in any of it, or in what was printed.  Before, each shape reached report.json/md/html."""
+    texts = [SHAPES_29[name][0].format(s=body) for name, body in sorted(bodies.items())]
+    d = tempfile.mkdtemp()
+    try:
+        script = os.path.join(d, "prog.py")
+        with open(script, "w") as f:
+            f.write(SECRETS_PROGRAM)
+        reports = os.path.join(d, "reports")
+        argv = [script, "watch" if form == "watch" else "bare", reports, json.dumps(texts), *texts]
+        argv += [word for text in texts for word in text.split(" ")]
+        if form == "dlwatch run":
+            argv = ["-m", "dlwatch", "run", *argv]
+        env = _cli_env(
+            DLWATCH_DIR=reports,
+            DLWATCH_JOB_ID=texts[0][:120],
+            DLWATCH_STALL_TIMEOUT="\n".join(texts),
+            DLWATCH_POLL_INTERVAL="0.2",
+        )
+        rc, out, err = run_bounded([sys.executable, *argv], env=env, cwd=d, timeout=300)
+        assert rc == 0 and "CAUGHT" in out, err[-3000:]
+        assert "fork-with-threads" in err and "DLWATCH_STALL_TIMEOUT=" in err, err[-3000:]  # both warnings shown
+        written = everything_written(reports)
+        assert '"trigger": "exception"' in written and "bad sample in Planted(" in written  # the incident is there
+        shown = written + out + err
+        leaked = {name: p for name, body in bodies.items() for p in secret_parts(body) if p in shown}
+        assert leaked == {}, leaked
+        assert detect_secrets_findings(shown) == []
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# Ordinary text that looks like one of the shapes (or like the old rules' catches): never masked.
+LOOKALIKES = [
+    "forward_pass: {n}",
+    "backward_pass={n} ms",
+    "first_pass: {n}",
+    "num_pass={n}",
+    "cookiecutter {w}",
+    "authorization: required",
+    "Authorization: {w}",
+    '"authorization": "optional"',
+    "git checkout {sha}",
+    "commit {sha}",
+    "HEAD is now at {sha}",
+    "{sha}  data/{w}.tar",
+    "checksum={sha}",
+    "https://github.com/{w}/{w}/commit/{sha}",
+    "wandb: Syncing run {w}-{n}",
+    "WANDB_PROJECT={w}",
+    "WANDB_API_KEY is not set: run `wandb login`",
+    "wandb.init(project='{w}', id='{sha}')",
+    "response=200",
+    "response: ok",
+    'response="{w}"',
+    "response_time={n}",
+    "curl -u {w} https://example.invalid/{w}",
+    "curl -o {w}.tar -L https://example.invalid/{w}",
+    "ssh -p 2222 {w}@example.invalid",
+    "sshpass -f /home/{w}/.pw ssh -p 22 example.invalid",
+    "AccountName={w};EndpointSuffix=core.windows.net",
+    "account: {n}",
+    "mail {w}@example.com",
+    "http://host:8080/x@y.z",
+    "s3://{w}/{w}@{n}/part-0001.parquet",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    template=st.sampled_from(LOOKALIKES),
+    w=st.text(string.ascii_lowercase, min_size=3, max_size=12),
+    n=st.integers(0, 10**6),
+    sha=st.text(_HEX, min_size=40, max_size=40),
+)
+def test_look_alikes_of_the_new_shapes_are_left_alone(template, w, n, sha):
+    """Item 7's other half: the new rules mask what they are for and nothing like it: a forward pass, a
+    cookiecutter, an authorization that is required, a git commit (40 hex digits not after a W&B key name),
+    an HTTP response code, a curl without a password, an ssh port, an Azure account's name."""
+    text = template.format(w=w, n=n, sha=sha)
+    assert redact(text) == text
+    assert redact_argv(text.split(" ")) == text.split(" ")

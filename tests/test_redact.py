@@ -362,6 +362,15 @@ MB = 1 << 20
         'x"',  # quotes inside an option value
         "xghp_",  # glued token prefixes
         "ask-",
+        "sshpass ",  # issue 29: command-bound forms and the new shapes
+        "sshpass -e ",
+        "curl -u a:",
+        "curl ",
+        "wandb login ",
+        "WANDB_API_KEY ",
+        "response=",
+        "://u:p@h/",  # a URL password with "@" and "/", the last "@" wins
+        "AccountKey=",
     ],
 )
 def test_pathological_input_finishes(unit: str) -> None:
