@@ -36,6 +36,9 @@ class Group:
     shapes: tuple[str, ...]
     modes: tuple[str, ...] = MODES
     needs: tuple[tuple[str, str], ...] = ()  # (shape, module it imports): the shape is skipped without it
+    # run as a module from the working directory: bare `python -m PROGRAM_MODULE`, and
+    # `python -m dlwatch run -m PROGRAM_MODULE` (the program and its modules copied there)
+    as_module: bool = False
 
 
 GROUPS: dict[str, Group] = {
@@ -64,6 +67,7 @@ GROUPS: dict[str, Group] = {
             "worker-init-exception-caught",
             "nested-eval-loader",
             "num-workers-0",
+            "lazy-local-imports",
         )
     ),
     # workers that are not forked from the program: their own process, so no fork-only state leaks in
@@ -75,7 +79,14 @@ GROUPS: dict[str, Group] = {
     ),
     # the exception ends the program: exit code and stderr's traceback are the trace
     "uncaught": Group(shapes=("uncaught-worker-exception",)),
+    # `-m`: the program is a module found in the working directory, first on sys.path; its own lazy imports
+    # from there work under dlwatch run as bare, and it sees the same sys.path (issue 29, item 3)
+    "module": Group(
+        shapes=("lazy-local-imports", "num-workers-0", "persistent-workers"), modes=("bare", "run"), as_module=True
+    ),
 }
+PROGRAM_MODULE = "transparency_program"  # program.py's name where a module group runs it
+PROGRAM_FILES = ("tracefmt.py", "local_payload.py", "local_helper.py")  # what it imports from its directory
 
 
 def missing(group: Group) -> dict[str, str]:
@@ -135,16 +146,30 @@ def program_env(tmp: str, mode: str) -> dict[str, str]:
     return env
 
 
-def argv_for(mode: str, shapes: tuple[str, ...]) -> list[str]:
+def argv_for(mode: str, shapes: tuple[str, ...], as_module: bool = False) -> list[str]:
+    if as_module:
+        program = ["-m", PROGRAM_MODULE, "bare" if mode == "run" else mode, *shapes]
+        return [sys.executable, "-m", "dlwatch", "run", *program] if mode == "run" else [sys.executable, *program]
     if mode == "run":  # the bare program, unmodified, under the run hook
         return [sys.executable, "-m", "dlwatch", "run", PROGRAM, "bare", *shapes]
     return [sys.executable, PROGRAM, mode, *shapes]
 
 
-def run_program(mode: str, shapes: tuple[str, ...], tmp: str) -> Outcome:
-    """Run the program in one mode, in its own session, bounded; kill whatever of it is left."""
+def _as_module_in(tmp: str) -> None:
+    """The program and the modules it imports from its own directory, copied into the working directory."""
+    import shutil
+
+    here = os.path.dirname(PROGRAM)
+    shutil.copyfile(PROGRAM, os.path.join(tmp, PROGRAM_MODULE + ".py"))
+    for name in PROGRAM_FILES:
+        shutil.copyfile(os.path.join(here, name), os.path.join(tmp, name))
+
+
+def run_program(mode: str, shapes: tuple[str, ...], tmp: str, as_module: bool = False) -> Outcome:
+    """Run the program in one mode, in its own session, bounded; kill whatever of it is left.
+    ``as_module``: as a module of ``tmp``, where the caller has put it (``_as_module_in``)."""
     proc = subprocess.Popen(
-        argv_for(mode, shapes),
+        argv_for(mode, shapes, as_module),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -191,7 +216,9 @@ def results(name: str, tmp_factory: Callable[[str], Any]) -> dict[str, Outcome]:
         shapes = tuple(s for s in group.shapes if s not in skipped)
         tmp = str(tmp_factory(name))
         with ThreadPoolExecutor(max_workers=len(group.modes)) as pool:
-            runs = {mode: pool.submit(run_program, mode, shapes, tmp) for mode in group.modes}
+            if group.as_module:
+                _as_module_in(tmp)  # once, before the modes run side by side
+            runs = {mode: pool.submit(run_program, mode, shapes, tmp, group.as_module) for mode in group.modes}
             _RESULTS[name] = {mode: fut.result() for mode, fut in runs.items()}
     return _RESULTS[name]
 

@@ -249,6 +249,18 @@ def rng_states() -> dict[str, str]:
     }
 
 
+def _where(path: str) -> str:
+    """A path of sys.path or argv as the same in every mode: the program's directory and the working
+    directory (the harness's temporary one) by name, the rest as it is."""
+    if not isinstance(path, str):
+        return repr(path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, place in (("<program dir>", here), ("<cwd>", os.getcwd())):
+        if path == place or path.startswith(place + os.sep):
+            return name + path[len(place) :]
+    return path
+
+
 def process_state() -> dict[str, Any]:
     """What a library could change in the process behind the program's back: signal handlers,
     faulthandler, the start method, torch's threads and sharing strategy."""
@@ -274,6 +286,10 @@ def process_state() -> dict[str, Any]:
             )
         },
         "faulthandler": faulthandler.is_enabled(),
+        # where the program imports from, as Python set it up (`python -m` puts the working directory first)
+        "import_path": [_where(p) for p in sys.path],
+        "main": getattr(sys.modules["__main__"].__spec__, "name", None),
+        "argv0": _where(sys.argv[0]),
         "start_method": multiprocessing.get_start_method(allow_none=True),
         "torch_threads": torch.get_num_threads(),
         "sharing_strategy": torch.multiprocessing.get_sharing_strategy(),
@@ -743,6 +759,36 @@ def num_workers_0(t: Trace) -> None:
         for epoch in range(2):
             for b in pick(dl, batches):
                 t.batch(b)
+
+
+class LazyImports(Dataset):
+    """Imports modules of the program's own directory lazily, as datasets do (see local_payload, local_helper)."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        CALLS["getitem"] += get_worker_info() is None
+        if get_worker_info() is not None:
+            import local_payload
+
+            return local_payload.Value(i)
+        import local_helper
+
+        return local_helper.triple(i)
+
+
+@shape
+def lazy_local_imports(t: Trace) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for workers in (2, 0):  # workers first: the main process has imported neither module yet
+        dl = DataLoader(LazyImports(), batch_size=3, num_workers=workers, collate_fn=list)
+        with watch(dl) as batches:
+            for b in pick(dl, batches):
+                t.batch(b)
+    for name in ("local_payload", "local_helper"):
+        module = sys.modules.get(name)
+        t.note(name, os.path.relpath(module.__file__, here) if module is not None else None)
 
 
 def _start_method(t: Trace, method: str) -> None:
