@@ -8,8 +8,8 @@ dlwatch never imports torch.
 Layout (docs/design.md, "Process map"): ``inproc/`` runs in the training process,
 ``monitor/`` in the monitor process, ``cli/`` in the command; ``wire/`` is what crosses
 between them; ``collect/``, ``detect/`` and ``report/`` read, judge and write.  The modules
-at this level (``_fs``, ``_log``, ``_regex``, ``_spawn``, ``_version``, ``errors``, ``redact``,
-``model``) are leaf helpers every side shares.
+at this level (``_entry``, ``_fs``, ``_log``, ``_regex``, ``_spawn``, ``_version``, ``errors``,
+``redact``, ``model``) are leaf helpers every side shares.
 """
 
 # `python -m dlwatch`: this is the first code of dlwatch that runs, with the working directory first on

@@ -356,7 +356,9 @@ def watch(
             for batch in loader: ...
 
     Options (each has an environment variable that replaces the default; an explicit
-    keyword wins, except DLWATCH_DISABLE=1, which always turns watch into a no-op):
+    keyword wins, except DLWATCH_DISABLE=1, which always turns watch into a no-op; a bad
+    keyword raises ValueError or TypeError here, a bad variable is one warning and its
+    default, as the environment may be set for a whole cluster):
 
     - ``report_dir``: where incidents go (DLWATCH_DIR, default ./dlwatch-reports)
     - ``poll_interval``: seconds between monitor polls (DLWATCH_POLL_INTERVAL, default 1.0)
