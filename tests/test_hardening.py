@@ -515,13 +515,16 @@ def test_too_many_playbook_files_fail_before_any_is_parsed(tmp_path, monkeypatch
     with pytest.raises(PlaybookError) as info:
         load_playbooks([str(two)])
     assert str(two) in str(info.value) and "3001 playbook files" in str(info.value)
-    # through the environment: watch() gets a one-line ValueError, the CLI exit 7
+    # through the environment: watch() gets one warning and goes on without that directory (the environment
+    # fails open, issue 29), `dlwatch playbooks`, where the user checks them, exits 7
     monkeypatch.setenv("DLWATCH_PLAYBOOKS", str(two))
     import dlwatch
 
-    with pytest.raises(ValueError) as raised:
-        dlwatch.watch([1, 2, 3])
-    assert "\n" not in str(raised.value) and "merge or remove some" in str(raised.value)
+    with pytest.warns(dlwatch.DlwatchWarning) as warned:
+        w = dlwatch.watch([1, 2, 3])
+    (line,) = [str(x.message) for x in warned if "merge or remove some" in str(x.message)]
+    assert "\n" not in line and line.startswith(f"dlwatch: DLWATCH_PLAYBOOKS: playbook directory {str(two)!r}")
+    assert w.options.enabled
     assert main(["playbooks"]) == 7
 
 
