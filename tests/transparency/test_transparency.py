@@ -41,7 +41,8 @@ def _trace_cases() -> Iterator[Any]:
                 continue  # no trace line: its program's exit code and stderr are the trace
             for mode in group.modes:
                 if mode != "bare":
-                    yield pytest.param(name, shape, mode, id=f"{shape}-{mode}")
+                    suffix = "-as-module" if group.as_module else ""  # the same shapes run as a script too
+                    yield pytest.param(name, shape, mode, id=f"{shape}-{mode}{suffix}")
 
 
 @pytest.mark.parametrize("group, shape, mode", list(_trace_cases()))
