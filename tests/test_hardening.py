@@ -2017,3 +2017,41 @@ def test_look_alikes_of_the_new_shapes_are_left_alone(template, w, n, sha):
     text = template.format(w=w, n=n, sha=sha)
     assert redact(text) == text
     assert redact_argv(text.split(" ")) == text.split(" ")
+
+
+@pytest.mark.timeout(300)
+def test_dlwatch_run_m_loads_no_dlwatch_of_the_working_directory(tmp_path):
+    """Item 3: a `dlwatch` package (and a `sitecustomize`) that another user left in a world-writable working
+    directory is never what `dlwatch run -m job` loads, neither in the command nor in the program's
+    processes, where the working directory is on sys.path for the job's own modules.  (`python -m dlwatch`
+    there would run it: Python itself picks the -m package from the working directory first; docs/security.md.)
+    A guard, not an attack of the review: the code before passes it too (the bootstrap finds dlwatch at
+    interpreter start, before the working directory is on the path)."""
+    shared = tmp_path / "shared"
+    (shared / "dlwatch" / "inproc").mkdir(parents=True)
+    os.chmod(shared, 0o1777)
+    marks = tmp_path / "marks"
+    marks.mkdir(mode=0o1777)
+    plant = f"open({str(marks)!r} + '/' + __name__, 'w').close()\n"
+    for path in ("dlwatch/__init__.py", "dlwatch/inproc/__init__.py", "dlwatch/inproc/runhook.py", "sitecustomize.py"):
+        (shared / path).write_text(plant)
+    (shared / "job.py").write_text(
+        "from torch.utils.data import DataLoader\n"
+        "import dlwatch, sys\n"  # the program imports dlwatch too: it gets the real one
+        "print('JOB', [b.tolist() for b in DataLoader(list(range(4)), batch_size=2, num_workers=1)],"
+        " dlwatch.__file__.startswith(sys.path[0]), flush=True)\n"
+    )
+    if os.geteuid() == 0:
+        for root, dirs, files in os.walk(shared):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), NOBODY, NOBODY)
+    reports = tmp_path / "reports"
+    rc, out, err = run_bounded(
+        [os.path.join(os.path.dirname(sys.executable), "dlwatch"), "run", "-m", "job"],
+        env=_cli_env(DLWATCH_DIR=str(reports)),
+        cwd=str(shared),
+        timeout=240,
+    )
+    assert rc == 0 and "JOB [[0, 1], [2, 3]] False" in out, err[-3000:]
+    assert os.listdir(marks) == []
+    assert os.listdir(reports / "runs")  # watched, by the real dlwatch
