@@ -1649,7 +1649,7 @@ if sys.argv[1] == "watch":
         with dlwatch.watch(dl) as batches:
             print("BATCHES", [b.tolist() for b in batches], flush=True)
     w = dlwatch.watch(dl)
-    print("OPTIONS", json.dumps({**w.options.to_dict(), "prometheus": w._prometheus}), flush=True)
+    print("OPTIONS", json.dumps({**w.options.to_dict(), "prometheus": w._settings.prometheus}), flush=True)
 else:
     for epoch in range(2):
         print("BATCHES", [b.tolist() for b in dl], flush=True)

@@ -115,7 +115,7 @@ def test_bad_prometheus_options_are_clear_errors(tmp_path, monkeypatch) -> None:
     assert len(problems) == 1 and "DLWATCH_PROM_PORT must be a TCP port number" in problems[0]
     monkeypatch.setenv("DLWATCH_PROM_PORT", "99999")
     with pytest.warns(dlwatch.DlwatchWarning, match="DLWATCH_PROM_PORT must be a TCP port number"):
-        assert dlwatch.watch([1, 2, 3])._prometheus == {"file": None, "port": None}
+        assert dlwatch.watch([1, 2, 3])._settings.prometheus == {"file": None, "port": None}
 
 
 def _free_port() -> int:
