@@ -24,6 +24,50 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = os.path.join(HERE, "targets")
 REPO = os.path.dirname(HERE)
 
+import tiers  # noqa: E402  (the test tiers: markers assigned by rule, see tests/tiers.py)
+
+tiers.install_guard()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--tier",
+        choices=tiers.TIERS,
+        default=None,
+        help="core: the default tier; rest: every test not in it (CI's second stage); all: both. "
+        "Default: core, or all when files or test ids are named",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in tiers.MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    import dlwatch
+
+    return [f"tier: {tiers.tier(config)}; dlwatch imported from {os.path.dirname(dlwatch.__file__)}"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m and -k read the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.classify(items)
+    tiers.select(config, items)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    tiers.guard_start()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    result = yield
+    tiers.guard_check(item)
+    return result
+
 
 def kill_tree(pid: int, timeout: float = 5.0) -> None:
     """SIGKILL a process and every descendant (a hung DataLoader worker never exits by itself)."""

@@ -197,7 +197,6 @@ def test_py_spy_output_over_its_cap_is_not_read():
 
 
 @needs_py_spy
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_deep_stack_job_attaches_with_a_bounded_report(tmp_path):
     """4 workers hung 4,000 frames deep in a real DataLoader; `dlwatch attach` with real py-spy (--native too)."""

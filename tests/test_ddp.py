@@ -23,7 +23,6 @@ from conftest import REPO, TARGETS, run_to_end
 from dlwatch.cli import main as cli_main
 from dlwatch.report import jobview, store
 
-pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 120
 
 

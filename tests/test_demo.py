@@ -119,7 +119,6 @@ def test_outcome_of_an_example_that_fails_is_not_a_match():
     assert Outcome("healthy_fast", None, error="still running after 90 s; killed").matched is False
 
 
-@pytest.mark.slow
 def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     report_dir = tmp_path / "reports"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
@@ -146,7 +145,6 @@ def test_demo_runs_an_example_and_shows_its_report(tmp_path):
     assert os.path.isfile(os.path.join(path, "report.md"))
 
 
-@pytest.mark.slow
 def test_demo_bounds_an_example_in_time(tmp_path, monkeypatch):
     # a stand-in example that never ends: the demo kills it at --timeout and says so
     fake = tmp_path / "examples"
@@ -184,7 +182,6 @@ def _venv_without_numpy(root) -> str:
     return python
 
 
-@pytest.mark.slow
 def test_the_demo_shows_no_torch_warning_without_numpy(tmp_path):
     """The README's demo in a venv without numpy: torch's 'Failed to initialize NumPy' warnings (two of
     them before the report, before the fix) do not reach the newcomer's screen."""

@@ -21,8 +21,6 @@ from conftest import cpu_starved, REPO, load, run_to_end
 EXAMPLES = os.path.join(REPO, "examples")
 EXAMPLE_TIMEOUT_S = 60  # the examples promise to end by themselves within this
 
-pytestmark = pytest.mark.slow
-
 
 @dataclass
 class Run:

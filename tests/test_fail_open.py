@@ -19,8 +19,6 @@ import pytest
 
 from conftest import REPO, TARGETS, in_private_mount_namespace, run_to_end
 
-pytestmark = pytest.mark.slow
-
 SCRIPT = os.path.join(TARGETS, "fail_open.py")
 EXPECTED = [[[float(i), float(i * i)] for i in range(b, b + 4)] for b in range(0, 16, 4)]
 

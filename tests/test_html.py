@@ -114,7 +114,6 @@ def test_report_html_command(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "--html needs one incident" in err
 
 
-@pytest.mark.slow
 def test_real_incident_page_in_headless_chromium(tmp_path):
     """A real fd-exhaustion run; its report.html opened in Chromium: no request, no error, charts drawn."""
     sync_api = pytest.importorskip(
@@ -271,7 +270,6 @@ def test_few_fds_under_a_high_limit_get_their_own_scale():
     assert html._share_text(0.034) == "3%" and html._peak_share([(None, 5.0), (3.0, 0.0), (2.0, 8.0)]) == (0.25, 8.0)
 
 
-@pytest.mark.slow
 def test_fd_chart_in_chromium_shows_the_fds_not_the_limit(tmp_path):
     """Both pages in headless Chromium: the fd lines (and /dev/shm's) span most of their plot's height."""
     sync_api = pytest.importorskip(

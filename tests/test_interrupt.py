@@ -24,8 +24,6 @@ import dlwatch
 
 from conftest import REPO, TARGETS, processes_with, wait_for
 
-pytestmark = pytest.mark.slow
-
 SCRIPT = os.path.join(TARGETS, "interrupt.py")
 PACKAGE = os.path.dirname(os.path.abspath(dlwatch.__file__)) + os.sep  # dlwatch's own frames live here
 

@@ -124,7 +124,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_real_run_exports_textfile_and_http(target, tmp_path, no_leftovers) -> None:
     textdir = tmp_path / "textfile"
     textdir.mkdir(mode=0o700)

@@ -464,7 +464,6 @@ def test_the_training_process_prunes_when_it_writes_the_summary_itself(tmp_path,
     assert summaries(tmp_path) == sorted([older[2], s["id"]])
 
 
-@pytest.mark.slow
 def test_dlwatch_run_keep_runs_2_lists_two(tmp_path):
     """plain_train.py ok, three times: one summary per program (four watched iterations each), two kept."""
     reports = tmp_path / "reports"

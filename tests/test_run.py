@@ -48,7 +48,6 @@ def iter_types(out):
     return [line.split()[-1] for line in out.splitlines() if line.startswith("ITER")]
 
 
-@pytest.mark.slow
 def test_ok_program_same_output_every_iteration_watched(tmp_path):
     rc, out, err = dlwatch_run(tmp_path, SCRIPT, "ok", "--lr", "0.1")
     prc, pout, perr = plain(tmp_path, SCRIPT, "ok", "--lr", "0.1")
@@ -64,7 +63,6 @@ def test_ok_program_same_output_every_iteration_watched(tmp_path):
     assert os.listdir(tmp_path / "reports" / ".runs") == []
 
 
-@pytest.mark.slow
 def test_disable_runs_unwatched(tmp_path):
     rc, out, err = dlwatch_run(tmp_path, SCRIPT, "ok", DLWATCH_DISABLE="1")
     assert rc == 0
@@ -72,7 +70,6 @@ def test_disable_runs_unwatched(tmp_path):
     assert not os.path.exists(tmp_path / "reports" / ".runs")
 
 
-@pytest.mark.slow
 def test_exit_code_is_the_programs(tmp_path):
     rc, out, err = dlwatch_run(tmp_path, SCRIPT, "exit3")
     prc, pout, perr = plain(tmp_path, SCRIPT, "exit3")
@@ -81,7 +78,6 @@ def test_exit_code_is_the_programs(tmp_path):
     assert incidents(str(tmp_path / "reports")) == []  # sys.exit is not an incident
 
 
-@pytest.mark.slow
 def test_raise_shows_the_same_traceback(tmp_path):
     rc, out, err = dlwatch_run(tmp_path, SCRIPT, "raise")
     prc, pout, perr = plain(tmp_path, SCRIPT, "raise")
@@ -91,7 +87,6 @@ def test_raise_shows_the_same_traceback(tmp_path):
     assert unwatched(out) == pout
 
 
-@pytest.mark.slow
 def test_loader_exception_same_traceback_and_an_incident(tmp_path):
     rc, out, err = dlwatch_run(tmp_path, SCRIPT, "loader-raise")
     prc, pout, perr = plain(tmp_path, SCRIPT, "loader-raise")
@@ -109,7 +104,6 @@ def test_loader_exception_same_traceback_and_an_incident(tmp_path):
     assert RUN_ID.fullmatch(run) and run.split("-")[0].endswith("Z"), run
 
 
-@pytest.mark.slow
 def test_caught_loader_exception_formats_the_same_traceback(tmp_path):
     """The program catches the loader's exception and prints traceback.format_exc() itself:
     no excepthook runs, so dlwatch's wrapper frames must not be in the traceback object at all."""
@@ -122,7 +116,6 @@ def test_caught_loader_exception_formats_the_same_traceback(tmp_path):
     assert out == pout  # line for line, frames and all
 
 
-@pytest.mark.slow
 def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
     reports = tmp_path / "reports"
     proc = subprocess.Popen(
@@ -171,7 +164,6 @@ def test_unmodified_deadlock_gets_its_stall_incident(tmp_path):
         proc.communicate()
 
 
-@pytest.mark.slow
 def test_module_form_and_cwd_semantics(tmp_path):
     # -m: the module is found from the working directory, as with python -m
     rc, out, err = _run(
@@ -185,7 +177,6 @@ def test_module_form_and_cwd_semantics(tmp_path):
     assert iter_types(out) == ["RunIterator"] * 4
 
 
-@pytest.mark.slow
 def test_torchrun_ranks_are_watched(tmp_path):
     rc, out, err = _run(
         [
@@ -308,7 +299,6 @@ def _stall_iterations(report_dir):
     return sorted(load(i)["progress"]["epochs"] for i in incidents(report_dir) if load(i)["trigger"] == "stall")
 
 
-@pytest.mark.slow
 def test_lightning_style_loop_gets_a_stall_incident_in_every_planted_epoch(tmp_path):
     """Iterators kept until the next iter(), len(loader) batches by next() (no StopIteration): a real worker
     stall planted in epochs 0, 1 and 2 gives an incident in each, and the program one summary."""
@@ -328,7 +318,6 @@ def test_lightning_style_loop_gets_a_stall_incident_in_every_planted_epoch(tmp_p
     assert os.listdir(reports / ".runs") == []
 
 
-@pytest.mark.slow
 def test_lightning_fit_one_summary_with_every_epoch_and_each_planted_stall(tmp_path):
     pytest.importorskip("lightning", reason="lightning (a test extra) is not installed")
     reports = tmp_path / "reports"
@@ -372,7 +361,6 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow
 def test_iterators_alive_at_exit_end_as_bare(tmp_path):
     """Persistent fork and forkserver iterators still alive at interpreter exit: the program ends as the bare
     one (output, exit code, no warning), its summary is written, nothing is left in .runs, no process left."""
@@ -419,7 +407,6 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow
 def test_forked_child_that_iterates_writes_its_summary_not_a_vanished_incident(tmp_path):
     """A multiprocessing child (fork) ends with os._exit, where atexit never runs: its watch closes from a
     multiprocessing finalizer, so its summary is written and no 'vanished' incident is."""

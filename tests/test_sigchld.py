@@ -21,8 +21,6 @@ import pytest
 
 from conftest import REPO, TARGETS, incidents, load, run_to_end
 
-pytestmark = pytest.mark.slow
-
 SCRIPT = os.path.join(TARGETS, "worker_dies.py")
 KILLED = "EXC RuntimeError: DataLoader worker (pid N) is killed by signal: Killed."
 

@@ -75,7 +75,6 @@ def real_runs(tmp_path_factory):
 # --------------------------------------------------------------------------- real runs
 
 
-@pytest.mark.slow
 def test_real_runs_get_a_small_private_page_with_the_whole_run(real_runs):
     for name, path in real_runs.items():
         page_path = os.path.join(path, "report.html")
@@ -167,7 +166,6 @@ def _open_in_chromium(pages: dict[str, str], shots: str) -> dict[str, dict]:
     return seen
 
 
-@pytest.mark.slow
 def test_real_summary_pages_in_headless_chromium(real_runs, tmp_path):
     """Both real runs' pages opened in Chromium: no request, no error, every chart drawn with lines on it."""
     pages = {name: os.path.join(path, "report.html") for name, path in real_runs.items()}
@@ -304,7 +302,6 @@ def test_hostile_strings_in_a_summary_stay_text(tmp_path):
     assert open(page_path).read().count("</script>") == 3
 
 
-@pytest.mark.slow
 def test_hostile_summary_page_in_headless_chromium(tmp_path):
     """The hostile page in a real browser: nothing runs but the page's own script, no alert, charts drawn."""
     s, timeline = hostile_summary()

@@ -87,7 +87,6 @@ def _job(tmp_path, watched: bool):
     return proc
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", [True, False])
 def test_top_in_tmux_shows_workers_snapshots_and_quits(tmp_path, watched):
     proc = _job(tmp_path, watched)

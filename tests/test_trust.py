@@ -18,8 +18,6 @@ from conftest import incidents, load, wait_for
 from dlwatch.wire import config
 from dlwatch.inproc.agent import DlwatchWarning
 
-pytestmark = pytest.mark.slow
-
 
 def _finish(t, timeout: float = 60) -> tuple[str, str]:
     out, err = t.communicate(timeout=timeout)

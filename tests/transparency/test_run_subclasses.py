@@ -15,7 +15,7 @@ import pytest
 
 from transparency.harness import comparable, differences, printed, run_program
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 def _bare_and_run(shape: str, tmp_path):

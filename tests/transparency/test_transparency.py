@@ -31,7 +31,7 @@ from transparency.harness import (
     results,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a group's first test runs its programs
+pytestmark = pytest.mark.timeout(900)  # a group's first test runs its programs
 
 
 def _trace_cases() -> Iterator[Any]:
