@@ -1,7 +1,9 @@
-"""Helpers shared by the benchmarks: statistics, starting targets, killing whole process trees, a normal install."""
+"""Helpers shared by the benchmarks: which dlwatch is measured (a normal install), statistics, starting
+targets, killing whole process trees."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import select
@@ -12,13 +14,59 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TARGETS = os.path.join(HERE, "targets.py")
+
+
+def add_install_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--editable",
+        action="store_true",
+        help="measure dlwatch from a source tree (an editable install, the checkout on sys.path) instead of "
+        "refusing: users run the normal install (`pip install .`), which costs differently",
+    )
+
+
+def dlwatch_under_test(*, editable: bool = False, env: Mapping[str, str] | None = None) -> str:
+    """The dlwatch a benchmark measures (its package directory), printed; the normal install by default.
+
+    Both the one this process imported (if any) and the one a fresh process gets (from a scratch
+    directory, with ``env``: what ``python -m dlwatch run`` children get) are looked at.  One from a
+    source tree (a folder with a pyproject.toml above the package: an editable install, or the
+    checkout first on sys.path) ends the benchmark with a one-line error unless ``editable``
+    (each benchmark's ``--editable``): the normal install is what users run, and its per-iteration
+    cost under ``dlwatch run`` was measured several times the editable one's.
+    """
+    probe = subprocess.run(
+        [sys.executable, "-c", "import os, dlwatch; print(os.path.dirname(os.path.realpath(dlwatch.__file__)))"],
+        cwd=tempfile.gettempdir(),
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        raise SystemExit(f"bench: a fresh {sys.executable} cannot import dlwatch: {probe.stderr.strip()[-300:]}")
+    found = [probe.stdout.strip()]
+    own = sys.modules.get("dlwatch")
+    if own is not None and getattr(own, "__file__", None):
+        found.append(os.path.dirname(os.path.realpath(own.__file__)))
+    source = sorted({d for d in found if os.path.isfile(os.path.join(os.path.dirname(d), "pyproject.toml"))})
+    if source and not editable:
+        raise SystemExit(
+            f"bench: dlwatch is imported from the source tree {source[0]}, not from an install; benchmarks measure "
+            "what users run: `pip install torch==2.13.0 && pip install .` in a fresh venv, then run this from "
+            "outside the checkout (or pass --editable to measure the source tree)"
+        )
+    if len(set(found)) > 1:
+        raise SystemExit(f"bench: this process imports dlwatch from {found[1]}, a fresh one from {found[0]}")
+    print(f"dlwatch under test: {found[0]} ({'source tree' if source else 'installed'})", flush=True)
+    return found[0]
 
 
 def median(values: Sequence[float]) -> float | None:

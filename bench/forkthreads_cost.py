@@ -21,11 +21,13 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the checkout, for bench._common: last, so that an installed dlwatch comes first
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+from bench._common import dlwatch_under_test  # noqa: E402
 from dlwatch.inproc import forkthreads  # noqa: E402
 
 
@@ -76,6 +78,8 @@ def _epoch(workers: int) -> None:
 
 def main() -> None:
     import warnings
+
+    dlwatch_under_test(editable="--editable" in sys.argv[1:])
 
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     rows = []

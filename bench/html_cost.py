@@ -28,9 +28,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+# the checkout, for bench._common: last, so that an installed dlwatch comes first
+sys.path.append(os.path.dirname(HERE))
 
 import psutil  # noqa: E402
 
+from bench._common import add_install_option, dlwatch_under_test  # noqa: E402
 from dlwatch._fs import json_line  # noqa: E402
 from dlwatch._spawn import python_argv  # noqa: E402
 from dlwatch.report import build, store  # noqa: E402
@@ -174,7 +177,9 @@ def main() -> int:
         default=0,
         help="samples in the run's timeline (default: as many as the rotation cap holds)",
     )
+    add_install_option(ap)
     args = ap.parse_args()
+    dlwatch_under_test(editable=args.editable)
     os.environ["DLWATCH_HTML"] = "0"  # this process writes the incident; the child is started below, timed
     me = psutil.Process()
     with tempfile.TemporaryDirectory() as d:

@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench._common import REPO, median, target
+from bench._common import median, target
 from dlwatch.collect.stacks import dump_stacks, find_py_spy
 
 
@@ -74,7 +74,11 @@ def _sequential_py_spy(exe: str, pids: list[int], native: bool) -> float:
 
 def attach_available() -> bool:
     out = subprocess.run(
-        [sys.executable, "-m", "dlwatch", "attach", "--help"], capture_output=True, text=True, timeout=60, cwd=REPO
+        [sys.executable, "-m", "dlwatch", "attach", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tempfile.gettempdir(),  # not the checkout: `-m` would import its dlwatch before the installed one
     )
     return out.returncode == 0
 

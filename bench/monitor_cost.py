@@ -34,7 +34,10 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from bench._common import REPO, Target, median, proc_cpu_s, proc_status_kib, target
+# the checkout, for bench._common: last, so that an installed dlwatch comes first
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import Target, median, proc_cpu_s, proc_status_kib, target
 
 STEADY_POLLS = 20
 SHARE_WORKERS = 32
@@ -301,8 +304,7 @@ def poll_cost(sizes: tuple[int, ...], polls: int, code: str | None = None) -> di
                 out = subprocess.run(
                     [
                         sys.executable,
-                        "-m",
-                        "bench.monitor_cost",
+                        os.path.abspath(__file__),  # from outside the checkout: the dlwatch under test
                         "--poll-helper",
                         run_dir,
                         str(polls),
@@ -312,7 +314,7 @@ def poll_cost(sizes: tuple[int, ...], polls: int, code: str | None = None) -> di
                     text=True,
                     timeout=300,
                     check=True,
-                    cwd=REPO,
+                    cwd=tmp,
                 )
                 row = json.loads(out.stdout)
                 row["expected_procs"] = len(words)  # main + workers

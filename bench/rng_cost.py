@@ -22,14 +22,15 @@ import time
 import timeit
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the checkout, for bench._common: last, so that an installed dlwatch comes first
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import dlwatch  # noqa: E402
-from bench._common import HERE, median  # noqa: E402
+from bench._common import HERE, add_install_option, dlwatch_under_test, median  # noqa: E402
 from dlwatch.inproc import worker_hook  # noqa: E402
 
 
@@ -125,7 +126,9 @@ def per_batch_cost(number: int) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    add_install_option(ap)
     args = ap.parse_args()
+    dlwatch_under_test(editable=args.editable)
     rounds = 2 if args.quick else 6
     results: dict[str, Any] = {"rounds": rounds, "torch": torch.__version__, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:

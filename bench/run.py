@@ -15,10 +15,11 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the checkout, for bench._common: last, so that an installed dlwatch comes first
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import latency, monitor_cost, overhead  # noqa: E402
-from bench._common import HERE, load_average, median  # noqa: E402
+from bench._common import HERE, add_install_option, dlwatch_under_test, load_average, median  # noqa: E402
 
 Row = tuple[str, str, str, str, str, str]  # figure, dlwatch, baseline, ratio, target, met
 
@@ -377,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RESULTS_JSON",
         help="print the table of a run already made (its raw figures), measuring nothing",
     )
+    add_install_option(ap)
     args = ap.parse_args(argv)
+    dlwatch_under_test(editable=args.editable)
     if args.table_from:
         with open(args.table_from) as f:
             saved = json.load(f)

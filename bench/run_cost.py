@@ -16,6 +16,11 @@ import sys
 import tempfile
 import time
 
+# the checkout, for bench._common: last, so that an installed dlwatch comes first
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import add_install_option, dlwatch_under_test  # noqa: E402
+
 SCRIPT = """
 import sys, torch
 from torch.utils.data import DataLoader
@@ -31,7 +36,9 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=3)
+    add_install_option(ap)
     args = ap.parse_args()
+    dlwatch_under_test(editable=args.editable)
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "loop.py")
         with open(script, "w") as f:
