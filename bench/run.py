@@ -380,7 +380,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_install_option(ap)
     args = ap.parse_args(argv)
-    dlwatch_under_test(editable=args.editable)
     if args.table_from:
         with open(args.table_from) as f:
             saved = json.load(f)
@@ -398,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "load_before": load_average(),
+        "dlwatch": dlwatch_under_test(editable=args.editable),
     }
     import torch
 
