@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shlex
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -23,9 +26,18 @@ SCRIPT = os.path.join(TARGETS, "fail_open.py")
 EXPECTED = [[[float(i), float(i * i)] for i in range(b, b + 4)] for b in range(0, 16, 4)]
 
 
-def _env(tmp_path, **extra: str) -> dict[str, str]:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir(exist_ok=True)
+@pytest.fixture
+def short_tmp():
+    """The target's TMPDIR. multiprocessing binds sockets in it, and a socket's path must stay under
+    108 bytes: a folder in pytest-xdist's tmp_path (one level deeper) is too deep for that."""
+    tmp = tempfile.mkdtemp(prefix="dlwatch-fo-")
+    try:
+        yield pathlib.Path(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _env(tmp, **extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), TMPDIR=str(tmp))
     env.pop("DLWATCH_DIR", None)
     env.update(extra)
@@ -43,11 +55,11 @@ def _check(rc: int, out: str, err: str) -> list[str]:
 
 
 @pytest.mark.parametrize("form", ["plain", "as"])
-def test_working_directory_removed(tmp_path, form):
+def test_working_directory_removed(short_tmp, form):
     # the default report dir (./dlwatch-reports) cannot be made: reports go to a private dir in TMPDIR
     rc, out, err = run_to_end(
         [sys.executable, SCRIPT, "cwd-deleted", form],
-        env=_env(tmp_path),
+        env=_env(short_tmp),
         marker=SCRIPT,
         timeout=120,
         what="the fail-open target",
@@ -58,10 +70,10 @@ def test_working_directory_removed(tmp_path, form):
 
 
 @pytest.mark.parametrize("form", ["plain", "as"])
-def test_monitor_cannot_be_started(tmp_path, form):
+def test_monitor_cannot_be_started(short_tmp, form):
     rc, out, err = run_to_end(
         [sys.executable, SCRIPT, "no-spawn", form],
-        env=_env(tmp_path),
+        env=_env(short_tmp),
         marker=SCRIPT,
         timeout=120,
         what="the fail-open target",
@@ -69,18 +81,18 @@ def test_monitor_cannot_be_started(tmp_path, form):
     warned = _check(rc, out, err)
     assert len(warned) == 1, warned
     assert "could not start monitoring" in warned[0] and "training continues unwatched" in warned[0]
-    assert os.listdir(tmp_path / "tmp") == [] or not any(  # nothing half-made left in the report dir
-        os.listdir(os.path.join(tmp_path / "tmp", d, "runs"))
-        for d in os.listdir(tmp_path / "tmp")
-        if os.path.isdir(os.path.join(tmp_path / "tmp", d, "runs"))
+    assert os.listdir(short_tmp) == [] or not any(  # nothing half-made left in the report dir
+        os.listdir(os.path.join(short_tmp, d, "runs"))
+        for d in os.listdir(short_tmp)
+        if os.path.isdir(os.path.join(short_tmp, d, "runs"))
     )
 
 
 @pytest.mark.parametrize("form", ["plain", "as"])
-def test_heartbeat_cannot_be_allocated(tmp_path, form):
+def test_heartbeat_cannot_be_allocated(tmp_path, short_tmp, form):
     rc, out, err = run_to_end(
         [sys.executable, SCRIPT, "heartbeat", form],
-        env=_env(tmp_path, DLWATCH_DIR=str(tmp_path / "reports")),
+        env=_env(short_tmp, DLWATCH_DIR=str(tmp_path / "reports")),
         marker=SCRIPT,
         timeout=120,
         what="the fail-open target",
@@ -111,8 +123,6 @@ def test_full_filesystem_for_reports_and_tmpdir(tmp_path, form):
     if "instead" in warned[0]:
         fallback = warned[0].rsplit("writing reports to ", 1)[1].split("'")[1]
         assert not fallback.startswith(str(mnt))
-        import shutil
-
         shutil.rmtree(fallback, ignore_errors=True)
     else:
         assert "could not start monitoring" in warned[0] and "training continues unwatched" in warned[0]

@@ -141,32 +141,30 @@ def pytest_collection_finish(session):
 """
 
 
-def _collected(tmp_path, *args: str) -> list[dict]:
+@pytest.mark.timeout(600)  # one collection of the whole suite, in a fresh process
+def test_the_core_tier_starts_real_processes_for_every_family_verb_and_start_method(tmp_path):
+    """The whole suite as collected: the core tier holds, for each failure of the registry, a test
+    running its first example; for each CLI verb that a test runs for real, one such test; the
+    harness's fork and start-methods rows; and every test that starts no process."""
+    from dlwatch.cli import COMMANDS
+    from dlwatch.detect import registry
+
     (tmp_path / "tiersdump.py").write_text(PLUGIN)
     out = tmp_path / "rows.json"
     env = dict(os.environ, PYTHONPATH=str(tmp_path), TIERS_OUT=str(out))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "tiersdump", *args],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "tiersdump"]
+        + ["--tier", "all"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=500,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-def test_the_core_tier_starts_real_processes_for_every_family_verb_and_start_method(tmp_path):
-    """Collected as `python -m pytest` collects: for each failure of the registry, a test running
-    its first example; for each CLI verb that a test runs for real, one such test; the harness's
-    fork and start-methods rows; and every test that starts no process.  `--tier rest` collects
-    the others: tests that start processes, none of the core's."""
-    from dlwatch.cli import COMMANDS
-    from dlwatch.detect import registry
-
-    core = _collected(tmp_path)
-    assert core and all(r["core"] for r in core)
+    rows = json.loads(out.read_text())
+    core = [r for r in rows if r["core"]]
+    assert all(r["procs"] for r in rows if not r["core"]), "a test that starts no process is in the core tier"
     core_procs = [r for r in core if r["procs"]]
     for failure in registry.failures():
         if failure.examples:
@@ -177,7 +175,19 @@ def test_the_core_tier_starts_real_processes_for_every_family_verb_and_start_met
     programs = [r["id"] for r in core if "test_program_is_the_bare_one[" in r["id"]]
     assert {i.split("[")[1].rsplit("-", 1)[0] for i in programs} == set(tiers.CORE_TRANSPARENCY_GROUPS)
 
-    rest = _collected(tmp_path, "--tier", "rest")
-    assert rest and all(r["procs"] and not r["core"] for r in rest)
-    assert not {r["id"] for r in rest} & {r["id"] for r in core}
-    assert len(core) + len(rest) == len(_collected(tmp_path, "--tier", "all"))
+
+class _Config:
+    def __init__(self, tier: str | None, source: pytest.Config.ArgsSource) -> None:
+        self.option_tier, self.args_source = tier, source
+
+    def getoption(self, name):
+        assert name == "tier"
+        return self.option_tier
+
+
+def test_the_default_tier_is_core_for_python_m_pytest_and_all_for_named_tests():
+    testpaths, named = pytest.Config.ArgsSource.TESTPATHS, pytest.Config.ArgsSource.ARGS
+    assert tiers.tier(_Config(None, testpaths)) == "core"
+    assert tiers.tier(_Config(None, named)) == "all"
+    assert tiers.tier(_Config("rest", testpaths)) == "rest"
+    assert tiers.tier(_Config("core", named)) == "core"

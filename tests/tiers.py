@@ -15,10 +15,12 @@ tier by itself and the tiers cannot drift.
   groups (tests/transparency); for each verb of the CLI (``dlwatch.cli.COMMANDS``) the first
   test that starts a process and names the verb.
 - ``serial``: timing-sensitive, run alone in CI's serial stage (never beside another test):
-  the tests that run an example script (its verdicts are judged on the CPU the machine gave it)
-  or check a run's CPU starvation (``cpu_starved``).
-- ``xdist_group``: the tests that share one expensive run (a harness group's programs, a
-  module-scoped fixture that starts processes) stay on one xdist worker, so it runs once.
+  the tests that start processes and run an example script (its verdicts are judged on the CPU
+  the machine gave it), check a run's CPU starvation (``cpu_starved``) or look for dlwatch's
+  notices on a real run's stderr (a loaded machine earns a healthy run real advice).
+- ``xdist_group``: tests that must not run beside each other stay on one xdist worker: those
+  that share one expensive run (a harness group's programs, a module-scoped fixture that starts
+  processes: it runs once) and those that find processes by command line machine-wide.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ _PRODUCT_STARTERS = frozenset(
 )
 # the harness groups in the core tier: the default start method, and the others
 CORE_TRANSPARENCY_GROUPS = ("fork", "start-methods")
-# a test that names one of these runs an example script or judges the CPU a run got: timing-sensitive
+# a test that reaches one of these judges the CPU a run got: timing-sensitive
 _TIMING_NAMES = frozenset({"cpu_starved"})
 
 
@@ -235,6 +237,7 @@ class Facts:
     names: frozenset[str]  # every name reached
     examples: frozenset[str]  # the example scripts it runs (by name, from its code or its fixtures')
     verbs: frozenset[str]  # the CLI verbs its own code runs
+    reads_dlwatch_voice: bool  # it looks for dlwatch's notices ("dlwatch: ...") on a real run's stderr
 
 
 def facts_of(item: pytest.Item, reader: "_Reader") -> Facts:
@@ -251,6 +254,7 @@ def facts_of(item: pytest.Item, reader: "_Reader") -> Facts:
         names=names,
         examples=_examples_run(consts, names) if starts else frozenset(),
         verbs=cli_verbs_run(func) if starts and func is not None else frozenset(),
+        reads_dlwatch_voice="dlwatch:" in consts,
     )
 
 
@@ -263,9 +267,9 @@ def classify(items: list[pytest.Item]) -> None:
         if not f.starts:
             continue
         item.add_marker(pytest.mark.procs)
-        if f.examples or f.names & _TIMING_NAMES:
+        if f.examples or f.names & _TIMING_NAMES or f.reads_dlwatch_voice:
             item.add_marker(pytest.mark.serial)
-        group = _shared_run(item, reader)
+        group = _shared_run(item, reader, f)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
@@ -291,15 +295,20 @@ def classify(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.core)
 
 
-def _shared_run(item: pytest.Item, reader: "_Reader") -> str | None:
-    """The xdist group of tests that share one expensive run: a harness group's programs (run once
-    per process by harness.results), or a module- or session-scoped fixture that starts processes."""
+def _shared_run(item: pytest.Item, reader: "_Reader", facts: Facts) -> str | None:
+    """The xdist group of tests that must not run beside each other: those sharing one expensive run
+    (a harness group's programs, run once per process by harness.results; a module- or
+    session-scoped fixture that starts processes), and those that find processes by their command
+    line across the machine (conftest.processes_with, run_to_end): they would see, and kill, another
+    test's processes of the same script."""
     group = _harness_group(item)
     if group is not None:
         return f"harness-{group}"
     for d in _fixture_funcs(item):
         if d.scope != "function" and reader.function(d.func)[0]:
             return f"fixture-{d.baseid}-{d.argname}"
+    if "processes_with" in facts.names:
+        return "cmdline-scan"
     return None
 
 
