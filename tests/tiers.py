@@ -4,23 +4,29 @@ Nothing here lists tests: every marker comes from what a test is, so a new test 
 tier by itself and the tiers cannot drift.
 
 - ``procs``: the test starts real processes.  Read from its code: the test function, the
-  fixtures it uses and every helper of tests/ they name (transitively) are searched for a
-  process starter (``subprocess``, ``multiprocessing``, ``os.fork``/``system``/``posix_spawn``,
-  ``pty``, ``dlwatch.watch`` (the monitor)).  A runtime check keeps this rule
-  honest: an audit hook counts the processes each test starts, and a test that starts one
-  without the marker fails, naming this rule.
+  fixtures it uses and every helper of tests/ they name (transitively, imports inside functions
+  included) are searched for a process starter (``subprocess``, ``multiprocessing``, ``pty``,
+  playwright, ``os.fork``/``system``/``posix_spawn``, and the product calls in
+  ``_PRODUCT_STARTERS``).  A runtime check keeps this rule honest: an audit hook counts the
+  processes each test starts, and a test that starts one without the marker fails, naming this
+  rule.
 - ``core``: the default tier (``python -m pytest``).  Every test that starts no process, plus,
   of those that do: for each failure of the registry (``dlwatch.detect.registry``) the first
   test that runs its first example; the differential harness's ``fork`` and ``start-methods``
   groups (tests/transparency); for each verb of the CLI (``dlwatch.cli.COMMANDS``) the first
-  test that starts a process and names the verb.
+  test that runs it (``dlwatch VERB`` in an argv, or the CLI's ``main`` with VERB first) in the
+  test module that runs it most often.
 - ``serial``: timing-sensitive, run alone in CI's serial stage (never beside another test):
   the tests that start processes and run an example script (its verdicts are judged on the CPU
   the machine gave it), check a run's CPU starvation (``cpu_starved``) or look for dlwatch's
   notices on a real run's stderr (a loaded machine earns a healthy run real advice).
-- ``xdist_group``: tests that must not run beside each other stay on one xdist worker: those
-  that share one expensive run (a harness group's programs, a module-scoped fixture that starts
-  processes: it runs once) and those that find processes by command line machine-wide.
+
+CI runs the rest with ``--dist loadscope``: each module's tests on one xdist worker, one after the
+other. That keeps together what must not run twice or side by side: a harness group's programs
+(run once per process by harness.results), a module-scoped fixture's processes, and a module's
+machine-wide process scans by command line (conftest.processes_with, run_to_end: each module
+scans for its own target script, and would see and kill another worker's).  (``xdist_group``
+with ``--dist loadgroup`` does not group at all with pytest 9.2: pytest-xdist issue 1386.)
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ MARKERS = {
     "procs": "starts real processes (assigned by rule: tests/tiers.py)",
     "core": "in the default tier, `python -m pytest` (assigned by rule: tests/tiers.py)",
     "serial": "timing-sensitive: CI runs it alone, never beside another test (assigned by rule: tests/tiers.py)",
-    "xdist_group": "tests that share one expensive run stay on one pytest-xdist worker (assigned by rule: tests/tiers.py)",
 }
 
 # modules whose use starts a process (playwright: its driver and the browser), and os's functions that do
@@ -269,9 +274,6 @@ def classify(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.procs)
         if f.examples or f.names & _TIMING_NAMES or f.reads_dlwatch_voice:
             item.add_marker(pytest.mark.serial)
-        group = _shared_run(item, reader, f)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
     procs = [item for item in items if facts[item.nodeid].starts]
     core = {item.nodeid for item in items if not facts[item.nodeid].starts}
@@ -293,23 +295,6 @@ def classify(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in core:
             item.add_marker(pytest.mark.core)
-
-
-def _shared_run(item: pytest.Item, reader: "_Reader", facts: Facts) -> str | None:
-    """The xdist group of tests that must not run beside each other: those sharing one expensive run
-    (a harness group's programs, run once per process by harness.results; a module- or
-    session-scoped fixture that starts processes), and those that find processes by their command
-    line across the machine (conftest.processes_with, run_to_end): they would see, and kill, another
-    test's processes of the same script."""
-    group = _harness_group(item)
-    if group is not None:
-        return f"harness-{group}"
-    for d in _fixture_funcs(item):
-        if d.scope != "function" and reader.function(d.func)[0]:
-            return f"fixture-{d.baseid}-{d.argname}"
-    if "processes_with" in facts.names:
-        return "cmdline-scan"
-    return None
 
 
 def _harness_group(item: pytest.Item) -> str | None:
