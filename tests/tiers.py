@@ -59,7 +59,7 @@ _PROCESS_MODULES = ("subprocess", "multiprocessing", "pty", "concurrent.futures.
 _OS_STARTERS = frozenset({"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnve"})
 # product entry points that start a process when called: watch() starts the monitor, a report's
 # writer (and the monitor's summary) the child that draws its report.html, the stack dumps py-spy,
-# the demo an example
+# the demo an example; and torch's DataLoader
 _PRODUCT_STARTERS = frozenset(
     {
         "dlwatch.watch",
@@ -70,6 +70,8 @@ _PRODUCT_STARTERS = frozenset(
         "dlwatch.collect.stacks.dump_stack",
         "dlwatch.collect.stacks.dump_stacks",
         "dlwatch.cli.demo_cmd.run_example",
+        # a DataLoader with workers forks them (how many it has is not read: one with none is counted too)
+        "torch.utils.data.dataloader.DataLoader",
     }
 )
 # the harness groups in the core tier: the default start method, and the others
