@@ -388,13 +388,13 @@ def compare(sizes: tuple[int, ...], polls: int, trees: dict[str, str | None], ro
                         run_dir = os.path.join(tmp, f"run-{n}-{r}-{name}")
                         _write_config(run_dir, t.pid, n, tmp, [int(w) for w in words[1:]])
                         out = subprocess.run(
-                            [sys.executable, "-m", "bench.monitor_cost", "--poll-helper", run_dir, str(polls)]
+                            [sys.executable, os.path.abspath(__file__), "--poll-helper", run_dir, str(polls)]
                             + ([code] if code else []),
                             capture_output=True,
                             text=True,
                             timeout=300,
                             check=True,
-                            cwd=REPO,
+                            cwd=tmp,  # from outside the checkout: the dlwatch under test
                         )
                         got[name][n].append(median(json.loads(out.stdout)["poll_over_raw"]) or 0.0)
         finally:
