@@ -68,10 +68,13 @@ def workers_progressing(ctx: Context) -> list[dict[str, Any]]:
 
 def loader_has_workers(ctx: Context) -> bool:
     """The loader works through worker processes: its ``num_workers``, or workers in the report (attach,
-    where the loader's settings are not known).  Without them, "the workers deadlocked" is not true."""
+    where the loader's settings are not known; a report that knows neither leaves it to the verdict).
+    Without them, "the workers deadlocked" is not true."""
     nw = ctx.loader.get("num_workers")
     if isinstance(nw, int) and not isinstance(nw, bool):
         return nw > 0
+    if not ctx.processes:  # nothing known of the job (a report without its processes): the verdict decides
+        return True
     return any(p.get("role") == "worker" for p in ctx.processes)
 
 
