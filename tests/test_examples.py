@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 import sys
 import time
 from dataclasses import dataclass
@@ -177,10 +178,15 @@ def test_fd_exhaustion(report_dir):
     assert ev["fds"]["file"] >= 0.5 * 128  # the leaked handles
     assert ev["top_files"] and ev["top_files"][0][1] >= 0.5 * 128  # one path opened over and over
     assert any(a["role"] == "worker" for a in ev["at_fd_limit"])
-    if len(run.reports) > 1:  # the climb was seen before the crash
+    if len(run.reports) > 1:  # the climb was seen long before the crash: two events, linked
         first = run.report(0)
         assert first["trigger"] == "threshold" and first["findings"][0]["playbook"] == "fd-exhaustion"
         assert r["related"][0]["id"] == first["id"]  # one failure: the exception names the earlier incident
+        gap = datetime.fromisoformat(r["created_at"]) - datetime.fromisoformat(first["created_at"])
+        assert gap.total_seconds() >= 1  # never two incidents in the same second for one event
+    else:  # the climb and the crash as one event: one incident, the threshold noted in it when it was seen
+        noted = [n for n in r.get("notes") or () if "crossed its threshold" in n]
+        assert all("one event, one incident" in n for n in noted)
 
 
 def test_shm_exhaustion(report_dir):

@@ -22,12 +22,14 @@ import collections
 import ipaddress
 import operator
 import os
+import re
 import resource
 import stat
 import sys
 import time
 
 from dlwatch.collect import syscalls
+from dlwatch.wire.reportdir import RUN_ID, RUNS_DIR
 from dlwatch.model import FdSummary, IoSample, ProcSample, SocketPeer, ThreadIo, proc_sample
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -319,6 +321,11 @@ def classify_fd_target(target: str) -> str:
     return "other"
 
 
+# a file of a dlwatch run directory (<report dir>/.runs/<run id>/: the heartbeat, a dump file): dlwatch's
+# own, counted with the process's fds but never named among the files the program keeps open
+_OWN_RUN_FILE = re.compile(r"/" + re.escape(RUNS_DIR) + r"/" + RUN_ID.pattern + r"/")
+
+
 def _fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
     base = f"/proc/{pid}/fd"
     try:
@@ -337,7 +344,7 @@ def _fd_summary(pid: int, *, top: int = 5) -> FdSummary | None:
             continue  # closed between listdir and readlink
         kind = classify_fd_target(target)
         counts[kind] += 1
-        if kind == "file":
+        if kind == "file" and not _OWN_RUN_FILE.search(target):
             files[target] += 1
         elif kind == "shm":
             try:

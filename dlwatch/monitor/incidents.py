@@ -12,6 +12,9 @@ One room for every incident the monitor writes (``report.build`` makes and write
   against vanished is ``detect.process_exit``'s).
 
 A later incident whose top finding a threshold incident already reported names it (``related``).
+One event is one incident: a threshold incident is held ``THRESHOLD_HOLD_S`` before it is written,
+and an exception or stall of the same failure in that time (fds at the limit, then "Too many open
+files" a moment later) is written alone, the threshold noted in it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ __all__ = ["Incidents", "interrupt_site"]
 log = get_logger("dlwatch.monitor")
 
 
+THRESHOLD_HOLD_S = 2.0  # a threshold incident waits this long for the exception or stall it may turn into
+
+
 class Incidents:
     def __init__(
         self,
@@ -64,6 +70,8 @@ class Incidents:
         self.warned_in: dict[str, str] = {}  # playbook -> the threshold incident that reported it first
         self.fired: set[str] = set()  # threshold signals already turned into an incident attempt
         self.stall_sites: set[tuple[Any, ...]] = set()  # one incident per stall site and run
+        # threshold incidents held for THRESHOLD_HOLD_S: (when to write, the report, its playbook, when seen)
+        self.held: list[tuple[float, Incident, str, float]] = []
 
     # ------------------------------------------------------------------ the triggers
 
@@ -85,9 +93,40 @@ class Incidents:
             findings=tuple(fresh + [f for f in findings if f not in fresh]),
             summary=f"{fresh[0].title} (seen before any error)",
         )
-        path = self.write(report)
-        if path is not None:
-            self.warned_in[str(fresh[0].playbook)] = os.path.basename(path)
+        # held a moment: an exception or stall of the same failure right after it is the same event
+        self.held.append((time.monotonic() + THRESHOLD_HOLD_S, report, str(fresh[0].playbook), time.time()))
+
+    def flush(self, *, all_held: bool = False) -> None:
+        """Write the threshold incidents whose hold is over (every one with ``all_held``: the run ends)."""
+        now = time.monotonic()
+        due = [h for h in self.held if all_held or h[0] <= now]
+        if not due:
+            return
+        self.held = [h for h in self.held if h not in due]
+        for _, report, playbook, _ in due:
+            path = self._write(report)
+            if path is not None:
+                self.warned_in[playbook] = os.path.basename(path)
+
+    def _absorb(self, report: Incident) -> Incident:
+        """An exception or stall whose top finding a held threshold incident names: that incident is not
+        written; this one says the threshold was crossed first.  Other held ones are written first, in order."""
+        if not self.held or report.trigger == "threshold":
+            return report
+        findings = report.findings or ()
+        top = str(findings[0].playbook) if findings else None
+        same = [h for h in self.held if h[2] == top]
+        self.held = [h for h in self.held if h[2] != top]
+        self.flush(all_held=True)
+        if not same:
+            return report
+        _, _, playbook, seen = same[0]
+        ago = max(0.0, time.time() - seen)
+        when = time.strftime("%H:%M:%S", time.localtime(seen))
+        return report.with_notes(
+            f"{playbook} crossed its threshold at {when}, {ago:.1f} s before this {report.trigger}: "
+            "one event, one incident (no threshold incident was written for it)"
+        )
 
     def stall(self, ev: StallEvent, segment: tuple[Any, ...] = ()) -> None:
         """The stall procedure and its incident; ``segment`` (`dlwatch run`: the iteration) is part
@@ -351,6 +390,9 @@ class Incidents:
         )
 
     def write(self, report: Incident, extra: dict[str, bytes] | None = None) -> str | None:
+        return self._write(self._absorb(report), extra)
+
+    def _write(self, report: Incident, extra: dict[str, bytes] | None = None) -> str | None:
         report = self._link_earlier(report)
         try:
             path = build.write(report, self.settings.report_dir, extra_files=extra)

@@ -95,6 +95,7 @@ class Monitor:
             else:
                 time.sleep(min(timeout, 0.25))
             self._drain_events()
+            self.incidents.flush()  # threshold incidents whose hold is over
             if self.stop_seen:
                 self._finish_clean()
                 return 0
@@ -304,6 +305,7 @@ class Monitor:
             except Exception:
                 pass
             self.incidents.write(self.incidents.report("exception"))
+        self.incidents.flush(all_held=True)
         if self.ended is not None:  # `dlwatch run`: how the program ended, from its atexit
             ended = self.ended
         else:
@@ -315,6 +317,7 @@ class Monitor:
         self.procs[self.main_pid].gone = True
         self.sampler.reread_heartbeat()  # the file outlives the writer
         # judged on the cgroup's OOM-kill count at the first poll and now (detect.process_exit)
+        self.incidents.flush(all_held=True)  # the exit is another event: what was held is written first
         self.incidents.exit(judge_exit(self.sampler.first_system, self.sampler.system_now()))
         self._write_summary("vanished")
         self._close(clean=False)
