@@ -70,6 +70,10 @@ _PRODUCT_STARTERS = frozenset(
         "dlwatch.collect.stacks.dump_stack",
         "dlwatch.collect.stacks.dump_stacks",
         "dlwatch.cli.demo_cmd.run_example",
+        # a monitor's handlers write incidents (each draws its report.html in a child); the reader of a
+        # target's source files forks a child that takes the target's uid
+        "dlwatch.monitor.loop.Monitor",
+        "dlwatch.collect.source.SourceReader",
         # a DataLoader with workers forks them (how many it has is not read: one with none is counted too)
         "torch.utils.data.dataloader.DataLoader",
     }
