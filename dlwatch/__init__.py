@@ -1,7 +1,7 @@
 """dlwatch: runtime diagnostics and crash forensics for PyTorch DataLoaders.
 
 ``with dlwatch.watch(loader) as batches: ...`` watches a training loop from a
-separate monitor process; ``dlwatch attach PID`` inspects a stuck process from a
+separate monitor process; ``dlwatch.tune(loader)`` measures which DataLoader settings keep it fed; ``dlwatch attach PID`` inspects a stuck process from a
 shell; ``dlwatch report`` lists and shows the incident reports.  Importing
 dlwatch never imports torch.
 
@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from dlwatch._version import __version__  # noqa: E402
 
-__all__ = ["watch", "Watch", "DlwatchWarning", "__version__"]
+__all__ = ["watch", "Watch", "DlwatchWarning", "tune", "TuneResult", "__version__"]
 
 if TYPE_CHECKING:
     from dlwatch.inproc.agent import DlwatchWarning, Watch, watch
+    from dlwatch.tuning.api import tune
+    from dlwatch.tuning.result import TuneResult
 
 
 def __getattr__(name: str) -> Any:
@@ -40,4 +42,12 @@ def __getattr__(name: str) -> Any:
         from dlwatch.inproc import agent as _w
 
         return getattr(_w, name)
+    if name == "tune":  # dlwatch.tune(loader): measured DataLoader settings (dlwatch/tuning)
+        from dlwatch.tuning.api import tune
+
+        return tune
+    if name == "TuneResult":
+        from dlwatch.tuning.result import TuneResult
+
+        return TuneResult
     raise AttributeError(f"module 'dlwatch' has no attribute {name!r}")

@@ -10,6 +10,11 @@ monitor, the CLI) and each folder belongs to one side (docs/design.md, "Process 
   (``dlwatch run``'s bootstrap).
 - the other folders form layers, each importing only those below it:
   shared helpers < ``wire`` < ``collect`` < ``detect`` < ``report`` < ``monitor`` < ``cli``.
+- ``tuning/`` (``dlwatch.tune`` and ``dlwatch tune``) runs in the process that holds the loader,
+  like ``inproc``, but only when a user asks for a tune: it may import the shared helpers,
+  ``wire``, ``collect``, ``detect``, ``report`` and, of ``inproc``, only ``preflight`` and
+  ``worker_hook``; nothing imports it but the package root (``dlwatch.tune``, lazily), and
+  ``inproc`` never does (the training process of a watched run never loads the tuner).
 - no import cycles between modules, lazy imports (inside functions) included.
 
 Read from the source with ``ast``: imports inside functions count, those under
@@ -30,8 +35,10 @@ PKG_DIR = os.path.dirname(os.path.abspath(dlwatch.__file__))
 
 SHARED = {"_entry", "_fs", "_log", "_regex", "_spawn", "_version", "errors", "redact", "model"}
 LAYERS = ["shared", "wire", "collect", "detect", "report", "monitor", "cli"]
-FORBIDDEN_FOR_INPROC = {"monitor", "detect", "report", "cli"}
+FORBIDDEN_FOR_INPROC = {"monitor", "detect", "report", "cli", "tuning"}
 MAY_IMPORT_INPROC = {"dlwatch", "dlwatch.cli.run_cmd"}
+TUNING_MAY_IMPORT = {"shared", "wire", "collect", "detect", "report", "tuning"}
+TUNING_MAY_IMPORT_FROM_INPROC = {"dlwatch.inproc.preflight", "dlwatch.inproc.worker_hook"}
 
 
 def _modules() -> dict[str, str]:
@@ -97,7 +104,7 @@ DEPS = _imports(MODS)
 
 def test_every_module_has_a_side():
     sides = {_side(m) for m in MODS}
-    unknown = sides - set(LAYERS) - {"root", "inproc"}
+    unknown = sides - set(LAYERS) - {"root", "inproc", "tuning"}
     assert not unknown, f"modules outside the layout (add them to a folder or to SHARED): {unknown}"
 
 
@@ -112,9 +119,29 @@ def test_nothing_but_the_root_and_run_imports_inproc():
     bad = sorted(
         f"{m} -> {d}"
         for m in MODS
-        if _side(m) != "inproc" and m not in MAY_IMPORT_INPROC
+        if _side(m) not in ("inproc", "tuning") and m not in MAY_IMPORT_INPROC
         for d in DEPS[m]
         if _side(d) == "inproc"
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_tuning_imports_what_its_rule_allows():
+    bad = sorted(
+        f"{m} -> {d}"
+        for m in MODS
+        if _side(m) == "tuning"
+        for d in DEPS[m]
+        if _side(d) not in TUNING_MAY_IMPORT
+        and not (_side(d) == "inproc" and d in TUNING_MAY_IMPORT_FROM_INPROC)
+        and _side(d) != "root"
+    )
+    assert not bad, "the tuner imports outside its rule:\n" + "\n".join(bad)
+
+
+def test_nothing_but_the_root_imports_tuning():
+    bad = sorted(
+        f"{m} -> {d}" for m in MODS if _side(m) not in ("root", "tuning") for d in DEPS[m] if _side(d) == "tuning"
     )
     assert not bad, "\n".join(bad)
 
@@ -130,8 +157,8 @@ def test_layers_import_only_downwards():
             dside = _side(d)
             if dside == "root":
                 bad.append(f"{m} -> dlwatch (the root imports the training side lazily: import dlwatch._version)")
-            elif dside == "inproc":
-                continue  # test_nothing_but_the_root_and_run_imports_inproc
+            elif dside in ("inproc", "tuning"):
+                continue  # test_nothing_but_the_root_and_run_imports_inproc, ..._imports_tuning
             elif rank[dside] > rank[side]:
                 bad.append(f"{m} ({side}) -> {d} ({dside})")
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
@@ -195,7 +222,7 @@ def test_the_rules_see_a_violation():
 
 
 def test_each_folder_says_what_lives_there_and_what_it_may_import():
-    for folder in ("inproc", "wire", "collect", "detect", "report", "monitor", "cli"):
+    for folder in ("inproc", "wire", "collect", "detect", "report", "monitor", "cli", "tuning"):
         doc = ast.get_docstring(ast.parse(open(os.path.join(PKG_DIR, folder, "__init__.py"), encoding="utf-8").read()))
         assert doc and "import" in doc.lower(), f"dlwatch/{folder}/__init__.py: say what lives there and may import"
 

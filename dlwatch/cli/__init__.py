@@ -3,7 +3,8 @@
 Each subcommand is a module in this package with ``add_arguments(parser)`` and
 ``run(args) -> int``; its docstring's first line is its ``--help`` summary.
 This is the only place that configures logging and turns errors into exit codes.
-May import anything; only ``run_cmd`` imports ``dlwatch.inproc`` (``dlwatch run``'s bootstrap).
+May import anything; only ``run_cmd`` imports ``dlwatch.inproc`` (``dlwatch run``'s bootstrap) and only
+``tune_cmd`` names ``dlwatch.tuning`` (``dlwatch tune``'s bootstrap).
 
 Exit codes: 0 ok; 1 internal error; 2 usage; 3 not found; 4 not an inspectable
 target; 5 permission denied; 6 damaged or too-new report; 7 malformed playbook.
@@ -19,7 +20,7 @@ from typing import Sequence
 from dlwatch._version import __version__
 from dlwatch.errors import DlwatchError
 
-COMMANDS = ("run", "top", "report", "attach", "playbooks", "demo")
+COMMANDS = ("run", "tune", "top", "report", "attach", "playbooks", "demo")
 
 
 class _Parser(argparse.ArgumentParser):

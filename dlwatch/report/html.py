@@ -422,7 +422,8 @@ _SCRIPT = r"""
     bytes: bytes, count: function (v) { return v == null ? "" : String(Math.round(v)); },
     seconds: function (v) { return v == null ? "" : (Math.abs(v) < 120 ? v.toPrecision(3) + " s" : (v / 60).toFixed(1) + " min"); },
     percent: function (v) { return v == null ? "" : v.toFixed(0) + "%"; },
-    cores: function (v) { return v == null ? "" : v.toFixed(2); }
+    cores: function (v) { return v == null ? "" : v.toFixed(2); },
+    rate: function (v) { return v == null ? "" : (Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3)) + "/s"; }
   };
   function markers() {
     return { hooks: { draw: [function (u) {
@@ -484,7 +485,7 @@ _SCRIPT = r"""
       var y = s.y.slice(); if (D.pin != null) y.push(null); data.push(y);
       series.push({ label: s.label, stroke: s.color, width: 2, dash: s.dash ? [6, 4] : undefined, scale: s.scale || "y",
                     value: function (u, v) { return (s.scale === "pct" ? FMT.percent : fmt)(v); }, spanGaps: false,
-                    points: { show: D.x.length < 3 } });
+                    points: { show: !!D.points || D.x.length < 3 } });
     });
     var axes = [{ label: D.xlabel }, { incrs: ax.incrs, size: 90, values: function (u, vs, i, space, step) {
       var labels = vs.map(function (v) { return v == null ? "" : ax.label(v, step); });
@@ -552,6 +553,27 @@ def _page_end(parts: list[str], notes: Any, data: Any) -> str:
     parts.append(f"<script>{uplot}</script>")
     parts.append(f"<script>{draw}</script></body></html>")
     return "".join(parts) + "\n"
+
+
+def page(title: str, body: Sequence[str], notes: Any, data: Mapping[str, Any]) -> str:
+    """A page under the same rules as report.html (one file, nothing fetched, only its own scripts run).
+
+    ``title`` is text (escaped here); ``body`` is markup already escaped with :func:`escape`;
+    ``data`` the charts' data (``x``, ``charts``, ``markers``, ``xlabel``, ``xname``; ``points``
+    to mark every point), drawn by the same code as report.html's charts.  Used by the tune report."""
+    return _page_end(_page_head(_e(title)) + list(body), notes, _clean(dict(data)))
+
+
+def escape(v: Any) -> str:
+    return _e(v)
+
+
+def table_html(t: display.Table) -> str:
+    return _table(t)
+
+
+def kv_table_html(rows: Sequence[tuple[str, str]]) -> str:
+    return _kv_table(rows)
 
 
 def render_html(report: Incident | Mapping[str, Any], timeline: Sequence[Any] | None = None) -> str:
