@@ -728,8 +728,11 @@ def _workers_table(s: RunSummary) -> display.Table:
     )
 
 
-def _findings_html(findings: Sequence[Finding], none: str) -> list[str]:
-    """Findings with their evidence (through display) and remediation: an incident's, a summary's advice."""
+def _findings_html(
+    findings: Sequence[Finding], none: str, hint: Callable[[Finding], str | None] | None = None
+) -> list[str]:
+    """Findings with their evidence (through display) and remediation: an incident's, a summary's advice
+    (``hint``: a line under a finding, the `dlwatch tune` command for advice it answers)."""
     if not findings:
         return [f"<p>{_e(none)}</p>"]
     parts = []
@@ -741,6 +744,9 @@ def _findings_html(findings: Sequence[Finding], none: str) -> list[str]:
         parts.append(_evidence(f.evidence or {}))
         if f.remediation:
             parts.append(f"<p><b>What to do</b></p><pre>{_e(str(f.remediation).strip())}</pre>")
+        line = hint(f) if hint is not None else None
+        if line:
+            parts.append(f"<p>{_e(line)}</p>")
     return parts
 
 
@@ -818,7 +824,7 @@ def render_summary_html(
     parts.append("<h2>Peaks</h2>")
     parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in peaks) + "</ul>" if peaks else "<p>none</p>")
     parts.append("<h2>Advice</h2>")
-    parts += _findings_html(advice, runview.no_advice_line(s))
+    parts += _findings_html(advice, runview.no_advice_line(s), lambda f: sm.tune_hint(s, f))
     unjudged = runview.not_judged_words(s)
     if advice and unjudged:
         parts.append(f"<p>Too short to judge {_e(unjudged)}.</p>")

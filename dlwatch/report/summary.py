@@ -85,6 +85,39 @@ def _num(x: Any, fmt: str = ".3g") -> str:
     return str(x)
 
 
+# advice that a measured tune answers: the summary points to `dlwatch tune` with the command to run
+TUNE_ADVICE = ("input-bound", "too-many-workers", "prefetch-too-deep", "slow-epoch-start")
+
+
+def step_ms(s: RunSummary) -> float | None:
+    """The run's measured step (the loop body per batch, in ms), what ``dlwatch tune --step-ms`` takes."""
+    loop = s.loop or {}
+    body, batches = loop.get("body_s"), loop.get("batches")
+    if isinstance(body, (int, float)) and isinstance(batches, int) and batches > 0 and body > 0:
+        return 1000.0 * body / batches
+    return None
+
+
+def tune_command(s: RunSummary) -> str:
+    """``dlwatch tune`` for this run: its measured step, and which loader when the program had several."""
+    words = ["dlwatch tune"]
+    ms = step_ms(s)
+    if ms is not None:
+        words.append(f"--step-ms {ms:.3g}")
+    loaders = _program_key(s, "loaders") or []
+    if isinstance(loaders, list) and len(loaders) > 1:
+        words.append("--loader N")
+    words.append("SCRIPT.py [ARGS...]")
+    return " ".join(words)
+
+
+def tune_hint(s: RunSummary, f: Any) -> str | None:
+    """The line under an advice finding that measuring the DataLoader's settings answers; None for others."""
+    if str(getattr(f, "playbook", "")) not in TUNE_ADVICE:
+        return None
+    return f"measure the settings on this pipeline instead of guessing: {tune_command(s)}"
+
+
 def loop_line(s: RunSummary) -> str:
     loop = s.loop or {}
     first = loop.get("first_batch_s") or {}
@@ -155,6 +188,10 @@ def markdown_lines(summary: RunSummary | Mapping[str, Any]) -> Iterator[str]:
 
         for i, f in enumerate(findings, 1):
             yield from finding_md(i, f)
+            hint = tune_hint(s, f) if key == "advice" else None
+            if hint:
+                yield f"Or {md_cell(hint.split(': ', 1)[0])}: `{tune_command(s)}`"
+                yield ""
     workers = s.workers or []
     yield ""
     yield "## Workers"
@@ -235,6 +272,9 @@ def terminal_lines(summary: RunSummary | Mapping[str, Any], *, verbose: bool = F
             rem = str(f.remediation or "").strip().splitlines()
             if rem:
                 yield f"    -> {rem[0]}"
+            hint = tune_hint(s, f) if key == "advice" else None
+            if hint:
+                yield f"    -> {hint}"
     if not s.advice:
         yield f"  {runview.no_advice_line(s)[0].lower()}{runview.no_advice_line(s)[1:]}"
     for e in runview.loaders(s):

@@ -73,10 +73,10 @@ def assemble(search: Search) -> TuneResult:
             )
         )
     why = list(recommendation.why)
-    if search.restricted is not None:
-        why.insert(0, search.restricted.reason + ": the search kept to num_workers 0 and 1")
     if chosen is not None and chosen == cur:
         why.insert(0, "the loader's own configuration is already the one to keep")
+    if search.restricted is not None:
+        why.insert(0, search.restricted.reason + ": the search kept to num_workers 0 and 1")
     best = changed_kwargs(cur, chosen) if chosen is not None else {}
     return TuneResult(
         best=best,

@@ -146,6 +146,7 @@ class _Runner:
         self.send = send
         self.plan = plan
         self.candidate = build(loader, plan.config, same_seed=plan.same_seed)
+        self._warm_imports()
         self.it: Any = None
         self.batches = 0
         self.last_beat = 0.0
@@ -164,6 +165,18 @@ class _Runner:
             self.send(("beat", self.batches))
             self.last_beat = now
         return batch
+
+    @staticmethod
+    def _warm_imports() -> None:
+        """torch imports a profiler module lazily at the first ``next()``: a worker's death signalled during
+        that import raises torch's error inside it, where torch's import guard swallows it.  Import it now."""
+        try:
+            import torch
+
+            with torch.autograd.profiler.record_function("dlwatch-tune-warm-up"):
+                pass
+        except Exception:
+            pass
 
     def _start_epoch(self) -> tuple[Any, float]:
         t0 = time.monotonic()

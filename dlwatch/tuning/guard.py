@@ -44,6 +44,10 @@ SAMPLE_S = 0.1
 USS_EVERY_S = 1.0
 DISCOVER_EVERY_S = 0.5
 TERM_GRACE_S = 0.5
+# a worker of the running iterator that died: the candidate's own process should raise torch's error
+# at once (its SIGCHLD handler); where that error is lost (raised inside code that swallows it, as
+# torch's lazy profiler import does) torch only notices at its 5 s status check: stop it ourselves
+WORKER_DEATH_GRACE_S = 1.0
 GONE_WAIT_S = 3.0
 
 
@@ -135,6 +139,7 @@ def _child(write_fd: int, read_fd: int, loader: Any, plan: Plan, err_fd: int) ->
         os.close(read_fd)
         os.setpgid(0, 0)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the tune's to handle
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGTERM, _on_term)
         _set_pdeathsig()
         null = os.open(os.devnull, os.O_WRONLY)
@@ -142,6 +147,8 @@ def _child(write_fd: int, read_fd: int, loader: Any, plan: Plan, err_fd: int) ->
         os.dup2(err_fd, 2)
         os.close(null)
         os.close(err_fd)
+        sys.stdout = open(1, "w", closefd=False)  # a stream object a host (a test runner) put there is not ours
+        sys.stderr = open(2, "w", closefd=False)
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # torch's, for every candidate
     except BaseException:
         os._exit(2)
@@ -180,6 +187,8 @@ class CandidateRun:
         self.exit_status: int | None = None
         self.error: tuple[str, str, str] | None = None
         self.done = False
+        self.epoch_workers: set[int] = set()  # the workers of the iterator running now
+        self.dead: tuple[float, int, int | None] | None = None  # (when seen, pid, wait status) of a dead one
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -192,28 +201,40 @@ class CandidateRun:
                 stream.flush()
             except Exception:
                 pass
-        with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads: the candidate uses none
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        # SIGINT is blocked across the fork (a Ctrl-C that arrived while fork() ran was lost now and then):
+        # it stays pending until the candidate is registered and its cleanup armed below; the candidate
+        # ignores it before it unblocks it (its process group is its own: the terminal's Ctrl-C is ours)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads: the candidate uses none
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            for fd in (read_fd, write_fd, err_fd):
+                os.close(fd)
+            raise
         if pid == 0:
             _child(write_fd, read_fd, self.loader, self.plan, err_fd)
-        os.close(write_fd)
-        os.close(err_fd)
         self.pid = pid
         try:
             os.setpgid(pid, pid)
         except OSError:
             pass  # the child set it first
         self.procs[pid] = _Proc(pid, "main")
+        os.close(write_fd)
+        os.close(err_fd)
         from multiprocessing.connection import Connection
 
         conn = Connection(read_fd, writable=False)
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a Ctrl-C pending since the fork lands here
             self._watch(conn, start)
         except KeyboardInterrupt:
             self._stop("stopped", "interrupted (Ctrl-C)")
             raise
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             self._cleanup()
             conn.close()
             self.rec.wall_s = time.monotonic() - start
@@ -255,6 +276,9 @@ class CandidateRun:
                 if self._sample(now):
                     return
                 next_sample = now + SAMPLE_S
+            if self.dead is not None and now - self.dead[0] > WORKER_DEATH_GRACE_S and self.error is None:
+                self._stop("failed", _death_reason(self.dead[1], self.dead[2]), playbook="worker-killed")
+                return
             allowance = max(self.stall_s, 10 * max_gap) if first_seen else self.first_allowance_s
             if now - last_msg > allowance:
                 what = "the next batch" if first_seen else "the first batch"
@@ -267,6 +291,8 @@ class CandidateRun:
     def _message(self, msg: Any) -> bool:
         kind = msg[0]
         if kind == "workers":
+            self.epoch_workers = set(msg[1])
+            self.dead = None
             for pid in msg[1]:
                 self.worker_pids.add(pid)
                 if pid not in self.procs:
@@ -279,6 +305,7 @@ class CandidateRun:
             return True
         elif kind == "steady":
             self.rec.steady = dict(msg[1])
+            self.epoch_workers = set()  # from here workers end on purpose (the candidate's own teardown)
         elif kind == "reset":
             self.rec.resets.append(float(msg[1]))
         elif kind == "fingerprints":
@@ -320,6 +347,8 @@ class CandidateRun:
                 continue
             due = now - p.uss_at >= USS_EVERY_S and (self.rec.first_batch_s is not None or p.role == "main")
             s = procfs.read_proc(p.pid, mem_detail=due, carry=p.sample)
+            if (s.gone or s.state == "Z") and p.pid in self.epoch_workers and self.dead is None:
+                self.dead = (now, p.pid, s.exit_code)
             if s.gone:
                 p.sample = s if p.sample is None else replace(p.sample, gone=True)
                 cpu += p.cpu_s
@@ -491,6 +520,19 @@ class CandidateRun:
             return None
         (t0, c0), (t1, c1) = inside[0], inside[-1]
         return round(max(0.0, (c1 - c0) / (t1 - t0)), 2)
+
+
+def _death_reason(pid: int, status: int | None) -> str:
+    """A dead worker in torch's words (so that the matcher names it as it would torch's own message)."""
+    if status is not None and status & 0x7F:
+        try:
+            name = signal.Signals(status & 0x7F).name
+        except ValueError:
+            name = f"signal {status & 0x7F}"
+        return f"stopped by dlwatch: DataLoader worker (pid {pid}) is killed by signal: {name}"
+    if status is not None:
+        return f"stopped by dlwatch: DataLoader worker (pid {pid}) exited with {status >> 8}"
+    return f"stopped by dlwatch: DataLoader worker (pid(s) {pid}) exited unexpectedly"
 
 
 def _tail(path: str, limit: int = 2048) -> str:

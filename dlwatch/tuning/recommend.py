@@ -17,7 +17,7 @@ from typing import Sequence
 
 from dlwatch.report.display import human_bytes
 from dlwatch.tuning.result import Row
-from dlwatch.tuning.space import Config
+from dlwatch.tuning.space import DEFAULT_PREFETCH, Config
 
 TOL = 0.03  # "within a few percent" of the best throughput
 FED_HEADROOM = 1.1  # throughput (less its spread) over what the step needs, to call the consumer fed
@@ -99,19 +99,38 @@ def choose_workers(view: Sequence[Row], current: Config, step_s: float | None) -
     """The row whose num_workers (and prefetch_factor) the recommendation starts from, and why ('fed', 'best')."""
     if not view:
         return None, "none"
+    # num_workers is chosen on the climb's rows (the loader's own prefetch_factor); deeper or shallower
+    # prefetching is judged after, at the chosen count, against its noise
+    base_pf = current.prefetch_factor if current.num_workers > 0 else DEFAULT_PREFETCH
+    climb = [r for r in view if r.config.num_workers == 0 or r.config.prefetch_factor == base_pf]
+    view = climb or list(view)
     if step_s:
         fed = [r for r in view if is_fed(r, step_s)]
         if fed:
             return _cheapest(fed, current), "fed"
     top = max(view, key=_rate)
-    near = [r for r in view if _rate(r) >= _rate(top) * (1 - TOL)]
+    near = [r for r in view if _rate(r) >= near_floor(top)]
     return _cheapest(near, current), "best"
+
+
+def near_floor(top: Row) -> float:
+    """The throughput that counts as as good as the best: within TOL, or within the best's own spread
+    (a lead inside its noise is no lead), never more than 3 x TOL below it."""
+    rate = _rate(top)
+    floor = rate * (1 - TOL)
+    if top.batches_per_s_sd:
+        floor = min(floor, rate - top.batches_per_s_sd)
+    return max(floor, rate * (1 - 3 * TOL))
 
 
 def _bound(view: Sequence[Row], chosen: Row, usable: float | None) -> str:
     """What limits the pipeline, in the user's terms, from the throughput against num_workers."""
     same_pf = sorted(
-        (r for r in view if r.config.prefetch_factor in (chosen.config.prefetch_factor, None)),
+        (
+            r
+            for r in view
+            if chosen.config.num_workers == 0 or r.config.prefetch_factor in (chosen.config.prefetch_factor, None)
+        ),
         key=lambda r: r.config.num_workers,
     )
     n = chosen.config.num_workers
@@ -225,6 +244,11 @@ def recommend(
         if line:
             why.append(line)
     config = Config.make(nw, chosen.config.prefetch_factor, persistent, chosen.config.pin_memory)
+    same = [r for r in rows if r.config == config]
+    if same and not all(r.eligible for r in same):  # measured as such and failed or broke a limit: never that
+        bad = next(r for r in same if not r.eligible)
+        why.append(f"{config.label()} itself {bad.status}{' (' + ', '.join(bad.limits) + ')' if bad.limits else ''}")
+        config = chosen.config
     mem = [x for x in (chosen.worker_uss_total, chosen.shm_peak) if x]
     if nw > 0 and mem and memory_room:
         why.append(
@@ -250,7 +274,8 @@ def _persistent(rows: Sequence[Row], chosen: Row, current: Config) -> tuple[bool
         for r in rows
         if r.config.persistent_workers
         and r.config.num_workers == nw
-        and r.status == "ok"
+        and r.config.prefetch_factor == chosen.config.prefetch_factor
+        and r.eligible  # kept workers that broke a limit (or failed) are no saving to recommend
         and r.epoch_start_s is not None
         and r.epoch_start_s != r.first_batch_s
     ]

@@ -342,8 +342,8 @@ class Search:
             fed = {r.config.num_workers for r in view if rec.is_fed(r, self.step_s)}
             if fed:
                 return fed
-        top = max(r.batches_per_s or 0.0 for r in view)
-        return {r.config.num_workers for r in view if (r.batches_per_s or 0.0) >= top * (1 - rec.TOL)}
+        floor = rec.near_floor(max(view, key=lambda r: r.batches_per_s or 0.0))
+        return {r.config.num_workers for r in view if (r.batches_per_s or 0.0) >= floor}
 
     def _bisect(self, reserve: Callable[[], float]) -> None:
         while True:
