@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MS",
         help="the training step's time per batch: recommend the cheapest configuration that keeps it fed "
-        "(a dlwatch run summary's steady batch time less its data wait)",
+        "(a dlwatch run summary prints the command with its measured loop body per batch)",
     )
     parser.add_argument(
         "--loader", default="1", metavar="N", help="tune the N-th DataLoader the script iterates (default 1)"
