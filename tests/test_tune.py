@@ -262,6 +262,35 @@ def test_bad_arguments_are_one_clear_error():
         dlwatch.tune(loader, max_workers=0)
 
 
+def _batches(it):
+    return [b.clone() if hasattr(b, "clone") else b for b in it]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_candidate_yields_the_loaders_batches_in_the_loaders_order(num_workers):
+    """Same dataset, sampler, batch size, collate, generator: only the four keywords differ."""
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from dlwatch.tuning.driver import build, plain_iter
+
+    data = list(range(40))
+
+    def shuffled():
+        return DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3), drop_last=True)
+
+    want = _batches(shuffled())
+    got = _batches(plain_iter(build(shuffled(), Config.make(num_workers))))
+    assert len(want) == 10 and all(torch.equal(a, b) for a, b in zip(want, got)) and len(want) == len(got)
+
+    def by_batch_sampler():
+        g = torch.Generator().manual_seed(5)
+        return DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=g), 3, False))
+
+    want = _batches(by_batch_sampler())
+    got = _batches(plain_iter(build(by_batch_sampler(), Config.make(num_workers, 4))))
+    assert all(torch.equal(a, b) for a, b in zip(want, got)) and len(want) == len(got) == 14
+
+
 # --------------------------------------------------------------------------- real workers
 
 
