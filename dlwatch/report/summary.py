@@ -104,8 +104,7 @@ def tune_command(s: RunSummary) -> str:
     ms = step_ms(s)
     if ms is not None:
         words.append(f"--step-ms {ms:.3g}")
-    loaders = _program_key(s, "loaders") or []
-    if isinstance(loaders, list) and len(loaders) > 1:
+    if len(runview.loaders(s)) > 1:
         words.append("--loader N")
     words.append("SCRIPT.py [ARGS...]")
     return " ".join(words)

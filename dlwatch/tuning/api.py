@@ -1,4 +1,4 @@
-"""``dlwatch.tune(loader, budget_s=60, step_s=None, ...)``: the entry point, and the result's assembly."""
+"""``dlwatch.tune(loader, budget_s=60, step_s=None, ...)``: the entry point, its arguments checked."""
 
 from __future__ import annotations
 
