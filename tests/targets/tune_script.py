@@ -20,7 +20,7 @@ print("ARGS", " ".join(sys.argv[1:]), flush=True)
 mark = sys.argv[1]
 kind = sys.argv[2] if len(sys.argv) > 2 else "io"
 atexit.register(lambda: print("ATEXIT", flush=True))
-loader = DataLoader(IoBound(wait_s=0.004 if kind == "io" else 0.02), batch_size=4, shuffle=True)
+loader = DataLoader(IoBound(wait_s=0.01 if kind == "io" else 0.02), batch_size=4, shuffle=True)
 try:
     for batch in loader:
         with open(mark, "a") as f:
