@@ -47,7 +47,8 @@ class Plan:
 
     @property
     def min_intervals(self) -> int:
-        return 3 * max(1, self.config.num_workers)
+        """Four whole bursts at least (eight batches with fewer than two workers)."""
+        return max(8, 4 * self.config.num_workers)
 
 
 class SameSeed:
@@ -313,15 +314,25 @@ class _Runner:
                     pass
 
 
+CHUNKS = 3  # a run's steady window is cut into this many chunks for its spread
+MIN_CHUNK_BURSTS = 2  # each of at least this many whole bursts (N batches with N workers), else none
+
+
 def _chunk_rates(segments: list[list[float]], nw: int) -> list[float]:
-    """Batches per second over consecutive chunks of whole bursts: the spread within one run."""
+    """Batches per second over consecutive chunks of whole bursts: the spread within one run.
+
+    A chunk shorter than two bursts measures where a burst's batches fell, not the rate (two
+    batches a few microseconds apart are "thousands per second"): a window too short for
+    CHUNKS such chunks gives one chunk per epoch, and the spread then comes from the repeats."""
     rates: list[float] = []
+    smallest = MIN_CHUNK_BURSTS * nw
     for seg in segments:
         n = len(seg) - 1
-        if n < 1:
+        if n < smallest:
             continue
-        size = max(nw, (n // 3) // nw * nw) if n >= 2 * nw else n
-        for start in range(0, n - size + 1, size):
+        chunks = max(1, min(CHUNKS, n // smallest))
+        size = n // chunks // nw * nw
+        for start in range(0, size * chunks, size):
             dt = seg[start + size] - seg[start]
             if dt > 0:
                 rates.append(size / dt)
