@@ -65,6 +65,7 @@ def test_only_the_keywords_that_differ_are_returned():
 def test_the_ladder_reaches_well_past_the_cpus():
     assert ladder(2, 16) == [0, 1, 2, 4, 8, 16]
     assert ladder(6, 64) == [0, 1, 2, 4, 5, 6, 8, 16, 32, 64]
+    assert ladder(2, 12) == [0, 1, 2, 4, 8, 12]  # the maximum is a rung
 
 
 # --------------------------------------------------------------------------- pure: the recommendation

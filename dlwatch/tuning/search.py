@@ -1,25 +1,12 @@
-"""The search: which candidates run, in what order, each for how long, within the time budget.
+"""The search's bookkeeping: each candidate's runs, what they cost, and one run within the time budget.
 
-1. The loader's own configuration (the reference every row is compared with).
-2. An IterableDataset's rule (``iterable``): no workers and two workers, their samples fingerprinted.
-3. A hill climb on ``num_workers`` up the ladder 0, 1, 2, 4, 8, ... (``space.ladder``), stopped
-   at the first rung from 2 on that does not beat the best so far by ``CLIMB_GAIN``, at a
-   failure, where the next rung's projected memory, /dev/shm or descriptors would not fit,
-   or where its projected start-up would not fit the time left; with a step time, at the first
-   rung that keeps the consumer fed.
-4. Bisection between the rungs around the knee: the fewest workers within ``TOL`` of the best
-   (or the fewest that keep the consumer fed).
-5. ``prefetch_factor`` deeper and shallower at the chosen worker count.
-6. Repeats of the leading candidates (their spread; a lucky single window is not trusted).
-7. ``persistent_workers`` at the chosen configuration: the epoch start it saves, measured by
-   re-iterating drained persistent workers against a fresh iterator's first batch.
-8. ``pin_memory``: on a CUDA host, both settings with every batch copied to the GPU; elsewhere
-   a row that says why it is skipped.
-
-Each run's window is ``budget / WINDOW_DIVISOR`` seconds of steady batches (``MIN_WINDOW_S`` to
-``MAX_WINDOW_S``); a run whose projected cost does not fit the time left is skipped, and the
-persistent measurement has its time kept aside.  Ctrl-C stops the search at once (the running
-candidate is stopped and cleaned up) and the result holds what was measured.
+The plan's steps (the loader's own configuration, the IterableDataset rule, the climb on
+``num_workers``, bisection, ``persistent_workers``, ``prefetch_factor``, repeats, ``pin_memory``)
+are in :mod:`dlwatch.tuning.phases`.  Each run's window is ``budget / WINDOW_DIVISOR`` seconds of
+steady batches (``MIN_WINDOW_S`` to ``MAX_WINDOW_S``); a run whose projected cost does not fit the
+time left is skipped, and the persistent measurement has its time kept aside.  Ctrl-C stops the
+search at once (the running candidate is stopped and cleaned up) and the result holds what was
+measured.
 """
 
 from __future__ import annotations
@@ -34,9 +21,9 @@ from dlwatch.collect.system import SystemProbe
 from dlwatch.tuning import iterable, recommend as rec
 from dlwatch.tuning.driver import Plan
 from dlwatch.tuning.guard import CandidateRun, RunRecord
-from dlwatch.tuning.limits import FIT_SHARE, Machine, read_machine
+from dlwatch.tuning.limits import Machine, read_machine
 from dlwatch.tuning.result import Row, TuneResult, pool
-from dlwatch.tuning.space import DEFAULT_PREFETCH, Config, LoaderFacts, default_max_workers, ladder
+from dlwatch.tuning.space import DEFAULT_PREFETCH, Config, LoaderFacts, default_max_workers
 
 WINDOW_DIVISOR = 40.0
 MIN_WINDOW_S = 0.25
@@ -234,140 +221,34 @@ class Search:
         return n <= 1 if self.restricted is not None else True
 
     def _plan(self) -> None:
+        from dlwatch.tuning import phases
+
         cur = self.facts.current
         self.measure(cur, "current", resets=2 if cur.persistent_workers else 0, force=True)
         if self.facts.iterable and not self.iterable_ok:
-            self._iterable_rule()
-        self._climb(self._reserve)
-        self._bisect(self._reserve)
-        self._persistent()
-        self._prefetch(lambda: 0.0)
-        self._repeats(lambda: 0.0)
-        self._pin_memory()
+            phases.iterable_rule(self)
+        phases.climb(self, self.reserve)
+        phases.bisect_down(self, self.reserve)
+        phases.bisect_up(self, self.reserve)
+        phases.persistent(self)
+        phases.prefetch(self)
+        phases.repeats(self)
+        phases.pin_memory(self)
 
-    def _reserve(self) -> float:
+    def reserve(self) -> float:
         """Time kept for the persistent measurement of the configuration chosen so far."""
-        chosen = self._chosen()
+        chosen = self.chosen()
         if chosen is None or chosen.num_workers == 0:
             return 0.0
         return self.est_cost(Config.make(chosen.num_workers, chosen.prefetch_factor, True), resets=2)
 
-    def _iterable_rule(self) -> None:
-        one_cfg = self.base.with_workers(0)
-        two_cfg = self.base.with_workers(2)
-        one = self.measure(one_cfg, "iterable probe", fingerprints=iterable.PROBE_BATCHES, force=True)
-        two = self.measure(two_cfg, "iterable probe", fingerprints=iterable.PROBE_BATCHES, force=True)
-        if one is None or two is None or not one.fingerprints or not two.fingerprints:
-            self.restricted = iterable.Verdict(
-                True,
-                f"{self.facts.dataset}: the IterableDataset could not be fingerprinted with 0 and 2 workers "
-                "(a probe failed): the search keeps to num_workers 0 and 1",
-                None,
-                None,
-                False,
-            )
-            return
-        verdict = iterable.judge(
-            self.facts.dataset, one.fingerprints, two.fingerprints, seeded=False, current_workers=cur_nw(self)
-        )
-        if verdict is None:
-            seeded = self.measure(
-                two_cfg, "iterable probe", fingerprints=iterable.PROBE_BATCHES, same_seed=True, force=True
-            )
-            if seeded is not None and seeded.fingerprints:
-                verdict = iterable.judge(
-                    self.facts.dataset, one.fingerprints, seeded.fingerprints, seeded=True, current_workers=cur_nw(self)
-                )
-        self.restricted = verdict
-
-    def _fits_projection(self, n: int) -> str | None:
-        """Why n workers would not fit the machine, projected from the most workers measured; else None."""
-        done = [(c.num_workers, self.row(c)) for c in self.records if c.num_workers > 0]
-        done = [(m, r) for m, r in done if r.status == "ok"]
-        if not done:
-            return None
-        m, r = max(done, key=lambda t: t[0])
-        if n <= m:
-            return None
-        scale = n / m
-        room, source = self.machine.memory_room
-        if room and r.mem_peak and r.mem_peak * scale > FIT_SHARE * room:
-            return (
-                f"would not fit: {n} workers would hold about {_gib(r.mem_peak * scale)} "
-                f"({m} held {_gib(r.mem_peak)}) of the {_gib(room)} {source} allows"
-            )
-        if self.machine.shm_free and r.shm_peak and r.shm_peak * scale > FIT_SHARE * self.machine.shm_free:
-            return f"would not fit: about {_gib(r.shm_peak * scale)} of /dev/shm ({_gib(self.machine.shm_free)} free)"
-        limit = r.fd_limit or self.machine.fd_limit
-        if limit and r.fds_peak and r.fds_peak * scale > FIT_SHARE * limit:
-            return f"would not fit: about {int(r.fds_peak * scale)} open descriptors (limit {limit})"
-        return None
-
-    def _best_rate(self, below: int) -> float:
-        """The best throughput measured with fewer than ``below`` workers (the climb's own progress)."""
-        view = rec.throughput_view(self._allowed_rows())
-        return max((r.batches_per_s or 0.0 for r in view if r.config.num_workers < below), default=0.0)
-
-    def _allowed_rows(self) -> list[Row]:
+    def allowed_rows(self) -> list[Row]:
         return [r for r in self.rows() if self.allowed(r.config.num_workers)]
 
-    def _climb(self, reserve: Callable[[], float]) -> None:
-        rungs = [n for n in ladder(self.machine.usable_cpus, self.max_workers) if self.allowed(n)]
-        for n in rungs:
-            cfg = self.base.with_workers(n)
-            if cfg.key() == self.facts.current.key() and self.row(self.facts.current).status == "ok":
-                cfg = self.facts.current
-            before = self._best_rate(below=n)
-            if cfg not in self.records:
-                why = self._fits_projection(n)
-                if why is not None:
-                    self.skip(cfg, why)
-                    break
-                if self.measure(cfg, "climb", reserve=reserve) is None:
-                    break
-            row = self.row(cfg)
-            if row.status != "ok":
-                break  # a failure here (killed, stalled, a limit) only gets worse with more workers
-            if self.step_s and rec.is_fed(row, self.step_s):
-                break
-            if n >= 2 and (row.batches_per_s or 0.0) < before * rec.CLIMB_GAIN:
-                break
-
-    def _target(self) -> set[int]:
-        """Worker counts that are good enough: fed (with a step time) or within TOL of the best."""
-        view = rec.throughput_view(self._allowed_rows())
-        if not view:
-            return set()
-        if self.step_s:
-            fed = {r.config.num_workers for r in view if rec.is_fed(r, self.step_s)}
-            if fed:
-                return fed
-        floor = rec.near_floor(max(view, key=lambda r: r.batches_per_s or 0.0))
-        return {r.config.num_workers for r in view if (r.batches_per_s or 0.0) >= floor}
-
-    def _bisect(self, reserve: Callable[[], float]) -> None:
-        while True:
-            good = self._target()
-            if not good:
-                return
-            c = min(good)
-            measured = {cfg.num_workers for cfg in self.records if self.row(cfg).status == "ok"}
-            lower = [m for m in measured if m < c]
-            if not lower:
-                return
-            low = max(lower)
-            if c - low < 2:
-                return
-            mid = (low + c) // 2
-            cfg = self.base.with_workers(mid)
-            if cfg in self.records or not self.allowed(mid):
-                return
-            if self.measure(cfg, "bisect", reserve=reserve) is None:
-                return
-
-    def _chosen(self) -> Config | None:
+    def chosen(self) -> Config | None:
+        """What would be recommended from what is measured so far."""
         r = rec.recommend(
-            self._allowed_rows(),
+            self.allowed_rows(),
             self.facts.current,
             step_s=self.step_s,
             usable_cpus=self.machine.usable_cpus,
@@ -375,81 +256,9 @@ class Search:
         )
         return r.config
 
-    def _prefetch(self, reserve: Callable[[], float]) -> None:
-        chosen = self._chosen()
-        if chosen is None or chosen.num_workers == 0:
-            return
-        pf = chosen.prefetch_factor or DEFAULT_PREFETCH
-        for alt in (pf * 2, max(1, pf // 2)):
-            if alt == pf:
-                continue
-            cfg = Config.make(chosen.num_workers, alt, False, chosen.pin_memory)
-            if cfg in self.records:
-                continue
-            if alt > pf and self._fits_projection_prefetch(chosen, alt) is not None:
-                self.skip(cfg, self._fits_projection_prefetch(chosen, alt) or "")
-                continue
-            self.measure(cfg, "prefetch", reserve=reserve)
-
-    def _fits_projection_prefetch(self, chosen: Config, alt: int) -> str | None:
-        r = self.row(Config.make(chosen.num_workers, chosen.prefetch_factor, False, chosen.pin_memory))
-        free = self.machine.shm_free
-        pf = chosen.prefetch_factor or DEFAULT_PREFETCH
-        if free and r.shm_peak and r.shm_peak * alt / pf > FIT_SHARE * free:
-            return f"would not fit: about {_gib(r.shm_peak * alt / pf)} of /dev/shm ({_gib(free)} free)"
-        return None
-
-    def _repeats(self, reserve: Callable[[], float]) -> None:
-        view = rec.throughput_view(self._allowed_rows())
-        lead = sorted(view, key=lambda r: -(r.batches_per_s or 0.0))[:3]
-        chosen = self._chosen()
-        want = [r.config for r in lead]
-        if chosen is not None:
-            want += [c for c in self.records if c.key() == chosen.key() and not c.persistent_workers]
-        seen: set[Config] = set()
-        for cfg in want:
-            if cfg in seen or len(self.records.get(cfg, [])) >= 2:
-                continue
-            seen.add(cfg)
-            if self.measure(cfg, "repeat", reserve=reserve) is None:
-                return
-
-    def _persistent(self) -> None:
-        chosen = self._chosen()
-        if chosen is None or chosen.num_workers == 0:
-            return
-        cfg = Config.make(chosen.num_workers, chosen.prefetch_factor, True, chosen.pin_memory)
-        if cfg in self.records:
-            return
-        self.measure(cfg, "persistent", resets=2)
-
-    def _pin_memory(self) -> None:
-        chosen = self._chosen() or self.facts.current
-        flip = Config.make(chosen.num_workers, chosen.prefetch_factor, False, not chosen.pin_memory)
-        if not self.machine.cuda_available:
-            self.skip(
-                Config.make(chosen.num_workers, chosen.prefetch_factor, False, True),
-                "no CUDA device here (torch.cuda.is_available() is False): pin_memory only speeds up copies to a GPU",
-            )
-            return
-        same = Config.make(chosen.num_workers, chosen.prefetch_factor, False, chosen.pin_memory)
-        for cfg in (same, flip):
-            if self.measure(cfg, "pin_memory", device="cuda") is None:
-                return
-
     # ------------------------------------------------------------------ the result
 
     def result(self) -> TuneResult:
         from dlwatch.tuning.assemble import assemble
 
         return assemble(self)
-
-
-def cur_nw(s: Search) -> int:
-    return s.facts.current.num_workers
-
-
-def _gib(n: float) -> str:
-    from dlwatch.report.display import human_bytes
-
-    return human_bytes(n)

@@ -99,11 +99,11 @@ def changed_kwargs(current: Config, chosen: Config) -> dict[str, Any]:
 
 
 def ladder(usable_cpus: float | None, max_workers: int) -> list[int]:
-    """The worker counts a climb visits, in order: 0, 1, 2, 4, 8, ... and the usable CPUs themselves.
+    """The worker counts a climb visits, in order: 0, 1, 2, 4, 8, ..., ``max_workers``, and the usable CPUs.
 
     Doubling reaches well past the CPUs in a few steps (an I/O-latency-bound dataset wants more
     workers than cores); bisection later finds the knee between two rungs."""
-    rungs = {0, 1}
+    rungs = {0, 1, max_workers}  # the most it may try is a rung too (16 is not on a climb to 12)
     n = 2
     while n <= max_workers:
         rungs.add(n)
