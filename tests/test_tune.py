@@ -145,6 +145,19 @@ def test_cpu_bound_and_main_process_bound_are_named():
     assert r.config.num_workers == 0 and r.why[0].startswith("main-process bound")
 
 
+def test_more_workers_with_no_more_cpu_behind_their_lead_are_not_chosen():
+    """CPU-bound on 2 cores that lend 1.5: 8 workers' lead over 2, with no more CPU, is the machine's noise."""
+    rows = [_row(0, 80, cores=0.98), _row(2, 106, cores=1.45), _row(4, 112, cores=1.5), _row(8, 123, cores=1.5)]
+    r = rec.recommend(rows, Config.make(0), step_s=None, usable_cpus=2)
+    assert r.config.num_workers == 2
+    # I/O-bound: little CPU anywhere, so more workers' lead is theirs
+    io = [_row(0, 8, cores=0.0), _row(8, 64, cores=0.5), _row(16, 96, cores=0.55)]
+    assert rec.recommend(io, Config.make(0), step_s=None, usable_cpus=2).config.num_workers == 16
+    # CPU-bound, but the best used more CPU: its lead is real
+    more = [_row(0, 40, cores=0.95), _row(1, 42, cores=1.0), _row(2, 80, cores=1.9)]
+    assert rec.recommend(more, Config.make(0), step_s=None, usable_cpus=2).config.num_workers == 2
+
+
 def test_prefetch_deeper_only_for_a_gain_beyond_its_noise_and_shallower_only_for_memory():
     rows = [_row(0, 10), _row(4, 40, shm=10 * MIB), _row(4, 48, pf=4, sd=2, shm=20 * MIB)]
     assert rec.recommend(rows, Config.make(0), step_s=None, usable_cpus=2).config.prefetch_factor == 4
@@ -376,8 +389,6 @@ def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_not(tracked):
     assert cpu.recommended is not None, str(cpu)
     assert cpu.recommended.num_workers <= usable + 1, str(cpu)  # more workers than cores cannot help
     assert cpu.recommended.num_workers < io.recommended.num_workers
-    measured = {r.config.num_workers for r in cpu.rows if r.status == "ok"}
-    assert max(measured) <= 4 * max(2, usable), "the climb stopped where throughput levelled off"
     # the loader is unchanged and still yields what it yielded before
     assert io_loader.num_workers == 0 and cpu_loader.num_workers == 0
 

@@ -25,6 +25,9 @@ CLIMB_GAIN = 1.05  # a rung that does not beat the best so far by this much is t
 FED_WAIT_SHARE = 0.02  # with no workers the loop loads each batch itself: fed only when that is tiny
 PERSISTENT_MIN_S = 0.2  # an epoch start saved below this is not worth workers kept between epochs
 PREFETCH_MIN_SAVED = 64 << 20  # a shallower prefetch must save this much /dev/shm to be worth a change
+CPU_BOUND_SHARE = 0.6  # the most CPU a row used, of the usable cores, for the pipeline to count as CPU-bound
+SATURATED = 0.9  # a row using this share of that most has every core it can get
+CPU_NOISE = 0.15  # how far behind the best such a row may be (the best's lead with no more CPU is noise)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,31 @@ def _cheapest(rows: Sequence[Row], current: Config) -> Row:
     )
 
 
-def choose_workers(view: Sequence[Row], current: Config, step_s: float | None) -> tuple[Row | None, str]:
+def cpu_saturated_as_good(view: Sequence[Row], top: Row, usable: float | None) -> list[Row]:
+    """Rows with fewer workers that already use all the CPU this pipeline ever got, and are close to the best.
+
+    For a CPU-bound pipeline (the most CPU any row used is at least ``CPU_BOUND_SHARE`` of the
+    usable cores) a row that uses ``SATURATED`` of that most already has every core it can get: more
+    workers cannot make more CPU, so the best's lead over it, with no more CPU behind it, is the
+    machine's noise (a shared machine lends its cores unevenly), up to ``CPU_NOISE``."""
+    cores = [r.cpu_cores for r in view if r.cpu_cores is not None]
+    if not usable or not cores or top.cpu_cores is None or max(cores) < CPU_BOUND_SHARE * usable:
+        return []
+    most = max(cores)
+    return [
+        r
+        for r in view
+        if r.config.num_workers < top.config.num_workers
+        and r.cpu_cores is not None
+        and r.cpu_cores >= SATURATED * most
+        and top.cpu_cores <= r.cpu_cores * 1.1
+        and _rate(r) >= _rate(top) * (1 - CPU_NOISE)
+    ]
+
+
+def choose_workers(
+    view: Sequence[Row], current: Config, step_s: float | None, usable: float | None = None
+) -> tuple[Row | None, str]:
     """The row whose num_workers (and prefetch_factor) the recommendation starts from, and why ('fed', 'best')."""
     if not view:
         return None, "none"
@@ -109,7 +136,7 @@ def choose_workers(view: Sequence[Row], current: Config, step_s: float | None) -
         if fed:
             return _cheapest(fed, current), "fed"
     top = max(view, key=_rate)
-    near = [r for r in view if _rate(r) >= near_floor(top)]
+    near = [r for r in view if _rate(r) >= near_floor(top)] + cpu_saturated_as_good(view, top, usable)
     return _cheapest(near, current), "best"
 
 
@@ -167,7 +194,7 @@ def recommend(
     memory_room: int | None = None,
 ) -> Recommendation:
     view = throughput_view(rows)
-    base, mode = choose_workers(view, current, step_s)
+    base, mode = choose_workers(view, current, step_s, usable_cpus)
     why: list[str] = []
     if base is None:
         failed = [r for r in rows if r.status == "failed"]
