@@ -12,10 +12,11 @@
    best (or the fewest that keep the consumer fed).
 5. ``bisect_up``: where the best is the most workers that finished, between it and the first
    count that failed, broke a limit or was projected not to fit.
-6. ``persistent``: the epoch start that ``persistent_workers`` saves at the chosen configuration.
-7. ``prefetch``: ``prefetch_factor`` twice and half as deep at the chosen count.
-8. ``repeats``: the leading candidates again, up to ``REPEATS`` runs each (one lucky window is
+6. ``prefetch``: ``prefetch_factor`` twice and half as deep at the chosen count.
+7. ``repeats``: the leading candidates again, up to ``REPEATS`` runs each (one lucky window is
    not trusted; the machine may be shared).
+8. ``persistent``: the epoch start that ``persistent_workers`` saves at the configuration chosen
+   after the repeats (its time is kept aside by every step before).
 9. ``pin_memory``: on a CUDA host both settings with every batch copied to the GPU; elsewhere a
    row that says why it is skipped.
 """
@@ -215,7 +216,7 @@ def persistent(s: Search) -> None:
         s.measure(cfg, "persistent", resets=2)
 
 
-def prefetch(s: Search) -> None:
+def prefetch(s: Search, reserve: Callable[[], float]) -> None:
     chosen = s.chosen()
     if chosen is None or chosen.num_workers == 0:
         return
@@ -234,10 +235,10 @@ def prefetch(s: Search) -> None:
                 f"would not fit: about {human_bytes(base.shm_peak * alt / pf)} of /dev/shm ({human_bytes(free)} free)",
             )
             continue
-        s.measure(cfg, "prefetch")
+        s.measure(cfg, "prefetch", reserve=reserve)
 
 
-def repeats(s: Search) -> None:
+def repeats(s: Search, reserve: Callable[[], float]) -> None:
     """The three leading candidates (and the chosen one) again, round by round, up to REPEATS runs each."""
     for runs in range(2, REPEATS + 1):
         view = rec.throughput_view(s.allowed_rows())
@@ -247,7 +248,7 @@ def repeats(s: Search) -> None:
         if chosen is not None:
             want += [c for c in s.records if c.key() == chosen.key() and not c.persistent_workers]
         for cfg in dict.fromkeys(want):
-            if len(s.records.get(cfg, [])) < runs and s.measure(cfg, "repeat") is None:
+            if len(s.records.get(cfg, [])) < runs and s.measure(cfg, "repeat", reserve=reserve) is None:
                 return
 
 

@@ -230,9 +230,9 @@ class Search:
         phases.climb(self, self.reserve)
         phases.bisect_down(self, self.reserve)
         phases.bisect_up(self, self.reserve)
-        phases.persistent(self)
-        phases.prefetch(self)
-        phases.repeats(self)
+        phases.prefetch(self, self.reserve)
+        phases.repeats(self, self.reserve)
+        phases.persistent(self)  # last: at what the repeats settled on (its time was kept aside)
         phases.pin_memory(self)
 
     def reserve(self) -> float:
