@@ -140,22 +140,17 @@ def test_cpu_bound_and_main_process_bound_are_named():
     r = rec.recommend(rows, Config.make(0), step_s=None, usable_cpus=2)
     assert r.config.num_workers == 2
     assert any(w.startswith("CPU bound: 2 workers saturate the 2 usable cores") for w in r.why)
+    # more workers than cores can still add a little (a worker handing over its batch leaves its core idle)
+    rows = [_row(0, 30, cores=1.0), _row(2, 51, cores=1.8), _row(8, 58, cores=1.9)]
+    r = rec.recommend(rows, Config.make(0), step_s=None, usable_cpus=2)
+    assert r.config.num_workers == 8 and r.why[0].startswith("CPU bound: 8 workers keep the 2 usable cores busy")
+    # little CPU anywhere and still rising past the cores: I/O-latency bound
+    io = [_row(0, 8, cores=0.0), _row(8, 64, cores=0.5), _row(16, 96, cores=0.55)]
+    r = rec.recommend(io, Config.make(0), step_s=None, usable_cpus=2)
+    assert r.config.num_workers == 16 and r.why[0].startswith("I/O-latency bound")
     tiny = [_row(0, 5000), _row(1, 1500), _row(2, 2500)]
     r = rec.recommend(tiny, Config.make(2), step_s=None, usable_cpus=2)
     assert r.config.num_workers == 0 and r.why[0].startswith("main-process bound")
-
-
-def test_more_workers_with_no_more_cpu_behind_their_lead_are_not_chosen():
-    """CPU-bound on 2 cores that lend 1.5: 8 workers' lead over 2, with no more CPU, is the machine's noise."""
-    rows = [_row(0, 80, cores=0.98), _row(2, 106, cores=1.45), _row(4, 112, cores=1.5), _row(8, 123, cores=1.5)]
-    r = rec.recommend(rows, Config.make(0), step_s=None, usable_cpus=2)
-    assert r.config.num_workers == 2
-    # I/O-bound: little CPU anywhere, so more workers' lead is theirs
-    io = [_row(0, 8, cores=0.0), _row(8, 64, cores=0.5), _row(16, 96, cores=0.55)]
-    assert rec.recommend(io, Config.make(0), step_s=None, usable_cpus=2).config.num_workers == 16
-    # CPU-bound, but the best used more CPU: its lead is real
-    more = [_row(0, 40, cores=0.95), _row(1, 42, cores=1.0), _row(2, 80, cores=1.9)]
-    assert rec.recommend(more, Config.make(0), step_s=None, usable_cpus=2).config.num_workers == 2
 
 
 def test_prefetch_deeper_only_for_a_gain_beyond_its_noise_and_shallower_only_for_memory():
@@ -366,7 +361,7 @@ def _rngs():
 
 
 @pytest.mark.slow
-def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_not(tracked):
+def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_is_named(tracked):
     """The direction of the recommendation, and do no harm: RNG streams, generator and sampler untouched."""
     usable = int(limits.system.usable_cpus()["usable"] or 1)
     gen = torch.Generator().manual_seed(7)
@@ -384,13 +379,19 @@ def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_not(tracked):
     assert io.recommended is not None and io.recommended.num_workers > usable, str(io)
     assert io.best.get("num_workers") == io.recommended.num_workers
     assert any("I/O-latency bound" in w for w in io.why), io.why
+    assert io_loader.num_workers == 0  # the loader is as it was
     cpu_loader = DataLoader(td.CpuBound(cost_s=0.003), batch_size=4)
     cpu = dlwatch.tune(cpu_loader, budget_s=8, max_workers=16)
     assert cpu.recommended is not None, str(cpu)
-    assert cpu.recommended.num_workers <= usable + 1, str(cpu)  # more workers than cores cannot help
-    assert cpu.recommended.num_workers < io.recommended.num_workers
-    # the loader is unchanged and still yields what it yielded before
-    assert io_loader.num_workers == 0 and cpu_loader.num_workers == 0
+    chosen = next(r for r in cpu.rows if r.recommended)
+    single = [r.batches_per_s for r in cpu.rows if r.status == "ok" and r.config.num_workers <= 1 and r.batches_per_s]
+    # a CPU-bound pipeline gains at most its cores' worth over one process (30% for a shared machine's noise),
+    # however many workers (a few more than cores can fill the gaps a worker leaves while it hands over a batch)
+    assert chosen.batches_per_s <= 1.3 * usable * max(single), str(cpu)
+    busy = max(r.cpu_cores or 0.0 for r in cpu.rows if r.status == "ok")
+    if busy < 0.75 * usable:
+        pytest.skip(f"the machine lent the CPU-bound candidates at most {busy} of {usable} cores: too busy to name it")
+    assert any(w.startswith("CPU bound") for w in cpu.why), str(cpu)
 
 
 @pytest.mark.slow

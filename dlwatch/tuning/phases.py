@@ -149,10 +149,8 @@ def _target(s: Search) -> set[int]:
         fed = {r.config.num_workers for r in view if rec.is_fed(r, s.step_s)}
         if fed:
             return fed
-    top = max(view, key=lambda r: r.batches_per_s or 0.0)
-    floor = rec.near_floor(top)
-    good = {r.config.num_workers for r in view if (r.batches_per_s or 0.0) >= floor}
-    return good | {r.config.num_workers for r in rec.cpu_saturated_as_good(view, top, s.machine.usable_cpus)}
+    floor = rec.near_floor(max(view, key=lambda r: r.batches_per_s or 0.0))
+    return {r.config.num_workers for r in view if (r.batches_per_s or 0.0) >= floor}
 
 
 def _ok_counts(s: Search) -> set[int]:

@@ -25,9 +25,7 @@ CLIMB_GAIN = 1.05  # a rung that does not beat the best so far by this much is t
 FED_WAIT_SHARE = 0.02  # with no workers the loop loads each batch itself: fed only when that is tiny
 PERSISTENT_MIN_S = 0.2  # an epoch start saved below this is not worth workers kept between epochs
 PREFETCH_MIN_SAVED = 64 << 20  # a shallower prefetch must save this much /dev/shm to be worth a change
-CPU_BOUND_SHARE = 0.6  # the most CPU a row used, of the usable cores, for the pipeline to count as CPU-bound
-SATURATED = 0.9  # a row using this share of that most has every core it can get
-CPU_NOISE = 0.15  # how far behind the best such a row may be (the best's lead with no more CPU is noise)
+CPU_BUSY = 0.75  # workers and loop using this share of the usable cores: CPU bound
 
 
 @dataclass(frozen=True)
@@ -98,28 +96,6 @@ def _cheapest(rows: Sequence[Row], current: Config) -> Row:
     )
 
 
-def cpu_saturated_as_good(view: Sequence[Row], top: Row, usable: float | None) -> list[Row]:
-    """Rows with fewer workers that already use all the CPU this pipeline ever got, and are close to the best.
-
-    For a CPU-bound pipeline (the most CPU any row used is at least ``CPU_BOUND_SHARE`` of the
-    usable cores) a row that uses ``SATURATED`` of that most already has every core it can get: more
-    workers cannot make more CPU, so the best's lead over it, with no more CPU behind it, is the
-    machine's noise (a shared machine lends its cores unevenly), up to ``CPU_NOISE``."""
-    cores = [r.cpu_cores for r in view if r.cpu_cores is not None]
-    if not usable or not cores or top.cpu_cores is None or max(cores) < CPU_BOUND_SHARE * usable:
-        return []
-    most = max(cores)
-    return [
-        r
-        for r in view
-        if r.config.num_workers < top.config.num_workers
-        and r.cpu_cores is not None
-        and r.cpu_cores >= SATURATED * most
-        and top.cpu_cores <= r.cpu_cores * 1.1
-        and _rate(r) >= _rate(top) * (1 - CPU_NOISE)
-    ]
-
-
 def choose_workers(
     view: Sequence[Row], current: Config, step_s: float | None, usable: float | None = None
 ) -> tuple[Row | None, str]:
@@ -136,7 +112,7 @@ def choose_workers(
         if fed:
             return _cheapest(fed, current), "fed"
     top = max(view, key=_rate)
-    near = [r for r in view if _rate(r) >= near_floor(top)] + cpu_saturated_as_good(view, top, usable)
+    near = [r for r in view if _rate(r) >= near_floor(top)]
     return _cheapest(near, current), "best"
 
 
@@ -177,11 +153,16 @@ def _bound(view: Sequence[Row], chosen: Row, usable: float | None) -> str:
                 f"worker{'s' if w.config.num_workers != 1 else ''} at most {_fmt_rate(_rate(w))}"
             )
         return f"num_workers=0 gives {_fmt_rate(_rate(chosen))} batches/s"
+    cpu = chosen.cpu_cores
+    if usable and cpu is not None and cpu >= CPU_BUSY * usable:
+        if n > usable:  # measured: a few more workers than cores fill the gaps one leaves while it waits on IPC
+            return (
+                f"CPU bound: {n} workers keep the {cores} busy ({cpu:g} cores), more than the cores because "
+                f"a worker waiting to hand over its batch leaves its core to another{gain}"
+            )
+        return f"CPU bound: {n} worker{'s' if n != 1 else ''} saturate the {cores} ({cpu:g} cores busy){gain}"
     if usable and n > usable:
         return f"I/O-latency bound: throughput still rises at {n} workers on {cores}{gain}"
-    cpu = chosen.cpu_cores
-    if usable and cpu is not None and cpu >= 0.75 * usable:
-        return f"CPU bound: {n} worker{'s' if n != 1 else ''} saturate the {cores} ({cpu:g} cores busy){gain}"
     return f"throughput levels off at {n} worker{'s' if n != 1 else ''} ({_fmt_rate(_rate(chosen))} batches/s){gain}"
 
 
