@@ -19,7 +19,9 @@ and is written from its source, never by hand:
   demo's healthy and advice lists and each script's docstring;
 - ``modules``: each folder of the package with its modules and their docstring's first line;
 - ``failure-ids``: the failure ids in a sentence (for the README's test section);
-- ``sample-<name>``: what a command printed, as docs/capture.py recorded it in docs/samples/.
+- ``sample-<name>``: what a command printed, as docs/capture.py recorded it in docs/samples/;
+- ``bench-table``, ``tune-table``: a benchmark's table from the raw figures it saved (bench/results.json,
+  bench/tune_results.json), as its ``--table-from`` prints it.
 
 Adding a failure or an example therefore changes these files only through this script.
 """
@@ -48,7 +50,7 @@ EXAMPLES = os.path.join(REPO, "examples")
 PACKAGE = os.path.join(REPO, "dlwatch")
 
 # The files that hold generated blocks (a block's name may appear in several).
-FILES = ("README.md", "playbooks/README.md", "examples/README.md", "docs/design.md")
+FILES = ("README.md", "playbooks/README.md", "examples/README.md", "docs/design.md", "docs/benchmarks.md")
 
 BEGIN = "<!-- generated: {name} (python docs/gendocs.py) -->"
 END = "<!-- end generated: {name} -->"
@@ -221,6 +223,30 @@ def _sample(name: str) -> Callable[[], str]:
     return block
 
 
+def _bench_table(module: str, results: str) -> Callable[[], str]:
+    """A benchmark's table, as its own ``--table-from`` prints it from the raw figures it saved."""
+
+    def block() -> str:
+        import importlib
+        import json
+
+        mod = importlib.import_module(f"bench.{module}")
+        with open(os.path.join(REPO, "bench", results), encoding="utf-8") as f:
+            data = json.load(f)
+        if module == "tune":
+            lines = mod.table(data["results"])
+            meta = data.get("meta") or {}
+            lines.append("")
+            lines.append(
+                f"(`python bench/tune.py`, {meta.get('started')}, {meta.get('wall_s')} s, {meta.get('cpus')} CPUs, "
+                f"load average {(meta.get('load_before') or ['?'])[0]} before / {(meta.get('load_after') or ['?'])[0]} after)"
+            )
+            return "\n".join(lines)
+        return str(mod.table(data)).rstrip("\n")
+
+    return block
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "playbooks": playbooks_table,
     "playbook-ids": playbook_ids,
@@ -229,6 +255,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "modules": modules_table,
     "failure-ids": failure_ids,
     **{f"sample-{n}": _sample(n) for n in ("demo", "report", "run", "attach")},
+    "bench-table": _bench_table("run", "results.json"),
+    "tune-table": _bench_table("tune", "tune_results.json"),
 }
 
 
