@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from dlwatch.inproc.agent.advisor import Advisor
 from dlwatch.inproc.agent.ctrlc import CtrlC
-from dlwatch.inproc.agent.loaderinfo import is_dataloader
+from dlwatch.inproc.agent.loaderinfo import adapted_loader, is_dataloader
 from dlwatch.inproc.agent.probes import LoaderProbes
 from dlwatch.inproc.agent.session import OPEN_BLOCKS, REPORTED, Session
 from dlwatch.inproc.agent.settings import Settings
@@ -120,7 +120,11 @@ class Watch:
         self._session = session = Session(settings)
         advisor = Advisor(session, settings)
         self._ctrlc = ctrlc = CtrlC(session)
-        self._probes = LoaderProbes(loader, session, settings, advisor, ctrlc)
+        # the object the program iterates, and the DataLoader dlwatch instruments: the same, except for a
+        # wrapper that delegates to a DataLoader it holds (accelerate's DataLoaderShard: its `__class__`
+        # answers the DataLoader's, so it cannot be swapped itself); the wrapper is iterated as it is
+        self._outer: Any = loader
+        self._probes = LoaderProbes(adapted_loader(loader), session, settings, advisor, ctrlc)
         self._swapped = False
         self._iterated = False  # the watch object itself was iterated (the `as` form)
         self._in_place_warning = False  # the loader could not be instrumented in place: warn if used so
@@ -185,12 +189,12 @@ class Watch:
             self._start()
         except Exception as exc:  # dlwatch failing must not stop training
             warn_program(f"could not start monitoring ({type(exc).__name__}: {exc}); training continues unwatched")
-            loader = self._loader
+            loader, outer = self._loader, self._outer
             try:
                 self._teardown(clean=False)
             except Exception:
                 pass
-            self._loader = loader  # the `as` form still iterates it, unwatched, until the block ends
+            self._loader, self._outer = loader, outer  # the `as` form still iterates it, unwatched, until the end
             return
         if self._in_place_warning:
             try:
@@ -252,7 +256,7 @@ class Watch:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if not self._session.active:
-            self._loader = None
+            self._loader = self._outer = None
             return False
         # torch's SIGCHLD handler raises "DataLoader worker ... killed by signal" in whatever Python code
         # runs when a worker dies, here too: it would cut the exception report and the monitor's stop
@@ -296,7 +300,7 @@ class Watch:
     def _teardown(self, *, clean: bool) -> None:
         self._restore_loader()
         probes = self._probes
-        probes.loader = None  # after the block dlwatch holds no reference to the loader
+        probes.loader = self._outer = None  # after the block dlwatch holds no reference to the loader
         probes.loader_error = None
         probes.shape_probe = None
         probes.hb = None  # an iterator ending after the block marks nothing in the closed heartbeat
@@ -305,7 +309,7 @@ class Watch:
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[Any]:
-        loader = self._loader
+        loader = self._outer
         if loader is None:
             raise RuntimeError("dlwatch.watch: iterate the watched object inside its `with` block")
         self._iterated = True
@@ -319,14 +323,14 @@ class Watch:
 
     def __len__(self) -> int:
         # the `as` form stands in for the loader: a progress bar (tqdm) asks len() of what it wraps
-        loader = self._loader
+        loader = self._outer
         if loader is None:
             raise TypeError("dlwatch.watch: the watched object has a length only inside its `with` block")
         return len(loader)
 
     def __bool__(self) -> bool:
         # with __len__ defined, truth would be len(): keep the loader's own (a generator is true, has no len)
-        return bool(self._loader) if self._loader is not None else True
+        return bool(self._outer) if self._outer is not None else True
 
 
 def _can_swap(obj: Any) -> bool:

@@ -27,6 +27,20 @@ def is_dataloader(obj: Any) -> bool:
     return torch_data is not None and isinstance(obj, torch_data.DataLoader)
 
 
+def adapted_loader(obj: Any) -> Any:
+    """The DataLoader a wrapper holds and delegates to, where it is one (accelerate's DataLoaderAdapter and
+    DataLoaderShard keep it as ``base_dataloader`` and answer ``__class__`` with its class); else ``obj``.
+
+    Read from the instance's own ``__dict__``: no attribute lookup that the wrapper could answer itself."""
+    inner = getattr(obj, "__dict__", {}).get("base_dataloader") if not is_dataloader_type(type(obj)) else None
+    return inner if inner is not None and is_dataloader_type(type(inner)) else obj
+
+
+def is_dataloader_type(cls: type) -> bool:
+    torch_data = sys.modules.get("torch.utils.data")
+    return torch_data is not None and issubclass(cls, torch_data.DataLoader)
+
+
 def start_method(loader: Any) -> str | None:
     ctx = getattr(loader, "multiprocessing_context", None)
     if isinstance(ctx, str):
