@@ -81,3 +81,45 @@ def test_dlwatch_run_files_are_never_the_programs_top_files(tmp_path):
     finally:
         for f in own + mine:
             f.close()
+
+
+def test_progress_says_the_epoch_the_loop_is_in_not_how_many_started():
+    """An epoch-1 incident said "2 epochs" (the count of epochs started next to a batch count)."""
+    from dlwatch.report.render import progress_words
+
+    assert progress_words({"batches": 19, "epochs": 2, "epoch_batches": 3}) == (
+        "in epoch 1, 3 batches into it (19 batches in all)"
+    )
+    assert progress_words({"batches": 0, "epochs": 0}) == "0 batches, before the first epoch"
+    assert progress_words({"batches": 1, "epochs": 1}) == "in epoch 0 (1 batch in all)"
+
+
+def test_a_worker_asleep_in_its_own_work_is_sleeping_not_waiting_for_work():
+    """A worker that slept 60 s in __getitem__ was "waiting_for_work 100 %" in the summary, while the stall
+    incident said "blocked, sleep" for the same worker: a timed sleep is its own state."""
+    from dlwatch.collect.runstats import classify_interval
+    from dlwatch.collect.syscalls import number
+    from dlwatch.model import ProcSample
+
+    nanosleep = number("clock_nanosleep")
+    poll = number("poll")
+    prev = ProcSample(pid=1, ts=0.0, state="S", cpu_s=1.0)
+    asleep = ProcSample(pid=1, ts=2.0, state="S", cpu_s=1.0, syscall=nanosleep)
+    idle = ProcSample(pid=1, ts=2.0, state="S", cpu_s=1.0, syscall=poll)
+    assert classify_interval(prev, asleep, loop_in_body=False) == {"running": 0.0, "sleeping": 2.0}
+    assert classify_interval(prev, idle, loop_in_body=False) == {"running": 0.0, "waiting_for_work": 2.0}
+
+
+def test_an_epoch_1_incident_lists_its_own_workers_not_epoch_0s_as_gone(target, tmp_path):
+    from conftest import incidents, load, wait_for
+
+    reports = str(tmp_path / "reports")
+    t = target("epoch_hang.py", reports)
+    t.wait_line("READY", timeout=60)
+    got = wait_for(lambda: incidents(reports), timeout=60, interval=0.2)
+    assert got, "no stall incident"
+    report = load(got[0])
+    workers = [p for p in report["processes"] if p["role"] == "worker"]
+    assert len(workers) == 2 and all(p.get("status") != "gone" for p in workers), workers
+    assert any("worker(s) of earlier epochs" in n for n in report["notes"])
+    assert report["progress"]["epochs"] == 2  # the count started; the text says "in epoch 1"

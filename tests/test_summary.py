@@ -59,7 +59,7 @@ def test_summary_after_the_block_on_disk_and_never_an_incident(tmp_path, no_left
     assert s["loop"]["first_batch_s"]["total_s"] > 0 and s["loop"]["steady_batches"] == 18
     assert s["loader"]["num_workers"] == 2 and s["cpus"]["usable"] >= 1
     assert s["advice"] == [] and s["preflight"] == []
-    assert {"running", "waiting_for_work", "blocked_put", "io"} == set(s["workers"][0]["state_s"])
+    assert {"running", "waiting_for_work", "blocked_put", "io", "sleeping"} == set(s["workers"][0]["state_s"])
     path = tmp_path / "runs" / s["id"]
     assert json.loads((path / "summary.json").read_text()) == s
     assert (path / "summary.md").read_text().startswith(f"# dlwatch run summary {s['id']}")

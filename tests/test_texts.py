@@ -163,7 +163,7 @@ def test_the_demo_s_stall_counts_the_wait_it_is_in(demo):
     assert prog["data_wait_s"] >= prog["data_wait_in_progress_s"] >= prog["stall_s"] - 0.001 > 0, prog
     with open(os.path.join(demo["incident"], "report.md")) as f:
         md = f.read()
-    assert "0 batches, 1 epoch; waiting for data " in md and "1 epochs" not in md
+    assert "in epoch 0, 0 batches into it (0 batches in all); waiting for data " in md and "1 epochs" not in md
 
 
 # --------------------------------------------------------------------------- the warning's line, each form
@@ -206,7 +206,7 @@ def test_a_stall_after_batches_counts_the_wait_it_is_in(tmp_path, target):
     shown = "\n".join(render.terminal_view(report))
     said = re.search(r"data wait ([0-9.]+) s", shown)
     assert said and float(said.group(1)) >= 2.0, shown
-    assert "4 batches, 1 epoch;" in render.render_markdown(report)
+    assert "in epoch 0, 4 batches into it (4 batches in all);" in render.render_markdown(report)
 
 
 # --------------------------------------------------------------------------- the pointer to a run summary

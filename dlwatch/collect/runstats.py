@@ -17,7 +17,9 @@ the syscall its main thread is in.  Each interval is split so:
   torch hands a worker a new index only when one of its batches is consumed, so an
   idle worker whose batches are not being waited for has finished its share of
   ``prefetch_factor`` batches and they sit in the full queue), or
-  ``waiting_for_work`` (idle while the loop waits for data or is between epochs).
+  ``waiting_for_work`` (idle while the loop waits for data or is between epochs), or
+  ``sleeping`` (in a timed sleep inside its own work: a ``time.sleep`` in ``__getitem__``, a retry
+  back-off; it is busy with a sample, never waiting for one, which an incident calls "blocked, sleep").
 
 The main thread of a worker never blocks in ``Queue.put`` (torch's result queue is
 unbounded; only its feeder thread blocks on a full pipe), so "blocked putting a finished
@@ -36,7 +38,7 @@ from dlwatch.model import GpuSample, ProcSample, SystemSample
 
 __all__ = ["RunStats", "Steady", "WORKER_STATES", "steady"]
 
-WORKER_STATES = ("running", "waiting_for_work", "blocked_put", "io")
+WORKER_STATES = ("running", "waiting_for_work", "blocked_put", "io", "sleeping")
 MAX_EPOCHS_KEPT = 1000  # first-batch latencies kept per epoch (the totals stay exact beyond)
 MAX_ITERATION_WORKERS = 2000  # workers listed one by one in `dlwatch run`'s iteration rows (the rest counted)
 # an isolated steady wait (see RunStats.pauses): at least this long, this many times the other batches'
@@ -123,8 +125,11 @@ def classify_interval(prev: ProcSample, cur: ProcSample, loop_in_body: bool) -> 
     rest = dt - cpu
     out = {"running": cpu}
     if rest > 0:
-        if cur.state == "D" or syscall_category(cur.syscall) == "io":
+        category = syscall_category(cur.syscall)
+        if cur.state == "D" or category == "io":
             out["io"] = rest
+        elif category == "sleep":
+            out["sleeping"] = rest
         elif loop_in_body:
             out["blocked_put"] = rest
         else:

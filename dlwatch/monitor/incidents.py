@@ -318,6 +318,12 @@ class Incidents:
     def report(self, trigger: str, *, findings: bool = True) -> Incident:
         s = self.sampler
         notes = list(self.notes)
+        ended = self._earlier_workers()
+        if ended:
+            notes.append(
+                f"{len(ended)} worker(s) of earlier epochs or iterations ended with them (no signal, no crash): "
+                "not listed among the processes"
+            )
         gpu_said, quiet = gpu_notes(s.gpu)
         notes.extend(gpu_said)
         if self.journal.timeline.failed:
@@ -331,7 +337,7 @@ class Incidents:
             config=self.settings.incident_config(),
             progress=self._progress(s.last_hb, self.stall_detector.body_until),
             exception=self.exception if trigger == "exception" else None,
-            processes=[self._proc_entry(t) for t in s.procs.values()],
+            processes=[self._proc_entry(t) for t in s.procs.values() if t.pid not in ended],
             system=s.last_system.to_dict() if s.last_system else None,
             gpus=[g.to_dict() for g in s.last_gpus],
             events=self.journal.notable,
@@ -340,6 +346,22 @@ class Incidents:
             quiet_notes=quiet,
         )
         return self.add_findings(report) if findings else report
+
+    def _earlier_workers(self) -> set[int]:
+        """Workers gone with an earlier epoch or iteration: not the current iterator's, ended without a
+        signal or a crash (torch shut them down as their epoch ended).  An epoch-1 incident listed epoch
+        0's workers as "gone", as if they had died."""
+        s = self.sampler
+        if not s.loader_pids:
+            return set()
+        out = set()
+        for t in s.procs.values():
+            if t.role != "worker" or not t.gone or t.pid in s.loader_pids or t.crash is not None:
+                continue
+            status = next((x.exit_code for x in reversed(t.history) if x.exit_code is not None), None)
+            if status in (None, 0):
+                out.add(t.pid)
+        return out
 
     @staticmethod
     def _progress(hb: hbmod.Heartbeat | None, body_until: float) -> dict[str, Any]:

@@ -682,7 +682,7 @@ def _main_table(s: RunSummary) -> display.Table:
 
 def _workers_table(s: RunSummary) -> display.Table:
     rows = []
-    states = ("running", "waiting_for_work", "blocked_put", "io")
+    states = ("running", "waiting_for_work", "blocked_put", "io", "sleeping")
     for w in s.workers or ():
         if not isinstance(w, Mapping):
             continue
@@ -704,10 +704,7 @@ def _workers_table(s: RunSummary) -> display.Table:
                 "training process",
                 display.human_number(main.get("pid")),
                 display.human_number(main.get("cpu_util")),
-                "",
-                "",
-                "",
-                "",
+                *("" for _ in states),
                 display.human_bytes(main.get("rss_peak")),
                 display.human_bytes(main.get("uss_peak")),
             )
@@ -721,6 +718,7 @@ def _workers_table(s: RunSummary) -> display.Table:
             "waiting for work",
             "blocked on put",
             "I/O",
+            "sleeping",
             "RSS peak",
             "USS peak",
         ),

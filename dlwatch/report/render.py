@@ -372,8 +372,20 @@ def headline(r: Incident) -> str:
 
 
 def progress_words(prog: Mapping[str, Any]) -> str:
-    """``N batches, N epochs`` with the plurals right."""
-    return f"{display.count(prog.get('batches', 0), 'batch')}, {display.count(prog.get('epochs', 0), 'epoch')}"
+    """Where the loop was: ``in epoch 1, 3 batches into it (19 batches in all)``.
+
+    The heartbeat counts the epochs *started* (``epochs``); the epoch the loop is in is the last of
+    them, numbered from 0 as a program's ``for epoch in range(...)`` numbers it (a count next to an
+    index read as "2 epochs" where the program was in epoch 1)."""
+    batches = display.count(prog.get("batches", 0), "batch")
+    epochs = prog.get("epochs")
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs <= 0:
+        return f"{batches}, before the first epoch"
+    into = prog.get("epoch_batches")
+    where = f"in epoch {epochs - 1}"
+    if isinstance(into, int) and not isinstance(into, bool):
+        where += f", {display.count(into, 'batch')} into it"
+    return f"{where} ({batches} in all)"
 
 
 def terminal_lines(report: Incident | Mapping[str, Any], width: int = 100, *, verbose: bool = False) -> Iterator[str]:

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from dlwatch.report import display
 from dlwatch.report.schema import RunSummary
 
-_STATES = ("running", "waiting_for_work", "blocked_put", "io")
+_STATES = ("running", "waiting_for_work", "blocked_put", "io", "sleeping")
 
 
 def _key(s: RunSummary | Mapping[str, Any], key: str) -> Any:
