@@ -135,6 +135,32 @@ def patch(cls: type) -> None:
     __iter__.__wrapped__ = original  # type: ignore[attr-defined]
     __iter__.__doc__ = original.__doc__
     cls.__iter__ = __iter__  # type: ignore[method-assign]
+    _patch_len(cls)
+
+
+def _patch_len(cls: type) -> None:
+    """``len(loader)`` answers as bare; the length the program got is kept (dlwatch.inproc.lengths)."""
+    original = cls.__dict__.get("__len__")
+    if original is None or getattr(original, "_dlwatch_run", False):
+        return
+    from dlwatch.inproc import lengths
+
+    def __len__(self: Any) -> int:
+        try:
+            n = original(self)
+        except BaseException as exc:  # an IterableDataset without __len__: its TypeError as bare
+            try:
+                exc.__traceback__ = strip_own_frames(exc.__traceback__)
+            except Exception:
+                pass
+            raise
+        lengths.note(self, n)
+        return n  # type: ignore[no-any-return]
+
+    __len__._dlwatch_run = True  # type: ignore[attr-defined]
+    __len__.__wrapped__ = original  # type: ignore[attr-defined]
+    __len__.__doc__ = original.__doc__
+    cls.__len__ = __len__  # type: ignore[method-assign]
 
 
 def _in_worker() -> bool:

@@ -42,6 +42,7 @@ __all__ = [
     "SAMPLER_EPOCH",
     "STOP",
     "THREAD_DIED",
+    "EPOCH_ENDED",
     "TRAINING",
     "WORKER",
     "WORKER_EXITS",
@@ -284,6 +285,19 @@ THREAD_DIED = Event(
     "a thread of the training process died with an exception (threading.excepthook): a producer thread",
 )
 
+EPOCH_ENDED = Event(
+    "epoch_ended",
+    (TRAINING,),
+    (
+        _f("batches", "int"),
+        _f("asked_len", "int"),  # what the program's own len(loader) returned (dlwatch never asks it)
+        _f("iterable", "bool"),
+        _f("drop_last", "bool"),
+        _f("epoch", "int", nullable=True),
+    ),
+    "an epoch's iterator ended (StopIteration) and the program had asked len(loader): the batches it gave",
+)
+
 EVENTS: Mapping[str, Event] = {
     e.name: e
     for e in (
@@ -303,6 +317,7 @@ EVENTS: Mapping[str, Event] = {
         SAMPLER_EPOCH,
         BATCH_SHAPE,
         THREAD_DIED,
+        EPOCH_ENDED,
     )
 }
 

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from dlwatch.inproc.agent.advisor import Advisor
 from dlwatch.inproc.agent.ctrlc import CtrlC
+from dlwatch.inproc import lengths
 from dlwatch.inproc.agent.loaderinfo import adapted_loader, is_dataloader
 from dlwatch.inproc.agent.probes import LoaderProbes
 from dlwatch.inproc.agent.session import OPEN_BLOCKS, REPORTED, Session
@@ -74,16 +75,21 @@ def _watched_class(cls: type) -> type:
             it = cls.__iter__(self)
             return it if w is None else w._probes.instrument(it)
 
-        sub = type(
-            cls.__name__,
-            (cls,),
-            {
-                "__iter__": __iter__,
-                "__module__": cls.__module__,
-                "__qualname__": cls.__qualname__,
-                "_dlwatch_original": cls,
-            },
-        )
+        attrs: dict[str, Any] = {
+            "__iter__": __iter__,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_dlwatch_original": cls,
+        }
+        if hasattr(cls, "__len__"):
+
+            def __len__(self: Any) -> int:
+                n = cls.__len__(self)  # the program's own call, once, as bare; dlwatch keeps the answer
+                lengths.note(self, n)
+                return n
+
+            attrs["__len__"] = __len__
+        sub = type(cls.__name__, (cls,), attrs)
         _WATCHED_CLASSES[cls] = sub
     return sub
 
@@ -326,7 +332,9 @@ class Watch:
         loader = self._outer
         if loader is None:
             raise TypeError("dlwatch.watch: the watched object has a length only inside its `with` block")
-        return len(loader)
+        n = len(loader)
+        lengths.note(self._loader, n)  # what the program asked for (the loader dlwatch instruments)
+        return n
 
     def __bool__(self) -> bool:
         # with __len__ defined, truth would be len(): keep the loader's own (a generator is true, has no len)

@@ -18,7 +18,8 @@ from dlwatch.inproc.agent.loaderinfo import is_dataloader, known_len, qualname, 
 from dlwatch.inproc.agent.sigchld import HeldSigchld
 from dlwatch.inproc.agent.timed import _TimedIterator
 from dlwatch.inproc.worker_hook import CollateHook, WorkerHook
-from dlwatch.wire import events
+from dlwatch.inproc import lengths
+from dlwatch.wire import contract, events
 
 FINGERPRINT_GENERATIONS = 2  # worker generations whose RNG states are compared
 
@@ -165,6 +166,28 @@ class LoaderProbes:
             from dlwatch.inproc import forkthreads
 
             forkthreads.arm()
+
+    def epoch_ended(self, batches: int) -> None:
+        """An epoch's iterator ended (StopIteration) after ``batches``: with the length the program asked
+        of the loader, if it asked (dlwatch.inproc.lengths), told to the monitor.  Never raises."""
+        try:
+            loader = self.loader
+            n = lengths.asked(loader) if loader is not None else None
+            path = self.session.events_path
+            if n is None or not path:
+                return
+            iterable = getattr(loader, "_dataset_kind", None) == 1  # torch's _DatasetKind.Iterable
+            events.emit(
+                path,
+                contract.EPOCH_ENDED.name,
+                batches=batches,
+                asked_len=n,
+                iterable=iterable,
+                drop_last=bool(getattr(loader, "drop_last", False)),
+                epoch=self.hb.epochs if self.hb is not None else None,
+            )
+        except Exception:
+            pass
 
     def instrument(self, it: Iterator[Any]) -> Iterator[Any]:
         """The iterator torch built, timed into the heartbeat (as it is where this one marks no loop state)."""

@@ -72,6 +72,7 @@ class _TimedIterator(IteratorProxy):
             batch = s.next()
         except StopIteration:
             self._end()
+            s.probes.epoch_ended(s.hb.batches - s.base)
             raise
         except BaseException as exc:
             s.probes.loader_error = exc  # so the exception report can say "raised by the DataLoader"
