@@ -202,12 +202,17 @@ def test_a_wait_is_measured_only_when_two_polls_saw_it():
     from dlwatch.wire.heartbeat import STATE_BODY, STATE_WAITING
 
     rs = RunStats(0.0)
-    rs.heartbeat(_hb(10, 10, STATE_WAITING, 5.0, 1.0))  # a wait after batch 10: one poll only
-    rs.heartbeat(_hb(11, 11, STATE_BODY, 5.2, 1.2))
+
+    def poll(hb):
+        rs.update(hb, (), (), None)
+
+    poll(_hb(10, 10, STATE_WAITING, 5.0, 1.0))  # a wait after batch 10: one poll only
+    poll(_hb(11, 11, STATE_BODY, 5.2, 1.2))
     assert rs.long_waits == []
-    for _ in range(3):  # the next wait, seen by three polls (each a fresh read of the file)
-        rs.heartbeat(_hb(11, 11, STATE_WAITING, 5.2, 1.2))
-    rs.heartbeat(_hb(12, 12, STATE_BODY, 35.2, 31.2))  # it ended: total wait grew by 30 s
+    waiting = _hb(11, 11, STATE_WAITING, 5.2, 1.2)
+    for _ in range(3):  # the next wait, seen by three polls (an unchanged heartbeat: the same object)
+        poll(waiting)
+    poll(_hb(12, 12, STATE_BODY, 35.2, 31.2))  # it ended: total wait grew by 30 s
     assert rs.long_waits == [30.0]
     p = rs.pauses(Steady(batches=47, wait_s=31.5, body_s=0.5))
     assert p is not None and p["count"] == 1 and p["longest_s"] == 30.0

@@ -189,6 +189,17 @@ def test_fd_exhaustion(report_dir):
         assert all("one event, one incident" in n for n in noted)
 
 
+def test_sampler_exhausted_early(report_dir):
+    run = run_example("sampler_exhausted_early", report_dir)
+    assert "asked 16 batches, got 12" in run.stdout  # the program's own view: the sampler ran out
+    _only_playbook(run, "sampler-exhausted-early")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "threshold"
+    ev = r["findings"][0]["evidence"]
+    assert (ev["epoch"], ev["batches"], ev["asked_len"], ev["missing_batches"]) == (0, 12, 16, 4)
+
+
 def test_shm_exhaustion(report_dir):
     run = run_example("shm_exhaustion", report_dir)
     skip = [line for line in run.stdout.splitlines() if line.startswith("SKIP: ")]

@@ -171,7 +171,6 @@ class RunStats:
         if hb is None or hb is self.hb:  # the same read again (loop() passes the last one): nothing new
             return
         self.hb = hb
-        self._note_wait(hb)
         first = hb.first_wait_s
         if (
             first is not None
@@ -236,6 +235,8 @@ class RunStats:
         """One poll.  ``tracked``: the monitor's Tracked processes (pid, role, worker_id)."""
         self.polls += 1
         self.heartbeat(hb)
+        if hb is not None:  # every poll (an unchanged heartbeat is handed over as the same object)
+            self._note_wait(hb)
         in_body = hb is not None and hb.state == STATE_BODY
         roles = {t.pid: t for t in tracked}
         for s in samples:

@@ -8,7 +8,7 @@ to CAPTURE; forked workers inherit the copy.  MODE ``watch`` runs, under ``dlwat
 loader with two forked workers, pin_memory on a host without CUDA (advice), a DistributedSampler
 never given set_epoch, an RNG object in the dataset, a thread alive at fork, a collate that
 concatenates samples (the batch check), a watch nested in the loop body, a thread that dies with an
-exception; then a worker killed by
+exception, a len(loader) the program asks; then a worker killed by
 SIGKILL (the exception and the workers' exit codes, the ``as`` form); then a Ctrl-C while the loop
 waits for a slow batch (the interrupt).  MODE ``run`` is a program for ``dlwatch run``: two
 iterations of a loader with workers, then an exception it catches.  Prints DONE at the end.
@@ -87,6 +87,7 @@ def watch_mode(report_dir: str) -> None:
     )
     inner = DataLoader(Noisy(8), batch_size=4, num_workers=0)
     with dlwatch.watch(dl, report_dir=report_dir, poll_interval=0.2):
+        len(dl)  # a progress bar's total: each epoch's end is told with it (epoch_ended)
         for epoch in range(2):
             for n, _batch in enumerate(dl):
                 if epoch == 0 and n == 0:
