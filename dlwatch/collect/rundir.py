@@ -252,23 +252,28 @@ class RunDirReader:
 
     @staticmethod
     def _collect(rfd: int, pid: int, budget: int) -> bytes:
-        chunks, total = [], 0
-        deadline = time.monotonic() + HELPER_TIMEOUT_S
+        return collect_child(rfd, pid, budget, HELPER_TIMEOUT_S)
+
+
+def collect_child(rfd: int, pid: int, cap: int, timeout_s: float) -> bytes:
+    """What a helper child writes to ``rfd`` (a little past ``cap`` at most, within ``timeout_s``); the
+    child is killed and reaped whatever it did (the target's user may stop or slow it)."""
+    chunks, total = [], 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while total <= cap:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                break
+            chunk = os.read(rfd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
         try:
-            while total <= budget:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([rfd], [], [], left)[0]:
-                    break
-                chunk = os.read(rfd, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
-        finally:
-            # the target's user may stop or slow the helper: it never outlives this call
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(pid, 0)
-        return b"".join(chunks)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+    return b"".join(chunks)

@@ -35,15 +35,13 @@ import errno
 import json
 import os
 import resource
-import select
-import signal
 import stat
 import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from dlwatch.collect.rundir import Creds
+from dlwatch.collect.rundir import Creds, collect_child
 
 __all__ = [
     "MAX_SOURCE_BYTES",
@@ -491,7 +489,7 @@ class SourceReader:
             os._exit(code)
         os.close(wfd)
         try:
-            raw = _collect(rfd, pid, budget.answer_bytes + _HEADER.size, left_s)
+            raw = collect_child(rfd, pid, budget.answer_bytes + _HEADER.size, max(left_s, 0.05))
         finally:
             os.close(rfd)
         if len(raw) < _HEADER.size:
@@ -512,29 +510,6 @@ class SourceReader:
         shown = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in told[:3])
         more = f" (and {len(told) - 3} more)" if len(told) > 3 else ""
         return f"source not read: {shown}{more}"
-
-
-def _collect(rfd: int, pid: int, cap: int, left_s: float) -> bytes:
-    chunks, total = [], 0
-    deadline = time.monotonic() + max(left_s, 0.05)
-    try:
-        while total <= cap:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([rfd], [], [], left)[0]:
-                break
-            chunk = os.read(rfd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    finally:
-        # the target's user may stop or slow the child: it never outlives this call
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(pid, 0)
-    return b"".join(chunks)
 
 
 def creds_of(pid: int) -> Creds | None:
