@@ -100,8 +100,11 @@ def watch_mode(report_dir: str) -> None:
                     died.join()
     stop.set()
 
-    # a worker killed from outside: the exception and the exit codes of the iterator's workers
-    killed = DataLoader(Noisy(32, die_at=9), batch_size=4, num_workers=2)
+    # a worker killed from outside: the exception and the exit codes of the iterator's workers.
+    # It dies on its first sample: a worker killed after it put a batch on the queue takes that
+    # batch's shared-memory fd with it, and the main process's fetch of it then fails with
+    # ConnectionResetError instead of torch's RuntimeError (a real race of torch's, not dlwatch's).
+    killed = DataLoader(Noisy(32, die_at=0), batch_size=4, num_workers=2)
     try:
         with dlwatch.watch(killed, report_dir=report_dir, poll_interval=0.2) as batches:
             for _ in batches:
