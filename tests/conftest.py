@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Iterator
 
@@ -238,6 +241,19 @@ def no_leftovers() -> Iterator[None]:
         except psutil.NoSuchProcess:
             pass
     assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[pathlib.Path]:
+    """A TMPDIR for a target with DataLoader workers.  multiprocessing binds AF_UNIX sockets in it (the
+    fd passing of every batch from a worker), and a socket's path must stay under 108 bytes: a folder in
+    pytest-xdist's tmp_path (one level deeper, and deeper again as pytest's run counter grows) is too
+    deep for that, and the worker's batch is then never sent (the loop waits for it for good)."""
+    tmp = tempfile.mkdtemp(prefix="dlwatch-t-")
+    try:
+        yield pathlib.Path(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def drop_traceback(info) -> None:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import shlex
 import shutil
 import sys
-import tempfile
 
 import pytest
 
@@ -24,17 +22,6 @@ from conftest import REPO, TARGETS, in_private_mount_namespace, run_to_end
 
 SCRIPT = os.path.join(TARGETS, "fail_open.py")
 EXPECTED = [[[float(i), float(i * i)] for i in range(b, b + 4)] for b in range(0, 16, 4)]
-
-
-@pytest.fixture
-def short_tmp():
-    """The target's TMPDIR. multiprocessing binds sockets in it, and a socket's path must stay under
-    108 bytes: a folder in pytest-xdist's tmp_path (one level deeper) is too deep for that."""
-    tmp = tempfile.mkdtemp(prefix="dlwatch-fo-")
-    try:
-        yield pathlib.Path(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _env(tmp, **extra: str) -> dict[str, str]:

@@ -180,11 +180,10 @@ def test_worker_exiting_mid_poll(tmp_path, no_leftovers):
     assert incidents(str(tmp_path)) == []
 
 
-def _in_private_mount(tmp_path, mount_opts: str, script: str, *args: str, timeout: float = 90):
+def _in_private_mount(tmp_path, tmpdir, mount_opts: str, script: str, *args: str, timeout: float = 90):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), TMPDIR=str(tmp_path / "tmp"))
-    os.makedirs(env["TMPDIR"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), TMPDIR=str(tmpdir))
     cmd = (
         f"mount -t tmpfs -o {mount_opts} tmpfs {mnt} && "
         f"{sys.executable} {os.path.join(TARGETS, script)} {mnt}/reports {' '.join(args)}; "
@@ -208,8 +207,8 @@ def _check_fallback(out: str, err: str, tmpdir: str) -> dict:
     return report
 
 
-def test_read_only_report_dir(tmp_path):
-    rc, out, err, tmpdir = _in_private_mount(tmp_path, "ro,size=64k", "faulty.py")
+def test_read_only_report_dir(tmp_path, short_tmp):
+    rc, out, err, tmpdir = _in_private_mount(tmp_path, short_tmp, "ro,size=64k", "faulty.py")
     assert rc == 1
     assert out.count("WARNING dlwatch: report directory") == 1 and "not writable" in out
     report = _check_fallback(out, err, tmpdir)
@@ -217,9 +216,9 @@ def test_read_only_report_dir(tmp_path):
     assert report["id"] in os.listdir(named)
 
 
-def test_full_report_dir(tmp_path):
+def test_full_report_dir(tmp_path, short_tmp):
     # 24 KiB: the run directory fits, the incident does not
-    rc, out, err, tmpdir = _in_private_mount(tmp_path, "size=24k", "faulty.py")
+    rc, out, err, tmpdir = _in_private_mount(tmp_path, short_tmp, "size=24k", "faulty.py")
     assert rc == 1
     report = _check_fallback(out, err, tmpdir)
     assert any("could not write to" in n for n in report["notes"])

@@ -27,7 +27,7 @@ SECRETS = [
 ]
 
 
-def test_no_secret_in_any_file_written(tmp_path):
+def test_no_secret_in_any_file_written(tmp_path, short_tmp):
     args = [
         "--api-token=tok-3f9a8b7c6d5e4f3a",
         "--password",
@@ -41,9 +41,8 @@ def test_no_secret_in_any_file_written(tmp_path):
         os.environ,
         PYTHONPATH=os.pathsep.join([REPO, TARGETS]),
         MY_SERVICE_SECRET="env-secret-never-read",
-        TMPDIR=str(tmp_path / "tmp"),
+        TMPDIR=str(short_tmp),
     )
-    os.makedirs(env["TMPDIR"])
     out = subprocess.run(
         [sys.executable, os.path.join(TARGETS, "faulty.py"), str(tmp_path / "r"), *args],
         env=env,
