@@ -1865,15 +1865,23 @@ def test_each_new_shape_in_each_channel_is_redacted(shape, channel, data):
     template, body_strategy = SHAPES_29[shape]
     body = data.draw(body_strategy, label="body")
     text = template.format(s=body)
+    out = _written_and_printed(channel, text)
+    # a piece of a URL password may be a word the report holds anyway ("classifi" in "classification"):
+    # a piece leaks when it is shown more often than with a body of the same shape made of other letters
+    control = _written_and_printed(channel, template.format(s=re.sub(r"[^@/]", "~", body)))
+    assert [p for p in secret_parts(body) if out.count(p) > control.count(p)] == [], (shape, channel, text)
+    assert detect_secrets_findings(out) == [], (shape, channel, text)
+
+
+def _written_and_printed(channel: str, text: str) -> str:
+    """Everything written and printed for one planted text, the way the watch, the monitor and attach do."""
     d = tempfile.mkdtemp()
     try:
         os.mkdir(os.path.join(d, "run"), 0o700)
         report = store.skeleton(trigger="exception", pid=1234, now=time.time())
         printed = CHANNELS_29[channel](d, report, text) or ""
         path = build.write(report, os.path.join(d, "r"))
-        out = everything_written(d) + printed_by_attach(report, path) + printed
-        assert [p for p in secret_parts(body) if p in out] == [], (shape, channel, text)
-        assert detect_secrets_findings(out) == [], (shape, channel, text)
+        return everything_written(d) + printed_by_attach(report, path) + printed
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
