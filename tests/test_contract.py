@@ -17,7 +17,6 @@ import re
 import sys
 from typing import Any, Iterator
 
-import pytest
 
 import dlwatch
 from conftest import REPO, TARGETS, run_bounded
@@ -75,7 +74,6 @@ def _captured(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-@pytest.mark.slow
 def test_real_runs_send_only_declared_events_and_every_declared_event_is_sent(tmp_path):
     """Every line the training process and its workers append to the events file, copied as written
     (tests/targets/contract_events.py: under watch() with workers, advice, a nested watch, a killed

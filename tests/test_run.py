@@ -446,7 +446,6 @@ print("GARBAGE", len(gc.garbage), kinds, flush=True)
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_iterations_leave_no_garbage_in_the_training_process(tmp_path, workers):
     """Each watched iteration (a segment, its hooks, its shape checks, its workers' start) is freed by reference

@@ -20,8 +20,6 @@ import pytest
 from conftest import REPO, TARGETS, chromium_path, incidents, run_bounded, wait_for
 from dlwatch.collect.gpu import nvidia_device_nodes
 
-pytestmark = pytest.mark.slow
-
 WIDTH = 100  # the terminal view's width when stdout is not a terminal
 SCRIPT = "texts_runs.py"
 

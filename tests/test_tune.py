@@ -360,7 +360,6 @@ def _rngs():
     return (random.getstate(), np.random.get_state()[1].tobytes(), torch.get_rng_state().numpy().tobytes())
 
 
-@pytest.mark.slow
 def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_is_named(tracked):
     """The direction of the recommendation, and do no harm: RNG streams, generator and sampler untouched."""
     usable = int(limits.system.usable_cpus()["usable"] or 1)
@@ -394,7 +393,6 @@ def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_is_named(tracked):
     assert any(w.startswith("CPU bound") for w in cpu.why), str(cpu)
 
 
-@pytest.mark.slow
 def test_a_candidate_whose_worker_is_killed_is_shown_failed_and_never_recommended(tracked):
     # two workers: the climb always gets there (it judges a plateau from 2 on)
     loader = DataLoader(td.KillsItsWorker(kill_at=2, wait_s=0.005), batch_size=4)
@@ -411,7 +409,6 @@ def test_a_candidate_whose_worker_is_killed_is_shown_failed_and_never_recommende
     assert any("failed" in w and "never recommended" in w for w in res.why)
 
 
-@pytest.mark.slow
 def test_a_candidate_that_hangs_is_stopped_as_stalled(tracked):
     loader = DataLoader(td.HangsWithTwo(wait_s=0.005), batch_size=4)
     t0 = time.monotonic()
@@ -422,7 +419,6 @@ def test_a_candidate_that_hangs_is_stopped_as_stalled(tracked):
     assert res.recommended is not None and res.recommended.num_workers != 2
 
 
-@pytest.mark.slow
 def test_an_iterable_dataset_that_does_not_shard_keeps_to_one_worker(tracked):
     res = dlwatch.tune(DataLoader(td.Unsharded(), batch_size=2), budget_s=4)
     assert res.restricted is not None and res.restricted["duplicates"], str(res)
@@ -440,7 +436,6 @@ def test_an_iterable_dataset_that_does_not_shard_keeps_to_one_worker(tracked):
     assert res.restricted is None
 
 
-@pytest.mark.slow
 def test_a_persistent_loader_the_program_holds_is_left_working(tracked):
     """The program's own live workers (and torch's SIGCHLD bookkeeping) are not disturbed by the candidates."""
     loader = DataLoader(td.IoBound(n=64, wait_s=0.001), batch_size=4, num_workers=2, persistent_workers=True)
@@ -482,7 +477,6 @@ def test_cli_usage_errors():
     assert r.returncode == 2 and "--memory-budget" in r.stderr
 
 
-@pytest.mark.slow
 def test_cli_tunes_an_unmodified_script_and_never_runs_a_training_step(tmp_path, tracked):
     mark = tmp_path / "steps"
     out_json, out_html = tmp_path / "t.json", tmp_path / "t.html"
@@ -507,7 +501,6 @@ def test_cli_tunes_an_unmodified_script_and_never_runs_a_training_step(tmp_path,
     assert not _token_procs(tracked)
 
 
-@pytest.mark.slow
 def test_cli_a_script_that_never_iterates_its_loader_exits_3(tmp_path):
     script = tmp_path / "noloop.py"
     script.write_text("import torch\nfrom torch.utils.data import DataLoader\nDataLoader([1, 2])\nprint('DONE')\n")
@@ -516,7 +509,6 @@ def test_cli_a_script_that_never_iterates_its_loader_exits_3(tmp_path):
     assert "ended without iterating its DataLoader #1" in r.stderr
 
 
-@pytest.mark.slow
 def test_cli_ctrl_c_stops_the_search_and_prints_the_best_so_far(tmp_path, tracked):
     script = os.path.join(TARGETS, "tune_script.py")
     proc = subprocess.Popen(
@@ -567,7 +559,6 @@ print("LEFT", len(left), os.statvfs("/dev/shm").f_bfree * os.statvfs("/dev/shm")
 """
 
 
-@pytest.mark.slow
 def test_a_dev_shm_too_small_for_more_workers_stops_those_candidates(tmp_path):
     """A private 10 MiB /dev/shm (unshare -m): 4 MiB batches; a worker with two of them in flight does not fit."""
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10)
