@@ -164,6 +164,47 @@ def test_prefetch_deeper_only_for_a_gain_beyond_its_noise_and_shallower_only_for
     assert rec.recommend(little, Config.make(0), step_s=None, usable_cpus=2).config.prefetch_factor == 2
 
 
+class _Repeated:
+    """The search as the repeats step sees it: each configuration's measured rates, and a next rate for
+    each further run (the rules are pure; what a run measures is given here)."""
+
+    def __init__(self, first: dict[int, float], later: dict[int, list[float]]) -> None:
+        self.later = later
+        self.records = {Config.make(n): [rate] for n, rate in first.items()}
+
+    def allowed_rows(self) -> list[Row]:
+        rows = []
+        for cfg, rates in self.records.items():
+            mean = sum(rates) / len(rates)
+            sd = (sum((x - mean) ** 2 for x in rates) / len(rates)) ** 0.5
+            rows.append(_row(cfg.num_workers, mean, sd=sd))
+        return rows
+
+    def chosen(self) -> Config | None:
+        return rec.recommend(self.allowed_rows(), Config.make(0), step_s=None, usable_cpus=2).config
+
+    def measure(self, cfg: Config, phase: str, *, reserve) -> object:
+        assert phase == "repeat"
+        self.records[cfg].append(self.later[cfg.num_workers].pop(0))
+        return object()
+
+    def runs(self) -> dict[int, int]:
+        return {c.num_workers: len(r) for c, r in self.records.items()}
+
+
+def test_repeats_run_a_third_round_only_where_the_second_moved_the_choice():
+    from dlwatch.tuning import phases
+
+    # the second window of each leader agrees with the first: the choice (8 workers) is settled
+    s = _Repeated({0: 10, 2: 20, 4: 40, 8: 80}, {2: [20, 20], 4: [40, 40], 8: [80, 80]})
+    phases.repeats(s, reserve=lambda: 0.0)
+    assert s.runs() == {0: 1, 2: 2, 4: 2, 8: 2} and s.chosen().num_workers == 8
+    # 8 workers' first window was lucky: the second round moves the choice to 16, so a third is run
+    s = _Repeated({4: 40, 8: 82, 16: 81}, {4: [40, 40], 8: [60, 60], 16: [81, 81]})
+    phases.repeats(s, reserve=lambda: 0.0)
+    assert s.runs() == {4: 3, 8: 3, 16: 3} and s.chosen().num_workers == 16
+
+
 def test_persistent_workers_when_the_measured_epoch_start_it_saves_is_worth_it():
     rows = [_row(0, 10), _row(4, 40, first=2.0), _row(4, 40, first=2.0, epoch=0.1, persistent=True)]
     r = rec.recommend(rows, Config.make(0), step_s=None, usable_cpus=2)

@@ -13,8 +13,8 @@
 5. ``bisect_up``: where the best is the most workers that finished, between it and the first
    count that failed, broke a limit or was projected not to fit.
 6. ``prefetch``: ``prefetch_factor`` twice and half as deep at the chosen count.
-7. ``repeats``: the leading candidates again, up to ``REPEATS`` runs each (one lucky window is
-   not trusted; the machine may be shared).
+7. ``repeats``: the leading candidates again (one lucky window is not trusted; the machine may be
+   shared), a third round (``REPEATS``) only where the second moved the choice.
 8. ``persistent``: the epoch start that ``persistent_workers`` saves at the configuration chosen
    after the repeats (its time is kept aside by every step before).
 9. ``pin_memory``: on a CUDA host both settings with every batch copied to the GPU; elsewhere a
@@ -237,17 +237,24 @@ def prefetch(s: Search, reserve: Callable[[], float]) -> None:
 
 
 def repeats(s: Search, reserve: Callable[[], float]) -> None:
-    """The three leading candidates (and the chosen one) again, round by round, up to REPEATS runs each."""
+    """The three leading candidates (and the chosen one) again, round by round, up to REPEATS runs each.
+    A second run of each always (one lucky window is not trusted); a further round only while the last
+    one moved the choice (a choice that two windows of each leader agree on is settled: more rounds
+    would spend the budget confirming it)."""
+    chosen = s.chosen()
     for runs in range(2, REPEATS + 1):
         view = rec.throughput_view(s.allowed_rows())
         lead: list[Row] = sorted(view, key=lambda r: -(r.batches_per_s or 0.0))[:3]
         want = [r.config for r in lead]
-        chosen = s.chosen()
         if chosen is not None:
             want += [c for c in s.records if c.key() == chosen.key() and not c.persistent_workers]
         for cfg in dict.fromkeys(want):
             if len(s.records.get(cfg, [])) < runs and s.measure(cfg, "repeat", reserve=reserve) is None:
                 return
+        settled = s.chosen()
+        if settled == chosen:
+            return
+        chosen = settled
 
 
 def pin_memory(s: Search) -> None:
