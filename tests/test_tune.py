@@ -434,6 +434,34 @@ def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_is_named(tracked):
     assert any(w.startswith("CPU bound") for w in cpu.why), str(cpu)
 
 
+def _tune_after(mode: str, token: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TARGETS]), DLWATCH_TEST_TUNE=token)
+    out = subprocess.run(
+        [sys.executable, os.path.join(TARGETS, "tune_after_threads.py"), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_process_that_ran_torchs_threads_before_the_tune_still_gets_its_loader_measured(tracked):
+    """A fork of a process whose OpenMP team exists hangs at its first parallel region: the loader's own
+    configuration (num_workers=0, a 4 MiB tensor a sample) ate the whole budget and the tune ended with
+    no recommendation.  Each candidate now runs with one intra-op thread there, and the result says so;
+    a process that never ran a parallel region keeps torch's threads (no note)."""
+    fresh = _tune_after("fresh", tracked)
+    assert fresh["fork_threads_ok"] is True and fresh["own_status"] == "ok" and fresh["recommended"], fresh
+    assert not any("intra-op threads" in n for n in fresh["notes"]), fresh["notes"]
+    after = _tune_after("threads", tracked)
+    if after["fork_threads_ok"] or after["threads"] <= 1:
+        pytest.skip(f"this torch's intra-op threads survive a fork here ({after}): the hazard does not exist")
+    assert after["own_status"] == "ok" and after["own_rate"] and after["recommended"], after
+    assert any("every candidate ran with torch.set_num_threads(1)" in n for n in after["notes"]), after["notes"]
+
+
 def test_a_candidate_whose_worker_is_killed_is_shown_failed_and_never_recommended(tracked):
     # two workers: the climb always gets there (it judges a plateau from 2 on)
     loader = DataLoader(td.KillsItsWorker(kill_at=2, wait_s=0.005), batch_size=4)

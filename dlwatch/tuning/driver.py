@@ -39,6 +39,7 @@ class Plan:
     fingerprints: int = 0  # batches whose sample fingerprints are sent (the IterableDataset rule)
     same_seed: bool = False  # every worker's random, numpy and torch generators seeded alike
     device: str | None = None  # copy each batch there (pin_memory rows on a CUDA host)
+    intra_op_threads: int | None = None  # torch.set_num_threads first (a fork that cannot use them: forkprobe)
 
     @property
     def warmup(self) -> int:
@@ -146,6 +147,10 @@ class _Runner:
     def __init__(self, send: Callable[[Any], None], loader: Any, plan: Plan) -> None:
         self.send = send
         self.plan = plan
+        if plan.intra_op_threads is not None:
+            import torch
+
+            torch.set_num_threads(plan.intra_op_threads)
         self.candidate = build(loader, plan.config, same_seed=plan.same_seed)
         self._warm_imports()
         self.it: Any = None

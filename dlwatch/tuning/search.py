@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from dlwatch.collect.system import SystemProbe
-from dlwatch.tuning import iterable, recommend as rec
+from dlwatch.tuning import forkprobe, iterable, recommend as rec
 from dlwatch.tuning.driver import Plan
 from dlwatch.tuning.guard import CandidateRun, RunRecord
 from dlwatch.tuning.limits import Machine, read_machine
@@ -60,6 +60,8 @@ class Search:
         self.start = time.monotonic()
         self.deadline = self.start + budget_s
         self.window = min(MAX_WINDOW_S, max(MIN_WINDOW_S, budget_s / WINDOW_DIVISOR))
+        # before any candidate: may a fork use torch's intra-op threads (forkprobe: else it may hang)?
+        self.intra_op_threads = None if forkprobe.fork_can_use_intra_op_threads() else 1
         self.probe = SystemProbe(os.getpid())
         self.machine: Machine = read_machine(self.probe.sample(), memory_budget)
         self.max_workers = max_workers if max_workers is not None else default_max_workers(self.machine.usable_cpus)
@@ -68,7 +70,7 @@ class Search:
         self.order: list[Config] = []
         self.restricted: iterable.Verdict | None = None
         self.interrupted = False
-        self.notes: list[str] = []
+        self.notes: list[str] = [forkprobe.NOTE] if self.intra_op_threads is not None else []
         self.tmp = tempfile.mkdtemp(prefix="dlwatch-tune-")
         self.runs = 0
         self.base = Config.make(
@@ -176,6 +178,7 @@ class Search:
             fingerprints=fingerprints,
             same_seed=same_seed,
             device=device,
+            intra_op_threads=self.intra_op_threads,
         )
         est_first = self.est_first_s(cfg.num_workers)
         first_allowance = max(self.stall_s or FIRST_ALLOWANCE_S, 4 * est_first)
