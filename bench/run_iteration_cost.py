@@ -422,11 +422,21 @@ def main() -> int:
     args = ap.parse_args()
     if args.iterations is None:
         args.iterations = 100 if args.what == "alternate" else 40
+    meta = {
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "what": args.what,
+        "rounds": args.rounds,
+        "iterations": args.iterations,
+        "install": "editable" if args.editable else "normal",
+        "cpus": os.cpu_count(),
+        "load_before": round(os.getloadavg()[0], 2),
+    }
     with tempfile.TemporaryDirectory() as d:
         result = {"cost": cost, "alternate": alternate, "suite": suite, "teardown": teardown}[args.what](args, d)
+    meta["load_after"] = round(os.getloadavg()[0], 2)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump({"meta": meta, **result}, f, indent=1)
     return 0
 
 
