@@ -21,7 +21,8 @@ and is written from its source, never by hand:
 - ``failure-ids``: the failure ids in a sentence (for the README's test section);
 - ``sample-<name>``: what a command printed, as docs/capture.py recorded it in docs/samples/;
 - ``bench-table``, ``tune-table``: a benchmark's table from the raw figures it saved (bench/results.json,
-  bench/tune_results.json), as its ``--table-from`` prints it.
+  bench/tune_results.json), as its ``--table-from`` prints it;
+- ``run-cost``: what ``dlwatch run`` costs, in words (the README), from bench/run_iteration_cost.json.
 
 Adding a failure or an example therefore changes these files only through this script.
 """
@@ -247,6 +248,42 @@ def _bench_table(module: str, results: str) -> Callable[[], str]:
     return block
 
 
+def run_cost() -> str:
+    """What ``dlwatch run`` costs, in words, from the figures bench/run_iteration_cost.py saved
+    (``cost --json bench/run_iteration_cost.json``): per loader iteration and once per program."""
+    import json
+
+    with open(os.path.join(REPO, "bench", "run_iteration_cost.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    meta = data["meta"]
+    two, none = data["workers2"]["medians"], data["workers0"]["medians"]
+
+    def added(med: dict, key: str) -> float:
+        return float(med["run"][key] - med["bare"][key])
+
+    def ms(x: float) -> str:
+        return f"{0.0 if abs(x) < 0.05 else x:+.1f} ms"  # never "-0.0"
+
+    def s_or_ms(x: float) -> str:
+        return f"{x / 1000:+.2f} s" if abs(x) >= 100 else f"{x:+.0f} ms"
+
+    aa_wall = float(two["bare A/A"]["wall_ms"] - two["bare"]["wall_ms"])
+    aa_cpu = float(two["bare A/A"]["cpu_ms"] - two["bare"]["cpu_ms"])
+    return (
+        f"What it costs (`dlwatch run` against bare `python` as separate processes, {meta['install']} install, "
+        f"median of {meta['rounds']} rounds on {meta['cpus']} cores at load {meta['load_before']:g}, {meta['started']}; "
+        f"`python bench/run_iteration_cost.py cost --rounds {meta['rounds']} --json bench/run_iteration_cost.json`): "
+        "each loader iteration "
+        f"with 2 workers {ms(added(two, 'wall_ms'))} wall and {ms(added(two, 'cpu_ms'))} CPU (bare against itself "
+        f"in the same run: {ms(aa_wall)} wall, {ms(aa_cpu)} CPU; with no workers "
+        f"{ms(added(none, 'wall_ms'))} wall, {ms(added(none, 'cpu_ms'))} CPU); once per program "
+        f"{s_or_ms(added(two, 'start_ms'))} before the script's first line, {s_or_ms(added(two, 'first_iteration_ms'))} "
+        f"on the first iteration (the monitor and the watch start), {s_or_ms(added(two, 'exit_ms'))} at exit, and "
+        f"{added(two, 'process_cpu_s'):+.2f} s of CPU in all, the monitor's included. More figures: "
+        "[docs/benchmarks.md](docs/benchmarks.md)."
+    )
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "playbooks": playbooks_table,
     "playbook-ids": playbook_ids,
@@ -257,6 +294,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     **{f"sample-{n}": _sample(n) for n in ("demo", "report", "run", "attach")},
     "bench-table": _bench_table("run", "results.json"),
     "tune-table": _bench_table("tune", "tune_results.json"),
+    "run-cost": run_cost,
 }
 
 
