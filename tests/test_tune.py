@@ -424,8 +424,6 @@ def test_io_bound_wants_more_workers_than_cores_and_cpu_bound_is_named(tracked):
     cpu = dlwatch.tune(cpu_loader, budget_s=8, max_workers=16)
     assert cpu.recommended is not None, str(cpu)
     chosen = next(r for r in cpu.rows if r.recommended)
-    # never more batches than the CPU the candidate used buys (4 samples of 3 ms a batch; 30% for noise)
-    assert chosen.batches_per_s <= 1.3 * (chosen.cpu_cores or 0.0) / (4 * 0.003), str(cpu)
     single = [r for r in cpu.rows if r.status == "ok" and r.config.num_workers <= 1 and r.batches_per_s]
     # a CPU-bound pipeline gains at most its cores' worth over one process (30% for a shared machine's noise),
     # however many workers (a few more than cores can fill the gaps a worker leaves while it hands over a batch).
