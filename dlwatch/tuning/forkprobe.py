@@ -18,10 +18,11 @@ use torch's default.  A slow answer on a loaded machine takes the same safe side
 from __future__ import annotations
 
 import os
-import select
 import signal
 import sys
 import warnings
+
+from dlwatch.collect.rundir import collect_child
 
 TIMEOUT_S = 2.0
 # above torch's grain size (32768 elements): a parallel region wherever more than one thread is set
@@ -56,12 +57,6 @@ def fork_can_use_intra_op_threads(timeout_s: float = TIMEOUT_S) -> bool:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     os.close(w)
     try:
-        ready = select.select([r], [], [], timeout_s)[0]
-        return bool(ready) and os.read(r, 1) == b"1"
+        return collect_child(r, pid, 1, timeout_s) == b"1"  # the child is killed and reaped whatever it did
     finally:
         os.close(r)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(pid, 0)
