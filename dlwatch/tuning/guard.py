@@ -498,8 +498,7 @@ class CandidateRun:
         if self.error is not None and r.status in ("ok", "empty"):
             etype, message, text = self.error
             r.status = "failed"
-            line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
-            r.reason = f"{etype}: {line}"[:300]
+            r.reason = _error_line(etype, message)
             r.playbook = _playbook_of(etype, message, text, self.playbooks)
         elif r.status == "ok" and not self.done:
             code = self.exit_status
@@ -520,6 +519,18 @@ class CandidateRun:
             return None
         (t0, c0), (t1, c1) = inside[0], inside[-1]
         return round(max(0.0, (c1 - c0) / (t1 - t0)), 2)
+
+
+def _error_line(etype: str, message: str) -> str:
+    """A candidate's error in one line.  torch re-raises a worker's error as ``Caught X in DataLoader
+    worker process N.`` followed by the worker's traceback: the worker's own last line (``RuntimeError:
+    unable to write to file </torch_...>: No space left on device``) is the one that says what
+    happened, so it is kept beside the wrapper's."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    if first.startswith("Caught ") and "in DataLoader worker process" in first and len(lines) > 1:
+        return f"{etype}: {first} {lines[-1]}"[:300]
+    return f"{etype}: {first}"[:300]
 
 
 def _death_reason(pid: int, status: int | None) -> str:
