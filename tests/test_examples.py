@@ -119,6 +119,18 @@ def test_producer_gone_links_the_dead_decoder(report_dir):
     assert "A queue or pipe nobody feeds" in dl["remediation"] and "held across fork" not in dl["remediation"]
 
 
+def test_af_unix_path_too_long_names_the_directory(report_dir):
+    run = run_example("af_unix_path_too_long", report_dir)
+    _only_playbook(run, "af-unix-path-too-long")
+    (path,) = run.reports
+    r = load(path)
+    assert r["trigger"] == "stall" and r["progress"]["batches"] == 0
+    ev = r["findings"][0]["evidence"]
+    assert ev["path_len"] > ev["path_max"] == 107 and ev["socket"] == "multiprocessing"
+    assert "AF_UNIX path too long" in run.stderr  # what the workers' feeder threads died of, for real
+    assert not os.path.exists(os.path.dirname(ev["base"])), "the example's scratch directory is left behind"
+
+
 def test_cat_collate(report_dir):
     run = run_example("cat_collate", report_dir)
     assert "loop finished" in run.stdout  # nothing raised

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "ADVICE",
+    "AF_UNIX_PATH",
     "BATCH_BYTES",
     "BATCH_SHAPE",
     "COMMON",
@@ -298,6 +299,21 @@ EPOCH_ENDED = Event(
     "an epoch's iterator ended (StopIteration) and the program had asked len(loader): the batches it gave",
 )
 
+AF_UNIX_PATH = Event(
+    "af_unix_path",
+    (TRAINING,),
+    (
+        _f("socket", "str"),  # whose: multiprocessing (its listener) or torch_shm_manager
+        _f("path_len", "int"),
+        _f("path_max", "int"),
+        _f("base", "str"),
+        _f("sharing_strategy", "str", nullable=True),
+        _f("start_method", "str", nullable=True),
+        _f("batches", "int", nullable=True),  # the run's batches when the iterator started
+    ),
+    "as an iterator starts its workers: the socket path they will bind to send a batch is too long for Linux",
+)
+
 EVENTS: Mapping[str, Event] = {
     e.name: e
     for e in (
@@ -318,6 +334,7 @@ EVENTS: Mapping[str, Event] = {
         BATCH_SHAPE,
         THREAD_DIED,
         EPOCH_ENDED,
+        AF_UNIX_PATH,
     )
 }
 

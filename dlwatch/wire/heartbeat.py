@@ -204,6 +204,11 @@ class HeartbeatWriter:
             return
         self.batches, self.ts_last_batch, self.total_wait_s, self.last_interval_s = batches, ts_last, wait, interval
 
+    def batches_now(self) -> int:
+        """The run's batches so far (the hot path keeps the count in the mapping only)."""
+        self._sync_hot()
+        return self.batches
+
     def begin_epoch(self) -> None:
         """A new epoch's iterator: close the previous epoch's body time (cold path, once per epoch)."""
         self._sync_hot()

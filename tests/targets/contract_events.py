@@ -9,7 +9,8 @@ loader with two forked workers, pin_memory on a host without CUDA (advice), a Di
 never given set_epoch, an RNG object in the dataset, a thread alive at fork, a collate that
 concatenates samples (the batch check), a watch nested in the loop body, a thread that dies with an
 exception, a len(loader) the program asks; then a worker killed by
-SIGKILL (the exception and the workers' exit codes, the ``as`` form); then a Ctrl-C while the loop
+SIGKILL (the exception and the workers' exit codes, the ``as`` form); then a temp directory too long
+for the workers' socket, over batches without a tensor (af_unix_path); then a Ctrl-C while the loop
 waits for a slow batch (the interrupt).  MODE ``run`` is a program for ``dlwatch run``: two
 iterations of a loader with workers, then an exception it catches.  Prints DONE at the end.
 """
@@ -111,6 +112,24 @@ def watch_mode(report_dir: str) -> None:
                 pass
     except RuntimeError as exc:
         print(f"CAUGHT {type(exc).__name__}", flush=True)
+
+    # a temp directory too long for the workers' socket (af_unix_path), over batches without a
+    # tensor: no fd to send, so the loop runs; the check as the iterator starts is told all the same
+    import shutil
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="dlwatch-c-", dir="/tmp")
+    deep = os.path.join(top, "d" * 90)
+    os.makedirs(deep)
+    saved, tempfile.tempdir = tempfile.tempdir, deep
+    try:
+        words = DataLoader([f"w{i}" for i in range(8)], batch_size=4, num_workers=2, collate_fn=list)
+        with dlwatch.watch(words, report_dir=report_dir, poll_interval=0.2):
+            for _ in words:
+                pass
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(top, ignore_errors=True)
 
     # a Ctrl-C while the loop waits for a slow batch, past a quarter of the explicit allowance
     slow = DataLoader(Noisy(32, slow_from=8), batch_size=4, num_workers=2)

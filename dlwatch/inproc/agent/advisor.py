@@ -28,8 +28,9 @@ class Advisor:
         self.playbooks: dict[str, Any] = settings.advice_pbs  # titles and thresholds, by id
         self.sent: set[str] = set()
 
-    def at_start(self, loader: Any) -> None:
-        """Checks made as an epoch's iterator is created, before torch starts its workers."""
+    def at_start(self, loader: Any, batches: int | None = None) -> None:
+        """Checks made as an epoch's iterator is created, before torch starts its workers
+        (``batches``: the run's batches so far)."""
         path = self.session.events_path
         if loader is None or not is_dataloader(loader) or not path:
             return
@@ -47,6 +48,8 @@ class Advisor:
         }
         signals = preflight.start_checks(preflight.start_facts(cfg, self.session.usable_cpus()))
         self.send(signals)
+        if loader.num_workers > 0:
+            self.socket_path(loader.num_workers, cfg["multiprocessing_context"], batches)
         for sig in signals:  # a fact of the run, not only of its start: also plain advice, once
             fact = sig["playbook"]
             if fact in preflight.RUN_FACTS and f"advice:{fact}" not in self.sent:
@@ -65,6 +68,19 @@ class Advisor:
         }
         thresholds = {pid: dict(pb.thresholds) for pid, pb in self.playbooks.items()}
         self.send(preflight.first_batch_checks(preflight.first_batch_facts(cfg, batch, batch_bytes), thresholds))
+
+    def socket_path(self, num_workers: int, method: str | None, batches: int | None) -> None:
+        """A temp directory too long for the socket the workers bind to send a batch: told to the monitor,
+        with the batches so far, as each iterator starts its workers.  Nothing is said to the program
+        here: a loader whose batches hold no tensor sends no fd and runs; the stall that follows in
+        any other is where the monitor names it."""
+        from dlwatch.inproc import sockpath
+
+        if sockpath.PLAYBOOK in self.ignored or not self.session.events_path:
+            return
+        found = sockpath.check(num_workers, sharing_strategy(), method)
+        if found is not None:
+            events.emit(self.session.events_path, "af_unix_path", batches=batches, **found)
 
     def send(self, signals: list[dict[str, Any]]) -> None:
         from dlwatch.inproc.preflight import warning_text

@@ -146,7 +146,7 @@ class LoaderProbes:
             # workers started by this iterator stamp their RNG fingerprints with its epoch
             self.hook.epoch = self.hb.epochs + 1 if self.hb is not None else None
         try:
-            self.advisor.at_start(self.loader)
+            self.advisor.at_start(self.loader, self.hb.batches_now() if self.hb is not None else None)
         except Exception:
             pass  # a check failing must not stop the epoch
         try:
