@@ -361,3 +361,36 @@ def test_secret_field_names_are_masked_as_before(value):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--compare"]:
     _compare(sys.argv[2], int(sys.argv[3]))
+
+
+@settings(max_examples=300)
+@given(
+    polls=st.lists(
+        st.tuples(
+            st.lists(
+                st.tuples(st.sampled_from([f.name for f in dataclasses.fields(ProcSample)][2:]), num_any), max_size=6
+            ),
+            st.sampled_from(["main", "worker"]),
+            st.floats(0, 2e9),
+        ),
+        min_size=2,
+        max_size=6,
+    ),
+)
+@example([([("cpu_s", 1)], "worker", 1.0), ([("cpu_s", 1.0)], "worker", 2.0), ([("cpu_s", True)], "worker", 3.0)])
+@example([([("cpu_s", 0.0)], "worker", 1.0), ([("cpu_s", -0.0)], "worker", 2.0)])
+@example([([("rss", 5)], "worker", 1.0), ([("rss", 5)], "main", 2.0), ([("wchan", "pw=hunter2")], "main", 3.0)])
+def test_one_process_polled_again_and_again_gives_the_general_line_each_time(polls):
+    """The line of a process whose fields are what they were at the last poll is kept from that poll
+    (an idle worker): poll after poll of the same pid, with values that are equal but print apart
+    (1, 1.0, True; 0.0, -0.0), the role changing, and unchanged polls between, every line is the
+    general path's."""
+    timeline_record._SAME.clear()
+    for values, role, ts in polls:
+        for again in (ts, ts + 1.5):  # each poll, then the same values a poll later
+            s = ProcSample(**{"pid": 7, "ts": again, **dict(values)})
+            procs = [(s, role)]
+            assert (
+                timeline_record.sample_line(again, None, procs, None, [])
+                == general_line(again, None, procs, None, [])[1]
+            )

@@ -235,6 +235,36 @@ def _mapping_text(mapping: Mapping[str, Any]) -> str:
     return shape.template % tuple(itertools.compress(values, shape.keep)) + "}"
 
 
+_SAME: dict[int, tuple[tuple[Any, ...], tuple[type, ...], str, str]] = {}  # pid -> its last line's parts
+_MAX_SAME = 4096
+
+
+def _proc_text(s: ProcSample, role: Any) -> str:
+    """``_object_text(s, role)``; for a process whose every field but ``ts`` is what it was at the last
+    poll (an idle worker: the same state, CPU, memory, wait), its last text after ``ts`` is kept.
+
+    Kept only where that is exact: the same values *and* types (``1 == 1.0 == True`` print apart), no
+    float zero among them (``0.0 == -0.0``), the same role, and a text that begins with the ``pid`` and
+    ``ts`` it was made from.  Text fields are redacted the same way every time (as ``_text`` keeps)."""
+    if type(s) is not ProcSample or type(role) is not str:
+        return _object_text(s, role)
+    values = _class(ProcSample)[1](s)
+    pid, ts = values[0], values[1]
+    if type(pid) is not int or type(ts) is not float:
+        return _object_text(s, role)
+    rest = values[2:]
+    head = f'{{"pid": {pid}, "ts": {_float(ts)}'
+    hit = _SAME.get(pid)
+    if hit is not None and hit[0] == rest and hit[2] == role and hit[1] == tuple(map(type, rest)):
+        return head + hit[3]
+    text = _object_text(s, role)
+    if text.startswith(head) and not any(type(v) is float and v == 0.0 for v in rest):
+        if len(_SAME) >= _MAX_SAME:
+            _SAME.clear()
+        _SAME[pid] = (rest, tuple(map(type, rest)), role, text[len(head) :])
+    return text
+
+
 def sample_line(
     ts: float,
     heartbeat: Mapping[str, Any] | None,
@@ -247,7 +277,7 @@ def sample_line(
     if heartbeat is not None:
         out += [', "heartbeat": ', _mapping_text(heartbeat)]
     out.append(', "procs": [')
-    out.append(", ".join([_object_text(s, role) for s, role in procs]))
+    out.append(", ".join([_proc_text(s, role) for s, role in procs]))
     out.append("]")
     if system is not None:
         out += [', "system": ', _object_text(system)]
