@@ -17,9 +17,11 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -710,3 +712,37 @@ def test_a_candidates_worker_error_is_said_in_the_workers_own_words():
     assert line.endswith("No space left on device (28)")
     assert _error_line("ValueError", "bad value\nmore") == "ValueError: bad value"
     assert len(_error_line("RuntimeError", wrapped.replace("(28)", "x" * 900))) == 300
+
+
+SOCKET_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {targets!r})
+from torch.utils.data import DataLoader
+import tune_data as td
+import dlwatch
+res = dlwatch.tune(DataLoader(td.IoBound(), batch_size=4, num_workers=2), budget_s=20, max_workers=4)
+print("RESULT " + json.dumps(res.to_dict()))
+"""
+
+
+def test_a_temp_directory_too_long_for_the_workers_socket_runs_no_candidate_with_workers(tmp_path):
+    """TMPDIR of 90 bytes: a worker's batch can never reach the loop (af-unix-path-too-long).  Before: the
+    loader's own 2 workers ran until the budget ended ("stopped: out of time") and the result said
+    nothing of why.  Now no candidate with workers runs, and the first reason names the directory."""
+    top = tempfile.mkdtemp(prefix="dlw-tune-", dir="/tmp")
+    try:
+        deep = os.path.join(top, "d" * (90 - len(top) - 1))
+        os.makedirs(deep)
+        script = tmp_path / "long_tmpdir.py"
+        script.write_text(SOCKET_SCRIPT.format(targets=TARGETS))
+        env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=deep)
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        doc = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+        with_workers = [row for row in doc["rows"] if row["num_workers"] > 0]
+        assert with_workers and all(row["status"] == "skipped" for row in with_workers), with_workers
+        assert "af-unix-path-too-long" in doc["why"][0] and deep in doc["why"][0]
+        assert doc["best"] == {"num_workers": 0}
+        assert "AF_UNIX path too long" not in r.stderr  # nothing was tried that could not work
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -77,6 +77,8 @@ def assemble(search: Search) -> TuneResult:
         why.insert(0, "the loader's own configuration is already the one to keep")
     if search.restricted is not None:
         why.insert(0, search.restricted.reason + ": the search kept to num_workers 0 and 1")
+    if search.socket_blocked is not None:
+        why.insert(0, search.socket_blocked + "; the search kept to num_workers=0")
     best = changed_kwargs(cur, chosen) if chosen is not None else {}
     return TuneResult(
         best=best,

@@ -71,6 +71,9 @@ class Search:
         self.restricted: iterable.Verdict | None = None
         self.interrupted = False
         self.notes: list[str] = [forkprobe.NOTE] if self.intra_op_threads is not None else []
+        # a temp directory too long for the socket a worker needs to send a batch: every candidate with
+        # workers would wait for its first batch until stopped (af-unix-path-too-long); not run
+        self.socket_blocked = _socket_blocked(facts)  # the result's first reason when set
         self.tmp = tempfile.mkdtemp(prefix="dlwatch-tune-")
         self.runs = 0
         self.base = Config.make(
@@ -221,13 +224,18 @@ class Search:
         return self.result()
 
     def allowed(self, n: int) -> bool:
+        if self.socket_blocked is not None and n > 0:
+            return False
         return n <= 1 if self.restricted is not None else True
 
     def _plan(self) -> None:
         from dlwatch.tuning import phases
 
         cur = self.facts.current
-        self.measure(cur, "current", resets=2 if cur.persistent_workers else 0, force=True)
+        if self.socket_blocked is not None and cur.num_workers > 0:
+            self.skip(cur, "not run: " + self.socket_blocked)
+        else:
+            self.measure(cur, "current", resets=2 if cur.persistent_workers else 0, force=True)
         if self.facts.iterable and not self.iterable_ok:
             phases.iterable_rule(self)
         phases.climb(self, self.reserve)
@@ -265,3 +273,24 @@ class Search:
         from dlwatch.tuning.assemble import assemble
 
         return assemble(self)
+
+
+def _socket_blocked(facts: LoaderFacts) -> str | None:
+    """Why workers cannot send a batch here (the socket they need is too long for Linux), or None."""
+    try:
+        import sys
+
+        from dlwatch.inproc import sockpath
+
+        tmp = sys.modules.get("torch.multiprocessing")
+        strategy = tmp.get_sharing_strategy() if tmp is not None else None
+        found = sockpath.check(2, strategy, facts.start_method)
+    except Exception:
+        return None
+    if found is None:
+        return None
+    return (
+        f"workers cannot send a batch here: the socket {found['socket']} binds under {found['base']!r} "
+        f"has a {found['path_len']}-byte path, Linux allows {found['path_max']} "
+        f"(`dlwatch playbooks {sockpath.PLAYBOOK}`); set TMPDIR to a short directory and tune again"
+    )

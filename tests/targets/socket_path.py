@@ -4,7 +4,7 @@ Unix socket.  argv: form (plain: watch(), bare: under `dlwatch run`), case, repo
 Cases: tensors (a batch of tensors: the workers' fd passing binds the socket), file_system (the same
 under the file_system strategy: no socket), no_tensors (batches of strings, collated as lists: no fd to
 send, the run goes on) and no_tensors_then_slow (the same, then a slow item: a stall of its own after
-batches arrived).  A hang ends by torch's own DataLoader timeout (10 s), after dlwatch's stall (3 s)."""
+batches arrived).  A hang ends by torch's own DataLoader timeout (15 s), well after dlwatch's stall (3 s) and its forensics."""
 
 import sys
 import tempfile
@@ -39,7 +39,7 @@ loader = DataLoader(
     Items(),
     batch_size=4,
     num_workers=2,
-    timeout=10,
+    timeout=15,
     collate_fn=keep if case.startswith("no_tensors") else None,
     multiprocessing_context="fork",
 )
