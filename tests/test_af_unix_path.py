@@ -153,8 +153,12 @@ def test_the_check_reads_the_temp_directory_without_choosing_it(monkeypatch, tmp
 
     from dlwatch.inproc import sockpath
 
+    from multiprocessing import process
+
     long_dir = tmp_path / ("x" * 90)
     long_dir.mkdir()
+    # this process's own pymp directory, when an earlier test made one, is where its sockets go: none here
+    monkeypatch.delitem(process.current_process()._config, "tempdir", raising=False)
     monkeypatch.setattr(tf, "tempdir", None)
     monkeypatch.setenv("TMPDIR", str(long_dir))
     got = sockpath.check(2, "file_descriptor", "fork")
@@ -169,6 +173,10 @@ def test_the_check_reads_the_temp_directory_without_choosing_it(monkeypatch, tmp
     monkeypatch.setenv("TMPDIR", str(long_dir))
     monkeypatch.setattr(tf, "tempdir", "/tmp")  # chosen already (or set by the program): read as it is
     assert sockpath.check(2, "file_descriptor", "fork") is None
+    pymp = str(long_dir / "pymp-abcdefgh")  # a pymp directory made already: a forked worker binds in it
+    monkeypatch.setitem(process.current_process()._config, "tempdir", pymp)
+    assert sockpath.check(2, "file_descriptor", "fork")["path_len"] == len(pymp) + 1 + len("listener-") + 8
+    monkeypatch.delitem(process.current_process()._config, "tempdir")
     monkeypatch.setenv("TMPDIR", "/nonexistent/" + "y" * 100)  # not a directory: gettempdir would skip it
     monkeypatch.setattr(tf, "tempdir", None)
     assert sockpath.check(2, "file_descriptor", "fork") is None or tf.tempdir is None
