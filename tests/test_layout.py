@@ -38,7 +38,8 @@ LAYERS = ["shared", "wire", "collect", "detect", "report", "monitor", "cli"]
 FORBIDDEN_FOR_INPROC = {"monitor", "detect", "report", "cli", "tuning"}
 MAY_IMPORT_INPROC = {"dlwatch", "dlwatch.cli.run_cmd"}
 TUNING_MAY_IMPORT = {"shared", "wire", "collect", "detect", "report", "tuning"}
-TUNING_MAY_IMPORT_FROM_INPROC = {"dlwatch.inproc.preflight", "dlwatch.inproc.worker_hook"}
+# the training process's checks the tuner runs too (pure: no torch import, no thread, no side effect)
+TUNING_MAY_IMPORT_FROM_INPROC = {"dlwatch.inproc.preflight", "dlwatch.inproc.worker_hook", "dlwatch.inproc.sockpath"}
 
 
 def _modules() -> dict[str, str]:
