@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import dlwatch
 from conftest import REPO, TARGETS, run_bounded
 from dlwatch.detect import registry
+from dlwatch.detect.base import Observer
 from dlwatch.monitor.loop import Monitor
 from dlwatch.wire import contract, events
 
@@ -319,8 +320,14 @@ def _detector_event_names() -> dict[str, str]:
             for node in ast.walk(fn):
                 if isinstance(node, ast.Compare) and 'get("event")' in ast.unparse(node.left).replace("'", '"'):
                     for comp in node.comparators:
+                        if name == "base.py" and ast.unparse(comp) == "self.event":
+                            continue  # base.Observer: each subclass names its event (below)
                         got = _name(comp, consts)
                         out[got or f"<unreadable: {ast.unparse(comp)}>"] = f"detect/{name}:{node.lineno}"
+    # a base.Observer reads the one event its class names
+    for cls in registry.detector_classes():
+        if issubclass(cls, Observer):
+            out[cls.event or f"<no event: {cls.__qualname__}>"] = f"{cls.__module__}.{cls.__qualname__}"
     return out
 
 

@@ -19,9 +19,9 @@ matched on torch's own text by the playbook.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-from dlwatch.detect.base import Detector, View
+from dlwatch.detect.base import Observer
 from dlwatch.detect.evidence import Context
 from dlwatch.detect.registry import Failure
 from dlwatch.wire import contract
@@ -53,21 +53,13 @@ def af_unix_path_event(ev: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-class SocketPathTooLong(Detector):
+class SocketPathTooLong(Observer):
     """Keeps each of the training process's findings as an observation: the evidence of a stall that follows."""
 
     playbook = PLAYBOOK
-
-    def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
-        super().__init__(thresholds)
-        self.kept = 0
-
-    def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
-        if ev.get("event") != EVENT or self.kept >= MAX_KEPT:
-            return ()
-        self.kept += 1
-        keep = {k: ev.get(k) for k in ("ts", "pid", *FIELDS)}
-        return ({"event": "observation", "signal": EVENT, **keep},)
+    event = EVENT
+    keys = FIELDS
+    max_kept = MAX_KEPT
 
 
 def judge(ctx: Context) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Protocol
 from dlwatch.wire.heartbeat import Heartbeat
 from dlwatch.model import ProcSample, SystemSample
 
-__all__ = ["Detector", "NOTE_EVENTS", "TrackedView", "View"]
+__all__ = ["Detector", "NOTE_EVENTS", "Observer", "TrackedView", "View"]
 
 NOTE_EVENTS = frozenset({"advice", "observation"})
 
@@ -89,3 +89,23 @@ class Detector:
     def on_finish(self, view: View) -> Iterable[dict[str, Any]]:
         """Once, when the block ends; ``view.run`` holds the run's figures (the summary)."""
         return ()
+
+
+class Observer(Detector):
+    """Keeps each of one event from the training process as an observation (the evidence a later
+    incident is judged on), its ``keys`` only, the first ``max_kept`` of a run."""
+
+    event: str = ""  # the event's name (its declaration in wire/contract.py)
+    keys: tuple[str, ...] = ()  # what of it is kept, beside ``ts`` and ``pid``
+    max_kept: int = 32
+
+    def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
+        super().__init__(thresholds)
+        self.kept = 0
+
+    def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
+        if ev.get("event") != self.event or self.kept >= self.max_kept:
+            return ()
+        self.kept += 1
+        keep = {k: ev.get(k) for k in ("ts", "pid", *self.keys)}
+        return ({"event": "observation", "signal": self.event, **keep},)

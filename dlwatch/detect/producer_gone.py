@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any, Iterable, Mapping
 
-from dlwatch.detect.base import Detector, View
+from dlwatch.detect.base import Detector, Observer, View
 from dlwatch.detect.evidence import Context
 from dlwatch.detect.registry import Failure
 from dlwatch.wire import contract
@@ -92,21 +92,13 @@ def thread_died_event(ev: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-class ThreadDied(Detector):
+class ThreadDied(Observer):
     """Keeps each thread death the training process told of as an observation (evidence for a later stall)."""
 
     playbook = PLAYBOOK
-
-    def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
-        super().__init__(thresholds)
-        self.kept = 0
-
-    def on_event(self, ev: Mapping[str, Any], view: View) -> Iterable[dict[str, Any]]:
-        if ev.get("event") != THREAD or self.kept >= 32:
-            return ()
-        self.kept += 1
-        keep = {k: ev.get(k) for k in ("ts", "pid", "thread", "exc_type", "message", "frames")}
-        return ({"event": "observation", "signal": THREAD, **keep},)
+    event = THREAD
+    keys = ("thread", "exc_type", "message", "frames")
+    max_kept = 32
 
 
 def _thread_link(ctx: Context, stall_start: float | None) -> dict[str, Any] | None:
