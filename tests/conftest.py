@@ -256,6 +256,27 @@ def short_tmp() -> Iterator[pathlib.Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.fixture
+def tmpdir_of_length():
+    """``make(n)``: a directory of exactly ``n`` bytes, made under /tmp (short: room to reach any length) and
+    removed after; a TMPDIR of a chosen length for the tests of the socket paths workers bind under it."""
+    made = []
+
+    def make(n: int) -> str:
+        top = tempfile.mkdtemp(prefix="dlw-len-", dir="/tmp")
+        made.append(top)
+        path = os.path.join(top, "d" * (n - len(top) - 1))
+        os.makedirs(path)
+        assert len(path) == n
+        return path
+
+    try:
+        yield make
+    finally:
+        for top in made:
+            shutil.rmtree(top, ignore_errors=True)
+
+
 def drop_traceback(info) -> None:
     """Free a DataLoader iterator that raised, now rather than at some later GC.
 

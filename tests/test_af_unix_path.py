@@ -7,14 +7,12 @@ limit; under file_system torch's own manager's socket fails, and that exception 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 
 import pytest
 
-from conftest import TARGETS, run_bounded
+from conftest import TARGETS, incidents, load, run_bounded
 
 SCRIPT = os.path.join(TARGETS, "socket_path.py")
 LIMIT = 107
@@ -22,28 +20,6 @@ LIMIT = 107
 OVERHEAD = 1 + len("pymp-") + 8 + 1 + len("listener-") + 8
 # torch's shared-memory manager's (file_system): TMPDIR + "/torch-shm-dir-XXXXXX/manager.sock"
 SHM_OVERHEAD = len("/torch-shm-dir-XXXXXX/manager.sock")
-
-
-@pytest.fixture
-def tmpdir_of_length():
-    """A directory of exactly ``n`` bytes, made under /tmp (short: room to reach any length), removed after."""
-    made = []
-
-    def make(n: int) -> str:
-        top = tempfile.mkdtemp(prefix="dlw-sock-", dir="/tmp")
-        made.append(top)
-        path = os.path.join(top, "d" * (n - len(top) - 1))
-        os.makedirs(path)
-        assert len(path) == n
-        return path
-
-    try:
-        yield make
-    finally:
-        import shutil
-
-        for top in made:
-            shutil.rmtree(top, ignore_errors=True)
 
 
 def _run(tmp_path, form, case, tmpdir, timeout=150):
@@ -64,12 +40,7 @@ def _run(tmp_path, form, case, tmpdir, timeout=150):
             "0.2",
         ]
     rc, out, err = run_bounded([*prefix, SCRIPT, form, case, str(reports)], env=env, cwd=str(tmp_path), timeout=timeout)
-    found = []
-    if reports.is_dir():
-        for name in sorted(os.listdir(reports)):
-            path = reports / name / "report.json"
-            if path.is_file():
-                found.append(json.loads(path.read_text()))
+    found = [load(path) for path in incidents(str(reports))]
     return rc, out, err, found
 
 
@@ -138,8 +109,8 @@ def test_with_forkserver_the_start_raises_and_the_exception_is_named(tmp_path, t
     reports = tmp_path / "r"
     rc, out, err = run_bounded([sys.executable, str(script), str(reports)], env=env, cwd=str(tmp_path), timeout=120)
     assert rc == 1 and "OSError: AF_UNIX path too long" in err, err[-2000:]
-    (name,) = [n for n in os.listdir(reports) if (reports / n / "report.json").is_file()]
-    report = json.loads((reports / name / "report.json").read_text())
+    (path,) = incidents(str(reports))
+    report = load(path)
     assert report["trigger"] == "exception"
     top = report["findings"][0]
     assert top["playbook"] == "af-unix-path-too-long"

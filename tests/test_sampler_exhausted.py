@@ -4,13 +4,12 @@ a short last batch, break and an exception.  Real loaders (with workers where to
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import pytest
 
-from conftest import TARGETS, run_bounded
+from conftest import TARGETS, incidents, load, run_bounded
 
 SCRIPT = os.path.join(TARGETS, "short_epochs.py")
 
@@ -24,13 +23,7 @@ def _run(tmp_path, form, case):
     )
     rc, out, err = run_bounded([*prefix, SCRIPT, form, case, str(reports)], env=env, cwd=str(tmp_path), timeout=120)
     assert rc == 0, err[-3000:]
-    found = []
-    if reports.is_dir():
-        for name in sorted(os.listdir(reports)):
-            path = reports / name / "report.json"
-            if path.is_file():
-                found.append(json.loads(path.read_text()))
-    return out, found
+    return out, [load(path) for path in incidents(str(reports))]
 
 
 @pytest.mark.parametrize("form", ["plain", "as", "bare"])

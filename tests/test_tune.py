@@ -17,11 +17,9 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -725,24 +723,19 @@ print("RESULT " + json.dumps(res.to_dict()))
 """
 
 
-def test_a_temp_directory_too_long_for_the_workers_socket_runs_no_candidate_with_workers(tmp_path):
+def test_a_temp_directory_too_long_for_the_workers_socket_runs_no_candidate_with_workers(tmp_path, tmpdir_of_length):
     """TMPDIR of 90 bytes: a worker's batch can never reach the loop (af-unix-path-too-long).  Before: the
     loader's own 2 workers ran until the budget ended ("stopped: out of time") and the result said
     nothing of why.  Now no candidate with workers runs, and the first reason names the directory."""
-    top = tempfile.mkdtemp(prefix="dlw-tune-", dir="/tmp")
-    try:
-        deep = os.path.join(top, "d" * (90 - len(top) - 1))
-        os.makedirs(deep)
-        script = tmp_path / "long_tmpdir.py"
-        script.write_text(SOCKET_SCRIPT.format(targets=TARGETS))
-        env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=deep)
-        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-        assert r.returncode == 0, r.stderr[-3000:]
-        doc = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
-        with_workers = [row for row in doc["rows"] if row["num_workers"] > 0]
-        assert with_workers and all(row["status"] == "skipped" for row in with_workers), with_workers
-        assert "af-unix-path-too-long" in doc["why"][0] and deep in doc["why"][0]
-        assert doc["best"] == {"num_workers": 0}
-        assert "AF_UNIX path too long" not in r.stderr  # nothing was tried that could not work
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    deep = tmpdir_of_length(90)
+    script = tmp_path / "long_tmpdir.py"
+    script.write_text(SOCKET_SCRIPT.format(targets=TARGETS))
+    env = dict(os.environ, PYTHONPATH=REPO, TMPDIR=deep)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    with_workers = [row for row in doc["rows"] if row["num_workers"] > 0]
+    assert with_workers and all(row["status"] == "skipped" for row in with_workers), with_workers
+    assert "af-unix-path-too-long" in doc["why"][0] and deep in doc["why"][0]
+    assert doc["best"] == {"num_workers": 0}
+    assert "AF_UNIX path too long" not in r.stderr  # nothing was tried that could not work
