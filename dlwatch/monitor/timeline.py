@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import operator
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -235,17 +236,24 @@ def _mapping_text(mapping: Mapping[str, Any]) -> str:
     return shape.template % tuple(itertools.compress(values, shape.keep)) + "}"
 
 
-_SAME: dict[int, tuple[tuple[Any, ...], tuple[type, ...], str, str]] = {}  # pid -> its last line's parts
+# pid -> its last line's parts: (values after ts, their types, the float zeros' places and signs, role, text)
+_SAME: dict[int, tuple[tuple[Any, ...], tuple[type, ...], tuple[tuple[int, float], ...], str, str]] = {}
 _MAX_SAME = 4096
+
+
+def _zeros(values: tuple[Any, ...]) -> tuple[tuple[int, float], ...]:
+    """Where the float zeros are, and each one's sign (``0.0 == -0.0``, but they print apart)."""
+    return tuple((i, math.copysign(1.0, v)) for i, v in enumerate(values) if type(v) is float and v == 0.0)
 
 
 def _proc_text(s: ProcSample, role: Any) -> str:
     """``_object_text(s, role)``; for a process whose every field but ``ts`` is what it was at the last
     poll (an idle worker: the same state, CPU, memory, wait), its last text after ``ts`` is kept.
 
-    Kept only where that is exact: the same values *and* types (``1 == 1.0 == True`` print apart), no
-    float zero among them (``0.0 == -0.0``), the same role, and a text that begins with the ``pid`` and
-    ``ts`` it was made from.  Text fields are redacted the same way every time (as ``_text`` keeps)."""
+    Kept only where that is exact: the same values *and* types (``1 == 1.0 == True`` print apart), each
+    float zero of the same sign (``0.0 == -0.0``; an idle worker's CPU time is often ``0.0``), the same
+    role, and a text that begins with the ``pid`` and ``ts`` it was made from.  Text fields are redacted
+    the same way every time (as ``_text`` keeps)."""
     if type(s) is not ProcSample or type(role) is not str:
         return _object_text(s, role)
     values = _class(ProcSample)[1](s)
@@ -255,13 +263,19 @@ def _proc_text(s: ProcSample, role: Any) -> str:
     rest = values[2:]
     head = f'{{"pid": {pid}, "ts": {_float(ts)}'
     hit = _SAME.get(pid)
-    if hit is not None and hit[0] == rest and hit[2] == role and hit[1] == tuple(map(type, rest)):
-        return head + hit[3]
+    if (
+        hit is not None
+        and hit[0] == rest
+        and hit[3] == role
+        and hit[1] == tuple(map(type, rest))
+        and all(math.copysign(1.0, rest[i]) == sign for i, sign in hit[2])
+    ):
+        return head + hit[4]
     text = _object_text(s, role)
-    if text.startswith(head) and not any(type(v) is float and v == 0.0 for v in rest):
+    if text.startswith(head):
         if len(_SAME) >= _MAX_SAME:
             _SAME.clear()
-        _SAME[pid] = (rest, tuple(map(type, rest)), role, text[len(head) :])
+        _SAME[pid] = (rest, tuple(map(type, rest)), _zeros(rest), role, text[len(head) :])
     return text
 
 
