@@ -239,29 +239,43 @@ class RunStats:
             self._note_wait(hb)
         in_body = hb is not None and hb.state == STATE_BODY
         roles = {t.pid: t for t in tracked}
-        for s in samples:
-            t = roles.get(s.pid)
-            if t is None or t.role not in ("main", "worker") or s.gone:
+        procs, prevs = self.procs, self._prev
+        for s in samples:  # every poll, for every process: the peaks written out (_peak), no call each
+            pid = s.pid
+            t = roles.get(pid)
+            if t is None or s.gone:
                 continue
-            p = self.procs.get(s.pid)
+            role = t.role
+            if role != "main" and role != "worker":
+                continue
+            p = procs.get(pid)
             if p is None:
-                p = self.procs[s.pid] = _Proc(s.pid, t.role)
-            p.role = t.role
-            if getattr(t, "worker_id", None) is not None:  # its registration may come after a first sample
-                p.worker_id = t.worker_id
+                p = procs[pid] = _Proc(pid, role)
+            p.role = role
+            worker_id = getattr(t, "worker_id", None)
+            if worker_id is not None:  # its registration may come after a first sample
+                p.worker_id = worker_id
             p.polls += 1
-            if s.cpu_s is not None:
+            cpu = s.cpu_s
+            if cpu is not None:
                 if p.first_ts is None:
-                    p.first_ts, p.first_cpu = s.ts, s.cpu_s
-                p.last_ts, p.last_cpu = s.ts, s.cpu_s
-            p.rss_peak = _peak(p.rss_peak, s.rss)
-            p.uss_peak = _peak(p.uss_peak, s.uss)
-            p.private_dirty_peak = _peak(p.private_dirty_peak, s.private_dirty)
-            prev = self._prev.get(s.pid)
-            if prev is not None and p.role == "worker":
-                for k, v in classify_interval(prev, s, in_body).items():
-                    p.states_s[k] += v
-            self._prev[s.pid] = s
+                    p.first_ts, p.first_cpu = s.ts, cpu
+                p.last_ts, p.last_cpu = s.ts, cpu
+            v = s.rss
+            if v is not None and (p.rss_peak is None or v > p.rss_peak):
+                p.rss_peak = v
+            v = s.uss
+            if v is not None and (p.uss_peak is None or v > p.uss_peak):
+                p.uss_peak = v
+            v = s.private_dirty
+            if v is not None and (p.private_dirty_peak is None or v > p.private_dirty_peak):
+                p.private_dirty_peak = v
+            prev = prevs.get(pid)
+            if prev is not None and role == "worker":
+                states = p.states_s
+                for k, x in classify_interval(prev, s, in_body).items():
+                    states[k] += x
+            prevs[pid] = s
             if s.num_fds is not None and s.fd_limit:
                 share = s.num_fds / s.fd_limit
                 if self.fds_peak is None or share > self.fds_peak["share"]:

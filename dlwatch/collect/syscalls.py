@@ -212,6 +212,7 @@ _NAMES = _by_number(frozenset(n for t in NUMBERS.values() for n in t))
 _CATEGORY = {
     a: {nr: CATEGORIES[name] for nr, name in names.items() if name in CATEGORIES} for a, names in _NAMES.items()
 }
+_HOST_CATEGORY = _CATEGORY.get(arch(), {})
 _GROUPS = {
     g: {a: frozenset(_by_number(names)[a]) for a in NUMBERS}
     for g, names in (("fd", _FD_FIRST), ("send", _SEND), ("connect", _CONNECT), ("read", _FILE_READ), ("open", _OPEN))
@@ -230,6 +231,8 @@ def category(nr: int | None, machine: str | None = None) -> str | None:
     """
     if nr is None or nr < 0:
         return None
+    if machine is None:  # this machine's (every poll, for each process): its table found once
+        return _HOST_CATEGORY.get(nr)
     return _CATEGORY.get(arch(machine), {}).get(nr)
 
 

@@ -72,7 +72,10 @@ class Tracked(TrackedProcess):
 
     @property
     def last(self) -> ProcSample | None:
-        for s in reversed(self.history):
+        history = self.history
+        if history and not history[-1].gone:  # nearly always (read several times a poll): no iterator
+            return history[-1]
+        for s in reversed(history):
             if not s.gone:
                 return s
         return None
@@ -211,7 +214,7 @@ class Sampler:
                 continue
             prev = t.last
             detail = mem_detail and self._memory_moved(t, prev, now)
-            if not detail and fast < MEM_FAST_MAX and self._faulting(t, now):
+            if not detail and fast < MEM_FAST_MAX and self._faulting(t, prev, now):
                 detail, fast = True, fast + 1
             if t.files is None and self.files_budget > 0:
                 t.files = procfs.ProcFiles(t.pid)
@@ -258,9 +261,8 @@ class Sampler:
         )
 
     @staticmethod
-    def _faulting(t: Tracked, now: float) -> bool:
-        """Pages faulted in since the last USS read: read it again sooner than the slow cadence."""
-        last = t.last
+    def _faulting(t: Tracked, last: ProcSample | None, now: float) -> bool:
+        """Pages faulted in since the last USS read (``last``: ``t.last``): read it again sooner than the slow cadence."""
         if last is None or last.uss_ts is None or now - last.uss_ts < MEM_FAST_EVERY_S or last.minflt is None:
             return False
         base = t.minflt_at_detail
