@@ -27,6 +27,7 @@ import resource
 import stat
 import sys
 import time
+from typing import Any, Callable
 
 from dlwatch.collect import syscalls
 from dlwatch.wire.reportdir import RUN_ID, RUNS_DIR
@@ -61,12 +62,26 @@ class ProcFiles:
 
     NAMES = ("stat", "statm", "syscall", "wchan")
     FDS = 1 + len(NAMES)
-    __slots__ = ("pid", "_dir", "_fds")
+    __slots__ = ("pid", "_dir", "_fds", "_parsed")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._dir: int | None = None
         self._fds: dict[str, int] = {}
+        self._parsed: dict[str, tuple[Any, Any]] = {}  # what -> (the input it was made from, what it made)
+
+    def parsed(self, what: str, raw: Any, parse: Callable[[Any], Any]) -> Any:
+        """``parse(raw)``, made again only when ``raw`` is not what it was at the last read (an idle
+        process's files read the same, poll after poll).  The last result is then handed back, the same
+        object: a sample of a process that did not change holds the very values of the one before, which
+        the timeline sees at a glance (``timeline._proc_text``).  ``parse`` must make a value from its
+        input alone; one that raises keeps nothing."""
+        last = self._parsed.get(what)
+        if last is not None and last[0] == raw and type(last[0]) is type(raw):
+            return last[1]
+        got = parse(raw)
+        self._parsed[what] = (raw, got)
+        return got
 
     def read(self, name: str) -> str:
         """The text of /proc/<pid>/<name>; _Gone once the process is."""
@@ -458,6 +473,24 @@ def fd_limit(pid: int) -> int | None:
         return None
 
 
+def _parse(what: str, raw: Any, parse: Callable[[Any], Any]) -> Any:
+    """``ProcFiles.parsed`` for a read by path: nothing kept."""
+    return parse(raw)
+
+
+def _itself(value: Any) -> Any:
+    return value
+
+
+def _statm_rss(text: str) -> int:
+    return int(text.split()[1]) * PAGE_SIZE
+
+
+def _wchan_field(text: str) -> str | None:
+    wchan = text.strip()
+    return wchan if wchan not in ("", "0") else None
+
+
 _CARRIED = (
     "uss",
     "pss",
@@ -495,26 +528,28 @@ def read_proc(
     ts = time.time()
     fields: dict[str, object] = {}
     base = f"/proc/{pid}/"
-    read = files.read if files is not None else (lambda name: _read(base + name))
+    if files is not None:  # kept files: a text read as at the last poll is not parsed again
+        read, parsed = files.read, files.parsed
+    else:
+        read, parsed = (lambda name: _read(base + name)), _parse
     try:
         # name, state, cpu_s, num_threads, minflt and a zombie's exit_code: the sample's fields
-        fields = _stat_fields(read("stat"))
+        fields = dict(parsed("stat", read("stat"), _stat_fields))
         try:
-            fields["num_fds"] = files.num_fds() if files is not None else num_fds(pid)
+            fields["num_fds"] = parsed("num_fds", files.num_fds() if files is not None else num_fds(pid), _itself)
         except PermissionError:
             pass
-        fields["fd_limit"] = _fd_limit(pid)
+        fields["fd_limit"] = parsed("fd_limit", _fd_limit(pid), _itself)
         try:
-            fields["rss"] = int(read("statm").split()[1]) * PAGE_SIZE
+            fields["rss"] = parsed("statm", read("statm"), _statm_rss)
         except (ValueError, IndexError):
             pass
         try:
-            fields["syscall"] = parse_syscall(read("syscall"))
+            fields["syscall"] = parsed("syscall", read("syscall"), parse_syscall)
         except PermissionError:
             pass
         try:
-            wchan = read("wchan").strip()
-            fields["wchan"] = wchan if wchan not in ("", "0") else None
+            fields["wchan"] = parsed("wchan", read("wchan"), _wchan_field)
         except PermissionError:
             pass
         if sched_detail:
