@@ -64,8 +64,8 @@ def _compare(run_dir: str, polls: int) -> None:
     calls: list[tuple[tuple[Any, ...], bytes]] = []
     real = timeline_record.sample_line
 
-    def spy(*args: Any) -> bytes:
-        line = real(*args)
+    def spy(*args: Any, **kwargs: Any) -> bytes:
+        line = real(*args, **kwargs)  # the monitor's own call: its heartbeat text kept while unchanged
         calls.append((args, line))
         return line
 
@@ -296,6 +296,12 @@ def test_any_heartbeat_mapping_gives_the_general_line(items):
     hb = {k: v for k, v in items if k is not None}
     assert timeline_record.sample_line(1.0, hb, [], None, []) == general_line(1.0, hb, [], None, [])[1]
     assert timeline_record.sample_line(1.0, hb, [], None, []) == general_line(1.0, hb, [], None, [])[1]  # cached
+    # as the monitor writes an unchanged heartbeat: its text made once, handed back
+    text = timeline_record.heartbeat_text(hb)
+    assert (
+        timeline_record.sample_line(2.0, hb, [], None, [], heartbeat_text=text)
+        == general_line(2.0, hb, [], None, [])[1]
+    )
 
 
 def test_every_process_field_is_written():
@@ -394,3 +400,59 @@ def test_one_process_polled_again_and_again_gives_the_general_line_each_time(pol
                 timeline_record.sample_line(again, None, procs, None, [])
                 == general_line(again, None, procs, None, [])[1]
             )
+
+
+def test_the_monitor_writes_each_polls_own_heartbeat(tmp_path):
+    """The monitor keeps an unchanged heartbeat's text from the poll before (the reader hands the same
+    object back): every sample line still holds the heartbeat as read afresh at that poll, through
+    batches, an epoch edge, a state-byte-only change and polls with nothing new."""
+    from dlwatch.monitor import loop as monitor
+    from dlwatch.wire import heartbeat
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "dumps").mkdir(mode=0o700)
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "started_at": time.time(),
+                "report_dir": str(tmp_path / "reports"),
+                "options": {"report_dir": str(tmp_path / "reports"), "poll_interval": 1.0, "playbooks": []},
+                "loader": {"num_workers": 0, "batch_size": 1},
+            }
+        )
+    )
+    hb_path = str(run / "heartbeat")
+    writer = heartbeat.HeartbeatWriter(hb_path)
+    m = monitor.Monitor(str(run))
+    try:
+        steps = [
+            lambda: writer.write(heartbeat.STATE_WAITING),
+            lambda: None,  # nothing new: the same heartbeat object
+            lambda: writer.first_batch(time.monotonic() - 0.25, time.monotonic()),
+            lambda: None,
+            lambda: writer.mark(heartbeat.STATE_WAITING),  # the state byte only
+            lambda: None,
+            lambda: (writer.begin_epoch(), writer.write(heartbeat.STATE_OUTSIDE)),
+            lambda: writer.close(),
+            lambda: None,
+        ]
+        seen = []
+        for step in steps:
+            step()
+            m.poll()
+            with open(run / "timeline.jsonl", "rb") as f:
+                last = [line for line in f if line.startswith(b'{"kind": "sample"')][-1]
+            fresh = heartbeat.read(hb_path)
+            assert fresh is not None
+            assert json.loads(last)["heartbeat"] == json.loads(json.dumps(fresh.to_dict()))
+            seen.append(fresh.to_dict()["state"])
+        assert seen == ["waiting_for_data"] * 2 + ["in_loop_body"] * 2 + ["waiting_for_data"] * 2 + [
+            "outside",
+            "ended",
+            "ended",
+        ]
+    finally:
+        m._close()
+        writer.close()

@@ -61,12 +61,11 @@ class Monitor:
             self.notes.add(f"playbooks could not be loaded: {exc}")
         from dlwatch import detect
 
-        self.detectors: list[Detector] = detect.build(
-            {pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=settings.ignore
-        )
+        self.detectors = detect.build({pb.id: pb.thresholds for pb in self.playbooks or ()}, ignore=settings.ignore)
         self.incidents = Incidents(settings, self.notes, self.sampler, self.journal, self.stall, self.playbooks)
         self.summary = Summary(settings, self.notes, self.journal)
         self.program = Program(settings.cfg.get("program_run")) if settings.program else None
+        self._hb_text: tuple[Any, Any, str | None] = (None, None, None)  # (the heartbeat, to_dict, its text)
         self.stop_seen = False
         self.interrupted = False  # the block was left by a KeyboardInterrupt (the stop event says so)
         self.ended: str | None = None  # what the stop event says ended the program
@@ -115,13 +114,19 @@ class Monitor:
         hb = reading.heartbeat
         self.summary.runstats.update(hb, s.procs.values(), reading.samples, s.last_system, s.last_gpus)
         # the line straight from the samples, redacted on the way (not to_dict + compact + outbound +
-        # json.dumps: 3x the cost of /proc); the ring keeps it as written, an incident decodes it
+        # json.dumps: 3x the cost of /proc); the ring keeps it as written, an incident decodes it.  An
+        # unchanged heartbeat is the same (frozen) object as at the last poll: its text is kept.
+        if hb is not None and hb is not self._hb_text[0]:
+            hb_dict = hb.to_dict()
+            self._hb_text = (hb, hb_dict, timeline_record.heartbeat_text(hb_dict))
+        procs = s.procs
         line = timeline_record.sample_line(
             reading.now,
-            hb.to_dict() if hb else None,
-            [(x, s.procs[x.pid].role) for x in reading.samples],
+            self._hb_text[1] if hb is not None else None,
+            [(x, procs[x.pid].role) for x in reading.samples],
             s.last_system,
             s.last_gpus,
+            heartbeat_text=self._hb_text[2] if hb is not None else None,
         )
         self.journal.sample(line)
         self._detect(hb, s.activity(reading.samples))
@@ -212,10 +217,30 @@ class Monitor:
 
     # ------------------------------------------------------------------ detection
 
+    @property
+    def detectors(self) -> list[Detector]:
+        return self._detectors
+
+    @detectors.setter
+    def detectors(self, detectors: list[Detector]) -> None:
+        self._detectors = detectors
+        self._acting: dict[str, list[Detector]] = {}
+
+    def _acting_on(self, method: str) -> list[Detector]:
+        """The detectors that do something on ``method``: the base class's answers nothing, and a
+        poll would call it for most of them (a dozen of twenty do nothing on ``on_poll``)."""
+        got = self._acting.get(method)
+        if got is None:
+            base = getattr(Detector, method)
+            got = self._acting[method] = [
+                d for d in self._detectors if getattr(getattr(d, method), "__func__", None) is not base
+            ]
+        return got
+
     def _run_detectors(self, method: str, *args: Any, run: dict[str, Any] | None = None) -> None:
         """Feed every detector; each signal it hands back becomes a threshold incident, advice is kept."""
         view = self.sampler.view(run)
-        for det in self.detectors:
+        for det in self._acting_on(method):
             try:
                 signals = list(getattr(det, method)(*args, view))
             except Exception as exc:  # one broken detector must not stop the others or the monitor

@@ -253,7 +253,8 @@ def _proc_text(s: ProcSample, role: Any) -> str:
     Kept only where that is exact: the same values *and* types (``1 == 1.0 == True`` print apart), each
     float zero of the same sign (``0.0 == -0.0``; an idle worker's CPU time is often ``0.0``), the same
     role, and a text that begins with the ``pid`` and ``ts`` it was made from.  Text fields are redacted
-    the same way every time (as ``_text`` keeps)."""
+    the same way every time (as ``_text`` keeps).  The same objects as at the last poll (what the
+    monitor's kept /proc files hand back for a process whose files read the same) are all of that at once."""
     if type(s) is not ProcSample or type(role) is not str:
         return _object_text(s, role)
     values = _class(ProcSample)[1](s)
@@ -265,10 +266,15 @@ def _proc_text(s: ProcSample, role: Any) -> str:
     hit = _SAME.get(pid)
     if (
         hit is not None
-        and hit[0] == rest
         and hit[3] == role
-        and hit[1] == tuple(map(type, rest))
-        and all(math.copysign(1.0, rest[i]) == sign for i, sign in hit[2])
+        and (
+            all(map(operator.is_, hit[0], rest))  # the very values (procfs.ProcFiles.parsed): nothing to compare
+            or (
+                hit[0] == rest
+                and hit[1] == tuple(map(type, rest))
+                and all(math.copysign(1.0, rest[i]) == sign for i, sign in hit[2])
+            )
+        )
     ):
         return head + hit[4]
     text = _object_text(s, role)
@@ -279,16 +285,29 @@ def _proc_text(s: ProcSample, role: Any) -> str:
     return text
 
 
+def heartbeat_text(heartbeat: Mapping[str, Any]) -> str:
+    """The JSON text ``sample_line`` writes for ``heartbeat`` (``Heartbeat.to_dict()``): a caller that
+    polls an unchanged heartbeat again may keep it and hand it back (``sample_line(heartbeat_text=)``)."""
+    return _mapping_text(heartbeat)
+
+
 def sample_line(
     ts: float,
     heartbeat: Mapping[str, Any] | None,
     procs: Sequence[tuple[ProcSample, str]],
     system: SystemSample | None,
     gpus: Sequence[GpuSample],
+    *,
+    heartbeat_text: str | None = None,
 ) -> bytes:
-    """``encode(sample_record(ts, heartbeat, procs, system, gpus))``, written without the record."""
+    """``encode(sample_record(ts, heartbeat, procs, system, gpus))``, written without the record.
+
+    ``heartbeat_text``: ``heartbeat_text(heartbeat)``, made earlier for this same heartbeat (the monitor keeps
+    it while the heartbeat does not change): written as it is."""
     out = ['{"kind": "sample", "ts": ', _float(ts) if type(ts) is float else json.dumps(ts)]
-    if heartbeat is not None:
+    if heartbeat_text is not None:
+        out += [', "heartbeat": ', heartbeat_text]
+    elif heartbeat is not None:
         out += [', "heartbeat": ', _mapping_text(heartbeat)]
     out.append(', "procs": [')
     out.append(", ".join([_proc_text(s, role) for s, role in procs]))
