@@ -39,7 +39,7 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import Target, median, proc_cpu_s, proc_status_kib, target
 
-STEADY_POLLS = 20
+STEADY_POLLS = 60  # polls timed after a pause: the median of 20 read up to 0.2 apart from run to run
 SHARE_WORKERS = 32
 SHARE_WINDOW_S = 65.0  # longer than MEM_DETAIL_MAX_AGE_S: one refresh of every quiet process's USS falls in it
 

@@ -95,6 +95,17 @@ def test_an_unchanged_process_reads_as_the_very_values_of_the_last_poll():
         assert set(f.name for f in dataclasses.fields(ProcSample)) - set(same) == {"ts"}, same
         fresh = procfs.read_proc(child.pid, carry=a)
         assert dataclasses.replace(b, ts=0.0) == dataclasses.replace(fresh, ts=0.0)
+        # the carried figures are the sample's too: another carry (a USS read in between) is not the last read's
+        for uss in (5 << 20, 7 << 20, None):
+            carry = dataclasses.replace(b, uss=uss, uss_ts=None if uss is None else time.time())
+            got = procfs.read_proc(child.pid, files=files, carry=carry)
+            assert got.uss == uss and got.uss_ts == carry.uss_ts and got.ts > b.ts
+            assert procfs.read_proc(child.pid, files=files, carry=carry).uss is carry.uss  # the same carry again
+        bare = procfs.read_proc(child.pid, files=files)  # no carry at all: nothing carried
+        assert bare.uss is None and bare.uss_ts is None and bare.name == b.name
+        # a detail read goes the general way, through the same files, and says what it read
+        detail = procfs.read_proc(child.pid, files=files, mem_detail=True, carry=b)
+        assert detail.uss is not None and detail.uss_ts == detail.ts and detail.rss == b.rss
         child.stdin.write("grow\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "grown"

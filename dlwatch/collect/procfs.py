@@ -62,13 +62,15 @@ class ProcFiles:
 
     NAMES = ("stat", "statm", "syscall", "wchan")
     FDS = 1 + len(NAMES)
-    __slots__ = ("pid", "_dir", "_fds", "_parsed")
+    __slots__ = ("pid", "_dir", "_fds", "_parsed", "last")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._dir: int | None = None
         self._fds: dict[str, int] = {}
         self._parsed: dict[str, tuple[Any, Any]] = {}  # what -> (the input it was made from, what it made)
+        # the last every-poll read (read_proc): (what was read, the carried figures, the sample's values)
+        self.last: tuple[list[Any], tuple[Any, ...] | None, dict[str, Any]] | None = None
 
     def parsed(self, what: str, raw: Any, parse: Callable[[Any], Any]) -> Any:
         """``parse(raw)``, made again only when ``raw`` is not what it was at the last read (an idle
@@ -94,6 +96,12 @@ class ProcFiles:
             return os.pread(fd, 8192, 0).decode("utf-8", "replace")
         except (FileNotFoundError, ProcessLookupError):
             raise _Gone from None
+
+    def read_every(self) -> list[Any]:
+        """What every poll reads of the process, in one call: stat, statm, syscall and wchan's texts and
+        the fd count (``num_fds``); _Gone once the process is, OSError for a refused read."""
+        read = self.read
+        return [read("stat"), read("statm"), read("syscall"), read("wchan"), self.num_fds()]
 
     def num_fds(self) -> int:
         """``num_fds`` of the same process: a stat of fd/ in the directory already open."""
@@ -505,6 +513,64 @@ _CARRIED = (
 _carried = operator.attrgetter(*_CARRIED)
 
 
+def _kept_fields(files: ProcFiles, got: list[Any]) -> dict[str, object]:
+    """``read_proc``'s fields of what ``_read_kept`` read (all six, none refused), as its general way makes them."""
+    stat, statm, syscall, wchan, nfds, limit = got
+    parsed = files.parsed
+    try:
+        fields = dict(parsed("stat", stat, _stat_fields))
+    except ValueError:  # a garbled stat: nothing else (the general way stops reading there)
+        return {}
+    fields["num_fds"] = parsed("num_fds", nfds, _itself)
+    fields["fd_limit"] = parsed("fd_limit", limit, _itself)
+    try:
+        fields["rss"] = parsed("statm", statm, _statm_rss)
+    except (ValueError, IndexError):
+        pass
+    fields["syscall"] = parsed("syscall", syscall, parse_syscall)
+    fields["wchan"] = parsed("wchan", wchan, _wchan_field)
+    return fields
+
+
+def _read_kept(pid: int, files: ProcFiles, carry: ProcSample | None) -> ProcSample | None:
+    """``read_proc``'s every-poll read through kept files; None where the general way must say it (a file
+    gone or refused: it reads again and tells which, with what it read before).
+
+    A process whose six reads (stat, statm, syscall, wchan, the fd count, its fd limit) are what they
+    were at its last read, with the very figures carried then, gets that read's values again, ``ts``
+    apart: ``read_proc`` makes its sample from those inputs alone, so nothing is parsed or built field
+    by field, and the timeline sees the same objects (``timeline._proc_text``).  An idle worker reads
+    so poll after poll.
+    """
+    ts = time.time()
+    try:
+        got = files.read_every()
+        got.append(_fd_limit(pid))
+    except (_Gone, OSError):
+        return None
+    carried = _carried(carry) if carry is not None else None
+    last = files.last
+    if (
+        last is not None
+        and last[0] == got
+        and (
+            last[1] is carried is None
+            or (last[1] is not None and carried is not None and all(map(operator.is_, last[1], carried)))
+        )
+    ):
+        values = last[2].copy()
+        values["ts"] = ts
+        sample = object.__new__(ProcSample)
+        object.__setattr__(sample, "__dict__", values)
+        return sample
+    fields = _kept_fields(files, got)
+    if carried is not None and "uss" not in fields:
+        fields.update(zip(_CARRIED, carried))
+    sample = proc_sample(pid, ts, fields)
+    files.last = (got, carried, vars(sample))
+    return sample
+
+
 def read_proc(
     pid: int,
     *,
@@ -523,8 +589,12 @@ def read_proc(
     still there; given here rather than by ``dataclasses.replace`` afterwards, which builds
     the sample a second time on every poll.
     ``files``: the process's ``ProcFiles`` (kept by a caller that polls it), which the every-poll
-    files are read through instead of by path.
+    files are read through instead of by path (``_read_kept``).
     """
+    if files is not None and not (fd_detail or mem_detail or sched_detail):
+        kept = _read_kept(pid, files, carry)
+        if kept is not None:
+            return kept
     ts = time.time()
     fields: dict[str, object] = {}
     base = f"/proc/{pid}/"

@@ -114,27 +114,35 @@ def _peak(old: int | None, new: int | None) -> int | None:
 
 def classify_interval(prev: ProcSample, cur: ProcSample, loop_in_body: bool) -> dict[str, float]:
     """Seconds of one worker interval by state (see the module docstring)."""
+    out: dict[str, float] = {}
+    _add_interval(out, prev, cur, loop_in_body)
+    return out
+
+
+def _add_interval(states: dict[str, float], prev: ProcSample, cur: ProcSample, loop_in_body: bool) -> None:
+    """``classify_interval``'s seconds added to ``states`` (every poll, for every worker: no dict between)."""
     dt = cur.ts - prev.ts
     if dt <= 0:
-        return {}
+        return
     if cur.state == "R":
-        return {"running": dt}
+        states["running"] = states.get("running", 0.0) + dt
+        return
     cpu = 0.0
     if cur.cpu_s is not None and prev.cpu_s is not None:
         cpu = min(dt, max(0.0, cur.cpu_s - prev.cpu_s))
     rest = dt - cpu
-    out = {"running": cpu}
+    states["running"] = states.get("running", 0.0) + cpu
     if rest > 0:
         category = syscall_category(cur.syscall)
         if cur.state == "D" or category == "io":
-            out["io"] = rest
+            key = "io"
         elif category == "sleep":
-            out["sleeping"] = rest
+            key = "sleeping"
         elif loop_in_body:
-            out["blocked_put"] = rest
+            key = "blocked_put"
         else:
-            out["waiting_for_work"] = rest
-    return out
+            key = "waiting_for_work"
+        states[key] = states.get(key, 0.0) + rest
 
 
 class RunStats:
@@ -272,9 +280,7 @@ class RunStats:
                 p.private_dirty_peak = v
             prev = prevs.get(pid)
             if prev is not None and role == "worker":
-                states = p.states_s
-                for k, x in classify_interval(prev, s, in_body).items():
-                    states[k] += x
+                _add_interval(p.states_s, prev, s, in_body)
             prevs[pid] = s
             if s.num_fds is not None and s.fd_limit:
                 share = s.num_fds / s.fd_limit

@@ -15,6 +15,7 @@ segments), ``runsummary`` (the run summary), ``journal`` (timeline and notes), `
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import shutil
@@ -224,25 +225,30 @@ class Monitor:
     @detectors.setter
     def detectors(self, detectors: list[Detector]) -> None:
         self._detectors = detectors
-        self._acting: dict[str, list[Detector]] = {}
+        self._acting: dict[str, list[tuple[Detector, Callable[..., Any]]]] = {}
 
-    def _acting_on(self, method: str) -> list[Detector]:
-        """The detectors that do something on ``method``: the base class's answers nothing, and a
-        poll would call it for most of them (a dozen of twenty do nothing on ``on_poll``)."""
+    def _acting_on(self, method: str) -> list[tuple[Detector, Callable[..., Any]]]:
+        """The detectors that do something on ``method``, each with that method: the base class's
+        answers nothing, and a poll would call it for most of them (a dozen of twenty on ``on_poll``)."""
         got = self._acting.get(method)
         if got is None:
             base = getattr(Detector, method)
-            got = self._acting[method] = [
-                d for d in self._detectors if getattr(getattr(d, method), "__func__", None) is not base
-            ]
+            got = []
+            for d in self._detectors:
+                fn = getattr(d, method, None)
+                if fn is None:  # not a Detector: its AttributeError is said at each call, as any detector's error
+                    fn = functools.partial(lambda d, *a: getattr(d, method)(*a), d)
+                if getattr(fn, "__func__", None) is not base:
+                    got.append((d, fn))
+            self._acting[method] = got
         return got
 
     def _run_detectors(self, method: str, *args: Any, run: dict[str, Any] | None = None) -> None:
         """Feed every detector; each signal it hands back becomes a threshold incident, advice is kept."""
         view = self.sampler.view(run)
-        for det in self._acting_on(method):
+        for det, fn in self._acting_on(method):
             try:
-                signals = list(getattr(det, method)(*args, view))
+                signals = list(fn(*args, view))
             except Exception as exc:  # one broken detector must not stop the others or the monitor
                 self.notes.warn_once("detector_failed", f"{type(det).__name__}.{method}: {type(exc).__name__}: {exc}")
                 continue

@@ -99,7 +99,7 @@ class Sampler:
             self.main_pid: Tracked(self.main_pid, "main", dump_path=settings.cfg.get("main_dump_path"))
         }
         self.loader: Any = settings.cfg.get("loader")  # the watched loader's configuration (the report's)
-        self.loader_pids: set[int] = set()
+        self.loader_pids: frozenset[int] = frozenset()
         # watches nested in this one's loop body (same training process): run dir -> last progress seen
         self.nested: dict[str, tuple[int, int] | None] = {}
         self.nested_monitors: set[int] = set()
@@ -129,7 +129,7 @@ class Sampler:
 
     def track_loader_workers(self, pids: Iterable[int]) -> None:
         """The watched iterator's workers, as it started them: the ones the loop waits for."""
-        self.loader_pids = set(pids)
+        self.loader_pids = frozenset(pids)
         for pid in self.loader_pids:
             t = self.procs.get(pid) or Tracked(pid, "worker")
             t.role = "worker"
@@ -223,7 +223,12 @@ class Sampler:
             s = procfs.read_proc(t.pid, mem_detail=detail, carry=prev, files=t.files)
             if detail and s.uss_ts == s.ts:  # read now, not carried from prev
                 t.minflt_at_detail, t.rss_at_detail = s.minflt, s.rss
-            if not s.gone and self._wants_fd_detail(t, s):
+            if (
+                not s.gone
+                # the same count as at the last breakdown, within its cadence, is no reason (the common case)
+                and (s.num_fds != t.fds_at_detail or s.num_fds is None or self.polls - t.detail_poll >= FD_DETAIL_EVERY)
+                and self._wants_fd_detail(t, s)
+            ):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
             if s.gone or s.state == "Z":
@@ -308,7 +313,7 @@ class Sampler:
             now=time.time(),
             procs=self.procs,
             loader=self.loader,
-            loader_pids=frozenset(self.loader_pids),
+            loader_pids=self.loader_pids,
             system=self.last_system,
             heartbeat=self.last_hb,
             run=run,
