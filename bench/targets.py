@@ -4,6 +4,9 @@ Usage: targets.py MODE ARGS...; each prints one line "ready ..." on stdout when 
 
   idle N                        N persistent workers, idle after the first batch;
                                 prints "ready MAIN W1 .. WN"
+  busy N                        N persistent workers kept busy (about 2 ms of CPU an item, the
+                                loop taking every batch): every poll finds them changed;
+                                prints "ready MAIN W1 .. WN"
   hang N                        N workers blocked for good on a lock held across fork;
                                 prints "ready MAIN W1 .. WN"
   watched-hang N DIR STALL POLL  under dlwatch.watch: one healthy epoch, a random pause of up
@@ -34,6 +37,14 @@ class Small(Dataset):
         return 1_000_000
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((4,), float(i))
+
+
+class Busy(Small):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.process_time() + 0.002
+        while time.process_time() < end:
+            pass
         return torch.full((4,), float(i))
 
 
@@ -70,6 +81,17 @@ def main(argv: list[str]) -> None:
         next(it)
         ready(os.getpid(), *(w.pid for w in it._workers))
         threading.Event().wait()
+    elif mode == "busy":
+        loader = DataLoader(
+            Busy(), batch_size=1, num_workers=n, persistent_workers=True, multiprocessing_context="fork"
+        )
+        it = iter(loader)
+        next(it)
+        ready(os.getpid(), *(w.pid for w in it._workers))
+        while True:  # persistent workers: the same processes epoch after epoch
+            for _ in it:
+                pass
+            it = iter(loader)
     elif mode == "hang":
         hold_lock()
         loader = DataLoader(Locked(), batch_size=1, num_workers=n, multiprocessing_context="fork")

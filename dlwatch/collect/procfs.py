@@ -27,7 +27,7 @@ import resource
 import stat
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 from dlwatch.collect import syscalls
 from dlwatch.wire.reportdir import RUN_ID, RUNS_DIR
@@ -62,28 +62,14 @@ class ProcFiles:
 
     NAMES = ("stat", "statm", "syscall", "wchan")
     FDS = 1 + len(NAMES)
-    __slots__ = ("pid", "_dir", "_fds", "_parsed", "last")
+    __slots__ = ("pid", "_dir", "_fds", "last")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self._dir: int | None = None
         self._fds: dict[str, int] = {}
-        self._parsed: dict[str, tuple[Any, Any]] = {}  # what -> (the input it was made from, what it made)
         # the last every-poll read (read_proc): (what was read, the carried figures, the sample's values)
         self.last: tuple[list[Any], tuple[Any, ...] | None, dict[str, Any]] | None = None
-
-    def parsed(self, what: str, raw: Any, parse: Callable[[Any], Any]) -> Any:
-        """``parse(raw)``, made again only when ``raw`` is not what it was at the last read (an idle
-        process's files read the same, poll after poll).  The last result is then handed back, the same
-        object: a sample of a process that did not change holds the very values of the one before, which
-        the timeline sees at a glance (``timeline._proc_text``).  ``parse`` must make a value from its
-        input alone; one that raises keeps nothing."""
-        last = self._parsed.get(what)
-        if last is not None and last[0] == raw and type(last[0]) is type(raw):
-            return last[1]
-        got = parse(raw)
-        self._parsed[what] = (raw, got)
-        return got
 
     def read(self, name: str) -> str:
         """The text of /proc/<pid>/<name>; _Gone once the process is."""
@@ -481,15 +467,6 @@ def fd_limit(pid: int) -> int | None:
         return None
 
 
-def _parse(what: str, raw: Any, parse: Callable[[Any], Any]) -> Any:
-    """``ProcFiles.parsed`` for a read by path: nothing kept."""
-    return parse(raw)
-
-
-def _itself(value: Any) -> Any:
-    return value
-
-
 def _statm_rss(text: str) -> int:
     return int(text.split()[1]) * PAGE_SIZE
 
@@ -513,22 +490,21 @@ _CARRIED = (
 _carried = operator.attrgetter(*_CARRIED)
 
 
-def _kept_fields(files: ProcFiles, got: list[Any]) -> dict[str, object]:
+def _kept_fields(got: list[Any]) -> dict[str, object]:
     """``read_proc``'s fields of what ``_read_kept`` read (all six, none refused), as its general way makes them."""
     stat, statm, syscall, wchan, nfds, limit = got
-    parsed = files.parsed
     try:
-        fields = dict(parsed("stat", stat, _stat_fields))
+        fields = _stat_fields(stat)
     except ValueError:  # a garbled stat: nothing else (the general way stops reading there)
         return {}
-    fields["num_fds"] = parsed("num_fds", nfds, _itself)
-    fields["fd_limit"] = parsed("fd_limit", limit, _itself)
+    fields["num_fds"] = nfds
+    fields["fd_limit"] = limit
     try:
-        fields["rss"] = parsed("statm", statm, _statm_rss)
+        fields["rss"] = _statm_rss(statm)
     except (ValueError, IndexError):
         pass
-    fields["syscall"] = parsed("syscall", syscall, parse_syscall)
-    fields["wchan"] = parsed("wchan", wchan, _wchan_field)
+    fields["syscall"] = parse_syscall(syscall)
+    fields["wchan"] = _wchan_field(wchan)
     return fields
 
 
@@ -563,7 +539,7 @@ def _read_kept(pid: int, files: ProcFiles, carry: ProcSample | None) -> ProcSamp
         sample = object.__new__(ProcSample)
         object.__setattr__(sample, "__dict__", values)
         return sample
-    fields = _kept_fields(files, got)
+    fields = _kept_fields(got)
     if carried is not None and "uss" not in fields:
         fields.update(zip(_CARRIED, carried))
     sample = proc_sample(pid, ts, fields)
@@ -598,28 +574,25 @@ def read_proc(
     ts = time.time()
     fields: dict[str, object] = {}
     base = f"/proc/{pid}/"
-    if files is not None:  # kept files: a text read as at the last poll is not parsed again
-        read, parsed = files.read, files.parsed
-    else:
-        read, parsed = (lambda name: _read(base + name)), _parse
+    read = files.read if files is not None else (lambda name: _read(base + name))
     try:
         # name, state, cpu_s, num_threads, minflt and a zombie's exit_code: the sample's fields
-        fields = dict(parsed("stat", read("stat"), _stat_fields))
+        fields = _stat_fields(read("stat"))
         try:
-            fields["num_fds"] = parsed("num_fds", files.num_fds() if files is not None else num_fds(pid), _itself)
+            fields["num_fds"] = files.num_fds() if files is not None else num_fds(pid)
         except PermissionError:
             pass
-        fields["fd_limit"] = parsed("fd_limit", _fd_limit(pid), _itself)
+        fields["fd_limit"] = _fd_limit(pid)
         try:
-            fields["rss"] = parsed("statm", read("statm"), _statm_rss)
+            fields["rss"] = _statm_rss(read("statm"))
         except (ValueError, IndexError):
             pass
         try:
-            fields["syscall"] = parsed("syscall", read("syscall"), parse_syscall)
+            fields["syscall"] = parse_syscall(read("syscall"))
         except PermissionError:
             pass
         try:
-            fields["wchan"] = parsed("wchan", read("wchan"), _wchan_field)
+            fields["wchan"] = _wchan_field(read("wchan"))
         except PermissionError:
             pass
         if sched_detail:

@@ -236,14 +236,21 @@ def _mapping_text(mapping: Mapping[str, Any]) -> str:
     return shape.template % tuple(itertools.compress(values, shape.keep)) + "}"
 
 
-# pid -> its last line's parts: (values after ts, their types, the float zeros' places and signs, role, text)
-_SAME: dict[int, tuple[tuple[Any, ...], tuple[type, ...], tuple[tuple[int, float], ...], str, str]] = {}
+# pid -> its last line's parts: (its values after ts, its role, its text after ts)
+_SAME: dict[int, tuple[tuple[Any, ...], str, str]] = {}
 _MAX_SAME = 4096
 
 
 def _zeros(values: tuple[Any, ...]) -> tuple[tuple[int, float], ...]:
     """Where the float zeros are, and each one's sign (``0.0 == -0.0``, but they print apart)."""
     return tuple((i, math.copysign(1.0, v)) for i, v in enumerate(values) if type(v) is float and v == 0.0)
+
+
+def _print_alike(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Equal values that print alike: the same types (``1 == 1.0 == True`` print apart) and float zeros
+    of the same signs.  Asked only of values found equal (rarely: an unchanged process's are the same
+    objects), so a process that changed pays nothing for it."""
+    return tuple(map(type, a)) == tuple(map(type, b)) and _zeros(a) == _zeros(b)
 
 
 def _proc_text(s: ProcSample, role: Any) -> str:
@@ -266,22 +273,18 @@ def _proc_text(s: ProcSample, role: Any) -> str:
     hit = _SAME.get(pid)
     if (
         hit is not None
-        and hit[3] == role
+        and hit[1] == role
         and (
-            all(map(operator.is_, hit[0], rest))  # the very values (procfs.ProcFiles.parsed): nothing to compare
-            or (
-                hit[0] == rest
-                and hit[1] == tuple(map(type, rest))
-                and all(math.copysign(1.0, rest[i]) == sign for i, sign in hit[2])
-            )
+            all(map(operator.is_, hit[0], rest))  # the very values (procfs.read_proc, kept files): nothing to compare
+            or (hit[0] == rest and _print_alike(hit[0], rest))
         )
     ):
-        return head + hit[4]
+        return head + hit[2]
     text = _object_text(s, role)
     if text.startswith(head):
         if len(_SAME) >= _MAX_SAME:
             _SAME.clear()
-        _SAME[pid] = (rest, tuple(map(type, rest)), _zeros(rest), role, text[len(head) :])
+        _SAME[pid] = (rest, role, text[len(head) :])
     return text
 
 
