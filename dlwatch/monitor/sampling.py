@@ -223,12 +223,7 @@ class Sampler:
             s = procfs.read_proc(t.pid, mem_detail=detail, carry=prev, files=t.files)
             if detail and s.uss_ts == s.ts:  # read now, not carried from prev
                 t.minflt_at_detail, t.rss_at_detail = s.minflt, s.rss
-            if (
-                not s.gone
-                # the same count as at the last breakdown, within its cadence, is no reason (the common case)
-                and (s.num_fds != t.fds_at_detail or s.num_fds is None or self.polls - t.detail_poll >= FD_DETAIL_EVERY)
-                and self._wants_fd_detail(t, s)
-            ):
+            if not s.gone and self._wants_fd_detail(t, s):
                 s = dataclasses.replace(s, fds=procfs.fd_summary(t.pid))
                 t.fds_at_detail, t.detail_poll, t.last_fds = s.num_fds, self.polls, s.fds
             if s.gone or s.state == "Z":
@@ -281,7 +276,7 @@ class Sampler:
         """
         if t.fds_at_detail is None or self.polls - t.detail_poll >= FD_DETAIL_EVERY:
             return True
-        if s.num_fds is None:
+        if s.num_fds is None or s.num_fds == t.fds_at_detail:  # unmoved: the common case, no sum to make
             return False
         moved = abs(s.num_fds - t.fds_at_detail)
         limit = s.fd_limit or 0
