@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from dlwatch.detect.base import Observer
-from dlwatch.detect.evidence import Context
+from dlwatch.detect.evidence import Context, judged_once
 from dlwatch.detect.registry import Failure
 from dlwatch.wire import contract
 
@@ -88,13 +88,6 @@ def judge(ctx: Context) -> dict[str, Any] | None:
     return out
 
 
-def _derive(ctx: Context) -> list[dict[str, Any]]:
-    if ctx.signal_events(STALL):
-        return []
-    got = judge(ctx)
-    return [{"event": "threshold", "signal": STALL, **got}] if got else []
-
-
 def _enrich(pb: Any, ctx: Context, ev: dict[str, Any]) -> str | None:
     """The stall's link and the path's figures; for the exception form, the figures the training
     process sent (when it did) beside torch's text."""
@@ -109,7 +102,7 @@ FAILURE = Failure(
     playbook=PLAYBOOK,
     detectors=(SocketPathTooLong,),
     enrich=_enrich,
-    derive=_derive,
+    derive=judged_once(STALL, judge),
     evidence_forms={
         "link": "text",
         "socket": "text",

@@ -163,6 +163,19 @@ def last_signal_evidence(name: str) -> Any:
     return enrich
 
 
+def judged_once(name: str, judge: Any) -> Any:
+    """A derivation (``Failure.derive``): the threshold signal ``name`` that ``judge(ctx)`` finds in a
+    report, unless the report already holds that signal (the monitor judged it live)."""
+
+    def derive(ctx: "Context") -> list[dict[str, Any]]:
+        if ctx.signal_events(name):
+            return []
+        got = judge(ctx)
+        return [{"event": "threshold", "signal": name, **got}] if got else []
+
+    return derive
+
+
 def signal_events(events: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     """The events of a signal, by their ``signal`` key or by ``event`` for the same name."""
     return [e for e in events if e.get("signal") == name or e.get("event") == name]

@@ -21,7 +21,7 @@ import datetime as _dt
 from typing import Any, Iterable, Mapping
 
 from dlwatch.detect.base import Detector, Observer, View
-from dlwatch.detect.evidence import Context
+from dlwatch.detect.evidence import Context, judged_once
 from dlwatch.detect.registry import Failure
 from dlwatch.wire import contract
 from dlwatch.detect.worker_killed import signal_name, wait_status_signal
@@ -205,13 +205,6 @@ def judge(ctx: Context) -> dict[str, Any] | None:
     }
 
 
-def _derive(ctx: Context) -> list[dict[str, Any]]:
-    if ctx.signal_events(LINK):
-        return []
-    got = judge(ctx)
-    return [{"event": "threshold", "signal": LINK, **got}] if got else []
-
-
 def _enrich(pb: Playbook, ctx: Context, ev: dict[str, Any]) -> str | None:
     found = ctx.signal_events(LINK)
     got = dict(found[-1]) if found else judge(ctx)
@@ -239,7 +232,7 @@ FAILURE = Failure(
     playbook=PLAYBOOK,
     detectors=(ProcessGone, ThreadDied),
     enrich=_enrich,
-    derive=_derive,
+    derive=judged_once(LINK, judge),
     evidence_forms={
         "link": "text",
         "producer": "text",
