@@ -73,22 +73,20 @@ def ready(*words: object) -> None:
 
 def main(argv: list[str]) -> None:
     mode, n = argv[0], int(argv[1])
-    if mode == "idle":
+    if mode in ("idle", "busy"):
         loader = DataLoader(
-            Small(), batch_size=1, num_workers=n, persistent_workers=True, multiprocessing_context="fork"
+            Small() if mode == "idle" else Busy(),
+            batch_size=1,
+            num_workers=n,
+            persistent_workers=True,
+            multiprocessing_context="fork",
         )
         it = iter(loader)
         next(it)
         ready(os.getpid(), *(w.pid for w in it._workers))
-        threading.Event().wait()
-    elif mode == "busy":
-        loader = DataLoader(
-            Busy(), batch_size=1, num_workers=n, persistent_workers=True, multiprocessing_context="fork"
-        )
-        it = iter(loader)
-        next(it)
-        ready(os.getpid(), *(w.pid for w in it._workers))
-        while True:  # persistent workers: the same processes epoch after epoch
+        if mode == "idle":
+            threading.Event().wait()
+        while True:  # busy: persistent workers, the same processes epoch after epoch
             for _ in it:
                 pass
             it = iter(loader)
