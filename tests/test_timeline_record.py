@@ -57,6 +57,25 @@ def general_line(
 # --------------------------------------------------------------------------- a real watched job
 
 
+def _monitor_run_dir(tmp_path: Any, pid: int, options: dict[str, Any], num_workers: int = 0) -> Any:
+    """A run directory as a watch leaves it for its monitor (tmp_path/run): config.json naming ``pid``."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "dumps").mkdir(mode=0o700)
+    (run / "config.json").write_text(
+        json.dumps(
+            {
+                "pid": pid,
+                "started_at": time.time(),
+                "report_dir": str(tmp_path / "reports"),
+                "options": options,
+                "loader": {"num_workers": num_workers, "batch_size": 1},
+            }
+        )
+    )
+    return run
+
+
 def _compare(run_dir: str, polls: int) -> None:
     """In a fresh process: a Monitor over the job named in RUN_DIR/config.json, both paths on every poll."""
     from dlwatch.monitor import loop as monitor
@@ -127,20 +146,7 @@ def test_real_job_records_are_byte_identical_and_redacted(tmp_path, target):
     assert len(wait_for(lambda: own_samples() if len(own_samples()) >= 2 else [], timeout=30)) >= 2
     own = "".join(own_samples())
 
-    mine = tmp_path / "run"
-    mine.mkdir(mode=0o700)
-    (mine / "dumps").mkdir(mode=0o700)
-    (mine / "config.json").write_text(
-        json.dumps(
-            {
-                "pid": job.pid,
-                "started_at": time.time(),
-                "report_dir": str(tmp_path / "reports"),
-                "options": {"poll_interval": 0.2},
-                "loader": {"num_workers": 2, "batch_size": 1},
-            }
-        )
-    )
+    mine = _monitor_run_dir(tmp_path, job.pid, {"poll_interval": 0.2}, num_workers=2)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     rc, out, err = run_bounded(
         [sys.executable, os.path.abspath(__file__), "--compare", str(mine), "6"], env=env, cwd=REPO, timeout=120
@@ -409,19 +415,8 @@ def test_the_monitor_writes_each_polls_own_heartbeat(tmp_path):
     from dlwatch.monitor import loop as monitor
     from dlwatch.wire import heartbeat
 
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    (run / "dumps").mkdir(mode=0o700)
-    (run / "config.json").write_text(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "started_at": time.time(),
-                "report_dir": str(tmp_path / "reports"),
-                "options": {"report_dir": str(tmp_path / "reports"), "poll_interval": 1.0, "playbooks": []},
-                "loader": {"num_workers": 0, "batch_size": 1},
-            }
-        )
+    run = _monitor_run_dir(
+        tmp_path, os.getpid(), {"report_dir": str(tmp_path / "reports"), "poll_interval": 1.0, "playbooks": []}
     )
     hb_path = str(run / "heartbeat")
     writer = heartbeat.HeartbeatWriter(hb_path)
