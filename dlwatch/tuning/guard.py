@@ -5,7 +5,7 @@ The candidate runs in a fork of this process (``driver.main``), in a process gro
 every process), with SIGINT ignored, its stdout discarded and its stderr kept in a private
 file (a worker's last words go into the failure's reason).  This process watches it, about
 every ``SAMPLE_S``: each of its processes with ``collect.procfs.read_proc`` (RSS, CPU time,
-descriptors; USS from smaps_rollup every ``USS_EVERY_S``) and the machine with
+descriptors, a worker's schedstat into ``usage.CpuUsage``; USS from smaps_rollup every ``USS_EVERY_S``) and the machine with
 ``collect.system.SystemProbe`` (/dev/shm, MemAvailable, the cgroup).  It stops the candidate
 
 - on a stall: no batch (no message) for the allowance of the moment;
@@ -39,8 +39,8 @@ from dlwatch.tuning import driver, limits
 from dlwatch.tuning.driver import Plan
 from dlwatch.tuning.limits import Machine
 from dlwatch.tuning.space import Config
+from dlwatch.tuning.usage import SAMPLE_S, CpuUsage
 
-SAMPLE_S = 0.1
 USS_EVERY_S = 1.0
 DISCOVER_EVERY_S = 0.5
 TERM_GRACE_S = 0.5
@@ -66,6 +66,11 @@ class RunRecord:
     resets: list[float] = field(default_factory=list)
     fingerprints: list[Any] = field(default_factory=list)
     cpu_cores: float | None = None
+    # the workers' schedstat over the steady window: the share of their time on a CPU or runnable and
+    # waiting for one, and the cores' worth of that waiting (CPU-bound workers on a shared machine
+    # wait; I/O-bound ones sleep)
+    worker_busy_share: float | None = None
+    wait_cores: float | None = None
     workers: int = 0
     worker_rss_total: int | None = None
     worker_rss_max: int | None = None
@@ -182,7 +187,7 @@ class CandidateRun:
         self.rec = RunRecord(config=plan.config, phase=phase)
         self.procs: dict[int, _Proc] = {}
         self.worker_pids: set[int] = set()
-        self.cpu_trace: list[tuple[float, float]] = []  # (monotonic, CPU seconds of every process so far)
+        self.usage = CpuUsage()
         self.pid = 0
         self.exit_status: int | None = None
         self.error: tuple[str, str, str] | None = None
@@ -346,7 +351,7 @@ class CandidateRun:
                 cpu += p.cpu_s
                 continue
             due = now - p.uss_at >= USS_EVERY_S and (self.rec.first_batch_s is not None or p.role == "main")
-            s = procfs.read_proc(p.pid, mem_detail=due, carry=p.sample)
+            s = procfs.read_proc(p.pid, mem_detail=due, sched_detail=p.role == "worker", carry=p.sample)
             if (s.gone or s.state == "Z") and p.pid in self.epoch_workers and self.dead is None:
                 self.dead = (now, p.pid, s.exit_code)
             if s.gone:
@@ -356,6 +361,8 @@ class CandidateRun:
             p.sample = s
             if s.cpu_s is not None:
                 p.cpu_s = s.cpu_s
+            if s.run_ns is not None and s.run_delay_ns is not None:
+                self.usage.worker(p.pid, now, s.run_ns, s.run_delay_ns)
             cpu += p.cpu_s
             if due and s.uss is not None:
                 p.uss, p.uss_at, p.rss_at_uss = s.uss, now, s.rss or 0
@@ -364,7 +371,7 @@ class CandidateRun:
                 rss_max = max(rss_max, s.rss)
             if s.num_fds is not None and (fds_top is None or s.num_fds > fds_top[0]):
                 fds_top = (s.num_fds, s.fd_limit)
-        self.cpu_trace.append((now, cpu))
+        self.usage.point(now, cpu)
         workers = [p for p in self.procs.values() if p.role == "worker" and p.uss is not None]
         if workers:
             uss = [p.uss_now() or 0 for p in workers]
@@ -507,18 +514,8 @@ class CandidateRun:
             tail = _tail(self.err_path)
             if tail:
                 r.reason += f" (its last words: {tail})"
-        r.cpu_cores = self._cores()
-
-    def _cores(self) -> float | None:
-        s = self.rec.steady or {}
-        begin, end = s.get("begin"), s.get("end")
-        if not isinstance(begin, float) or not isinstance(end, float) or end <= begin:
-            return None
-        inside = [(t, c) for t, c in self.cpu_trace if begin - SAMPLE_S <= t <= end + SAMPLE_S]
-        if len(inside) < 2 or inside[-1][0] - inside[0][0] < 0.05:
-            return None
-        (t0, c0), (t1, c1) = inside[0], inside[-1]
-        return round(max(0.0, (c1 - c0) / (t1 - t0)), 2)
+        steady = r.steady or {}
+        r.cpu_cores, r.worker_busy_share, r.wait_cores = self.usage.in_window(steady.get("begin"), steady.get("end"))
 
 
 def _error_line(etype: str, message: str) -> str:

@@ -26,6 +26,11 @@ FED_WAIT_SHARE = 0.02  # with no workers the loop loads each batch itself: fed o
 PERSISTENT_MIN_S = 0.2  # an epoch start saved below this is not worth workers kept between epochs
 PREFETCH_MIN_SAVED = 64 << 20  # a shallower prefetch must save this much /dev/shm to be worth a change
 CPU_BUSY = 0.75  # workers and loop using this share of the usable cores: CPU bound
+# workers runnable and waiting for a core this share of their time at least, and longer than they slept:
+# CPU bound on CPUs shared with other work (they got less than CPU_BUSY of the cores because others had
+# the rest); workers asleep this share of their time, throughput still rising past the cores: I/O latency
+WORKER_WAITING = 0.25
+WORKER_ASLEEP = 0.5
 
 
 @dataclass(frozen=True)
@@ -161,8 +166,29 @@ def _bound(view: Sequence[Row], chosen: Row, usable: float | None) -> str:
                 f"a worker waiting to hand over its batch leaves its core to another{gain}"
             )
         return f"CPU bound: {n} worker{'s' if n != 1 else ''} saturate the {cores} ({cpu:g} cores busy){gain}"
+    busy, waiting = chosen.worker_busy_share, chosen.wait_cores
+    wait_share = min(1.0, waiting / n) if waiting is not None else None
+    asleep = max(0.0, 1 - busy) if busy is not None else None
+    if wait_share is not None and asleep is not None and wait_share >= max(WORKER_WAITING, asleep):
+        got = f"{cpu:g} cores" if cpu is not None else "a part of them"
+        return (
+            f"CPU bound, on CPUs shared with other work: {n} worker{'s' if n != 1 else ''} waited for a core "
+            f"{wait_share:.0%} of the time and slept {asleep:.0%}, and got {got} of the {cores}"
+            + (
+                "; more workers than cores only win a larger share of them from the other work"
+                if usable and n > usable
+                else ""
+            )
+            + gain
+        )
     if usable and n > usable:
-        return f"I/O-latency bound: throughput still rises at {n} workers on {cores}{gain}"
+        if asleep is None or asleep >= WORKER_ASLEEP:
+            slept = f"; the workers slept {asleep:.0%} of the time" if asleep is not None else ""
+            return f"I/O-latency bound: throughput still rises at {n} workers on {cores}{slept}{gain}"
+        return (
+            f"throughput still rises at {n} workers on {cores}: the workers waited for a core {wait_share:.0%} of "
+            f"the time and slept {asleep:.0%}{gain}"
+        )
     return f"throughput levels off at {n} worker{'s' if n != 1 else ''} ({_fmt_rate(_rate(chosen))} batches/s){gain}"
 
 

@@ -39,6 +39,8 @@ class Row:
     first_batch_s: float | None = None  # a fresh iterator's: worker start-up plus the first batch
     epoch_start_s: float | None = None  # a re-iterated persistent one's (else first_batch_s)
     cpu_cores: float | None = None
+    worker_busy_share: float | None = None  # of the workers' time: on a CPU or runnable and waiting for one
+    wait_cores: float | None = None  # the workers' waiting for a CPU, in cores' worth
     workers: int = 0
     worker_rss_total: int | None = None
     worker_rss_max: int | None = None
@@ -78,6 +80,8 @@ class Row:
             "first_batch_s": _r(self.first_batch_s, 4),
             "epoch_start_s": _r(self.epoch_start_s, 4),
             "cpu_cores": self.cpu_cores,
+            "worker_busy_share": self.worker_busy_share,
+            "wait_cores": self.wait_cores,
             "workers": self.workers,
             "worker_rss_total": self.worker_rss_total,
             "worker_rss_max": self.worker_rss_max,
@@ -146,6 +150,8 @@ def pool(
         playbook = None
     first = _median(firsts)
     cores = [r.cpu_cores for r in ok if r.cpu_cores is not None]
+    busy = [r.worker_busy_share for r in ok if r.worker_busy_share is not None]
+    waits = [r.wait_cores for r in ok if r.wait_cores is not None]
     return Row(
         config=cfg,
         status=status,
@@ -158,6 +164,8 @@ def pool(
         first_batch_s=first,
         epoch_start_s=_median(resets) if cfg.persistent_workers and resets else first,
         cpu_cores=_median(cores),
+        worker_busy_share=_median(busy),
+        wait_cores=_median(waits),
         workers=max((r.workers for r in runs), default=0),
         worker_rss_total=_peak(r.worker_rss_total for r in runs),
         worker_rss_max=_peak(r.worker_rss_max for r in runs),
