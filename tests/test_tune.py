@@ -37,6 +37,7 @@ import dlwatch
 from dlwatch.tuning import iterable, limits, recommend as rec
 from dlwatch.tuning.result import Row, TuneResult
 from dlwatch.tuning.space import Config, changed_kwargs, ladder
+from dlwatch.tuning.usage import CpuUsage
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -149,6 +150,29 @@ def test_cpu_bound_workers_on_a_shared_machine_are_not_called_io_latency_bound()
     why = rec.recommend(mixed, Config.make(0), step_s=None, usable_cpus=2).why[0]
     assert why.startswith("throughput still rises at 16 workers on 2 usable cores: the workers waited for a core 20%")
     assert "slept 40%" in why and "bound" not in why, why
+
+
+def test_the_workers_schedstat_over_the_steady_window():
+    u = CpuUsage()
+    ms = 1_000_000
+    # two workers over 1 s: one computes (ran 0.5 s, waited 0.4 s), one sleeps (ran 0.05 s, no wait)
+    u.worker(11, 0.0, 100 * ms, 900 * ms)  # a first read only marks where a worker stood
+    u.worker(12, 0.0, 7 * ms, 0)
+    u.point(0.0, 5.0)
+    u.worker(11, 1.0, 600 * ms, 1300 * ms)
+    u.worker(12, 1.0, 57 * ms, 0)
+    u.point(1.0, 5.6)
+    assert u.in_window(0.0, 1.0) == (0.6, 0.48, 0.4)  # (0.9 + 0.05) / 2 worker-seconds; 0.4 s waited in 1 s
+    # a worker that appears inside the window counts from its second read only
+    u.worker(13, 1.5, 999 * ms, 999 * ms)
+    u.point(1.5, 5.7)
+    assert u.in_window(0.0, 1.5)[1:] == (0.48, 0.27)
+    # without schedstat (no worker reads), or a window without two points: nothing is claimed
+    bare = CpuUsage()
+    bare.point(0.0, 1.0)
+    bare.point(1.0, 2.0)
+    assert bare.in_window(0.0, 1.0) == (1.0, None, None)
+    assert u.in_window(3.0, 4.0) == (None, None, None) and u.in_window(None, 1.0) == (None, None, None)
 
 
 def test_with_a_step_the_cheapest_that_keeps_the_loop_fed():
