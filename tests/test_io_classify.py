@@ -7,6 +7,7 @@ here; test_io_hang.py covers them for real where a FUSE mount can be made.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -577,6 +578,23 @@ def test_parse_tcp_tables_ipv4_ipv6_and_garbage() -> None:
 )
 def test_parse_schedstat(text: str, expected) -> None:
     assert procfs.parse_schedstat(text) == expected
+
+
+def test_schedstat_of_a_live_and_a_gone_process() -> None:
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "sum(range(3_000_000))"])
+    try:
+        child.wait(timeout=30)
+        assert procfs.schedstat(child.pid) is None  # reaped: gone, not an error
+    finally:
+        child.kill()
+        child.wait()
+    own = procfs.schedstat(os.getpid())
+    if own is None:
+        pytest.skip("no /proc/<pid>/schedstat on this kernel (CONFIG_SCHED_INFO)")
+    ran, _waited, count = own
+    assert ran > 0 and count > 0
 
 
 def test_parse_syscall_args_status_and_io() -> None:

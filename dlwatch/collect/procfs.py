@@ -219,6 +219,15 @@ def parse_schedstat(text: str) -> tuple[int, int, int] | None:
     return (run_ns, delay_ns, count) if min(run_ns, delay_ns, count) >= 0 else None
 
 
+def schedstat(pid: int) -> tuple[int, int, int] | None:
+    """The main thread's /proc/<pid>/schedstat alone (ns on a CPU, ns waiting on a run queue, times
+    switched in); None for a gone process or a kernel without CONFIG_SCHED_INFO."""
+    try:
+        return parse_schedstat(_read(f"/proc/{pid}/schedstat"))
+    except (_Gone, OSError):
+        return None
+
+
 def _digits(text: str) -> bool:
     """ASCII digits only: str.isdigit() is also true for "²" and other Unicode digits that int() refuses."""
     return text.isascii() and text.isdigit()

@@ -5,7 +5,7 @@ The candidate runs in a fork of this process (``driver.main``), in a process gro
 every process), with SIGINT ignored, its stdout discarded and its stderr kept in a private
 file (a worker's last words go into the failure's reason).  This process watches it, about
 every ``SAMPLE_S``: each of its processes with ``collect.procfs.read_proc`` (RSS, CPU time,
-descriptors, a worker's schedstat into ``usage.CpuUsage``; USS from smaps_rollup every ``USS_EVERY_S``) and the machine with
+descriptors; a worker's schedstat too, into ``usage.CpuUsage``; USS from smaps_rollup every ``USS_EVERY_S``) and the machine with
 ``collect.system.SystemProbe`` (/dev/shm, MemAvailable, the cgroup).  It stops the candidate
 
 - on a stall: no batch (no message) for the allowance of the moment;
@@ -351,7 +351,7 @@ class CandidateRun:
                 cpu += p.cpu_s
                 continue
             due = now - p.uss_at >= USS_EVERY_S and (self.rec.first_batch_s is not None or p.role == "main")
-            s = procfs.read_proc(p.pid, mem_detail=due, sched_detail=p.role == "worker", carry=p.sample)
+            s = procfs.read_proc(p.pid, mem_detail=due, carry=p.sample)
             if (s.gone or s.state == "Z") and p.pid in self.epoch_workers and self.dead is None:
                 self.dead = (now, p.pid, s.exit_code)
             if s.gone:
@@ -361,8 +361,10 @@ class CandidateRun:
             p.sample = s
             if s.cpu_s is not None:
                 p.cpu_s = s.cpu_s
-            if s.run_ns is not None and s.run_delay_ns is not None:
-                self.usage.worker(p.pid, now, s.run_ns, s.run_delay_ns)
+            if p.role == "worker":
+                sched = procfs.schedstat(p.pid)
+                if sched is not None:
+                    self.usage.worker(p.pid, now, sched[0], sched[1])
             cpu += p.cpu_s
             if due and s.uss is not None:
                 p.uss, p.uss_at, p.rss_at_uss = s.uss, now, s.rss or 0
