@@ -133,6 +133,21 @@ def _pauses_run(tmp_path, slow: str, pause_s: float) -> tuple[list[str], dict]:
     return [a for a in lines["ADVICE"].strip().split(",") if a], json.loads(lines["LOOP"])
 
 
+def _long_waits(reports) -> list[float]:
+    """The waits for data of a second or more, from the run's timeline: each poll's heartbeat carries
+    the steady wait so far (``data_wait_s``), which grows by a wait when its batch arrives."""
+    waits, last = [], None
+    for path in sorted(reports.glob("runs/*/timeline*.jsonl")):
+        for line in path.read_text().splitlines():
+            hb = json.loads(line).get("heartbeat") or {}
+            wait = hb.get("data_wait_s")
+            if isinstance(wait, (int, float)):
+                if last is not None and wait - last >= 1.0:
+                    waits.append(round(wait - last, 2))
+                last = wait
+    return waits
+
+
 def test_one_long_pause_among_ready_batches_is_not_input_bound(tmp_path):
     pause_s = 10.0
     advice, loop = _pauses_run(tmp_path, "7", pause_s)
@@ -142,6 +157,11 @@ def test_one_long_pause_among_ready_batches_is_not_input_bound(tmp_path):
     others = (loop["steady_data_wait_s"] + loop["body_s"] - pause_s) / (loop["steady_batches"] - 1)
     if "steady_pauses" not in loop and others * 20 > pause_s:  # a loaded machine made every batch slow
         pytest.skip(f"the other batches took {others:.2f} s each here: the pause is not isolated on this load")
+    waits = _long_waits(tmp_path / "reports")
+    assert any(w >= pause_s - 1 for w in waits), waits  # the timeline saw the planted pause
+    if "steady_pauses" not in loop and len(waits) > 1:  # two pauses in 45 batches are not "isolated" (by design)
+        pytest.skip(f"a loaded machine made another batch wait a second or more here (waits {waits})")
+    assert "steady_pauses" in loop, (waits, loop)
     pauses = loop["steady_pauses"]
     assert pauses["count"] == 1 and pauses["longest_s"] >= pause_s - 1
     # without it, too little steady loop is left to judge (the advice's own minimum)
