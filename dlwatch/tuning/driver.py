@@ -35,6 +35,7 @@ class Plan:
     window_s: float  # steady seconds wanted
     max_window_s: float  # the steady window ends here even with few batches
     stop_at: float  # time.monotonic() (system-wide): hand back what was measured by then
+    budget_end: float = float("inf")  # time.monotonic() when the whole tune's budget ends (stop_at at most)
     resets: int = 0  # re-iterations of a persistent candidate to time (the epoch start it saves)
     fingerprints: int = 0  # batches whose sample fingerprints are sent (the IterableDataset rule)
     same_seed: bool = False  # every worker's random, numpy and torch generators seeded alike

@@ -290,8 +290,27 @@ class CandidateRun:
                 self._stop("failed", f"stalled: waited {now - last_msg:.1f} s for {what}")
                 return
             if now > hard_stop:
-                self._stop("stopped", "out of time (the tune's budget ended)")
+                self._stop("stopped", self._out_of_time(start, first_seen))
                 return
+
+    def _out_of_time(self, start: float, first_seen: bool) -> str:
+        """Whose time ended, and, before the first batch, how far the candidate had got (its workers
+        started or not, where its main thread was): a stop for time is never the loader's fault unproven."""
+        whose = (
+            "the tune's budget ended"
+            if self.plan.stop_at >= self.plan.budget_end
+            else f"its {self.plan.stop_at - start:.0f} s share of the budget ended"
+        )
+        if first_seen:
+            return f"out of time ({whose})"
+        children = sum(1 for p in self.procs.values() if p.role != "main")  # told of, or found under it
+        if self.rec.workers:
+            started = f"{self.rec.workers} worker{'s' if self.rec.workers != 1 else ''} had started"
+        elif children:
+            started = f"its iterator had not started: {children} process{'es' if children != 1 else ''} under it"
+        else:
+            started = "no worker had started"
+        return f"out of time before its first batch ({whose}; {started}{_main_thread_at(self.pid)})"
 
     def _message(self, msg: Any) -> bool:
         kind = msg[0]
@@ -518,6 +537,26 @@ class CandidateRun:
                 r.reason += f" (its last words: {tail})"
         steady = r.steady or {}
         r.cpu_cores, r.worker_busy_share, r.wait_cores = self.usage.in_window(steady.get("begin"), steady.get("end"))
+
+
+def _main_thread_at(pid: int) -> str:
+    """'; its main thread was in FUNC (FILE:LINE)' from a py-spy dump of the stopped-for-time candidate,
+    or its kernel wait channel where py-spy is missing or fails; empty where neither says anything."""
+    from dlwatch.collect.stacks import dump_stack
+
+    try:
+        dump = dump_stack(pid, native=False, timeout_s=3.0)
+        main = next((t for t in dump.threads if t.frames), None)
+        if main is not None:
+            f = main.frames[0]
+            where = f" ({os.path.basename(f.filename)}:{f.line})" if f.filename else ""
+            return f"; its main thread was in {f.function}{where}"
+    except Exception:
+        pass
+    s = procfs.read_proc(pid)
+    if s.gone or not s.wchan:
+        return ""
+    return f"; its main thread was asleep in the kernel's {s.wchan}"
 
 
 def _error_line(etype: str, message: str) -> str:

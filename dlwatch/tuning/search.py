@@ -177,6 +177,7 @@ class Search:
             window_s=self.window,
             max_window_s=3 * self.window,
             stop_at=stop_at,
+            budget_end=self.deadline,
             resets=resets,
             fingerprints=fingerprints,
             same_seed=same_seed,
