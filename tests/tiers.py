@@ -18,7 +18,8 @@ tier by itself and the tiers cannot drift.
   test module that runs it most often.
 - ``serial``: timing-sensitive, run alone in CI's serial stage (never beside another test):
   the tests that start processes and run an example script (its verdicts are judged on the CPU
-  the machine gave it), check a run's CPU starvation (``cpu_starved``) or look for dlwatch's
+  the machine gave it), check a run's CPU starvation (``cpu_starved``) or the CPU a tune's
+  candidates got (``cpu_cores``, ``wait_cores``: the bound it names), or look for dlwatch's
   notices on a real run's stderr (a loaded machine earns a healthy run real advice).
 
 CI runs the rest with ``--dist loadscope``: each module's tests on one xdist worker, one after the
@@ -80,8 +81,9 @@ _PRODUCT_STARTERS = frozenset(
 )
 # the harness groups in the core tier: the default start method, and the others
 CORE_TRANSPARENCY_GROUPS = ("fork", "start-methods")
-# a test that reaches one of these judges the CPU a run got: timing-sensitive
-_TIMING_NAMES = frozenset({"cpu_starved"})
+# a test that reaches one of these judges the CPU a run got (a run's starvation; the cores a tune's
+# candidate used and its workers' wait for one): timing-sensitive
+_TIMING_NAMES = frozenset({"cpu_starved", "cpu_cores", "wait_cores"})
 
 
 # --------------------------------------------------------------------------- reading a test's code
