@@ -543,16 +543,13 @@ def _main_thread_at(pid: int) -> str:
     """'; its main thread was in FUNC (FILE:LINE)' from a py-spy dump of the stopped-for-time candidate,
     or its kernel wait channel where py-spy is missing or fails; empty where neither says anything."""
     from dlwatch.collect.stacks import dump_stack
+    from dlwatch.detect.classify import main_thread
 
-    try:
-        dump = dump_stack(pid, native=False, timeout_s=3.0)
-        main = next((t for t in dump.threads if t.frames), None)
-        if main is not None:
-            f = main.frames[0]
-            where = f" ({os.path.basename(f.filename)}:{f.line})" if f.filename else ""
-            return f"; its main thread was in {f.function}{where}"
-    except Exception:
-        pass
+    main = main_thread(dump_stack(pid, native=False, timeout_s=3.0), pid)  # dump_stack never raises
+    if main is not None and main.frames:
+        f = main.frames[0]
+        where = f" ({os.path.basename(f.filename)}:{f.line})" if f.filename else ""
+        return f"; its main thread was in {f.function}{where}"
     s = procfs.read_proc(pid)
     if s.gone or not s.wchan:
         return ""

@@ -173,7 +173,7 @@ def _bound(view: Sequence[Row], chosen: Row, usable: float | None) -> str:
     wait_share = min(1.0, waiting / n) if waiting is not None else None
     asleep = max(0.0, 1 - busy) if busy is not None else None
     ran = max(0.0, busy - wait_share) if busy is not None and wait_share is not None else None
-    if wait_share is not None and asleep is not None and ran is not None and wait_share >= max(WORKER_WAITING, asleep):
+    if wait_share is not None and asleep is not None and wait_share >= max(WORKER_WAITING, asleep):
         got = f"{cpu:g} cores" if cpu is not None else "a part of them"
         return (
             f"CPU bound, on CPUs shared with other work: {n} worker{'s' if n != 1 else ''} waited for a core "
